@@ -1,0 +1,252 @@
+package kagzi
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"runtime"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// Context is the context a workflow function runs with. It is a context.Context,
+// cancelled when the run is cancelled, when this worker loses the run's lease, or
+// when the worker shuts down; and it carries the run's identity, a logger, and the
+// durable Sleep.
+//
+// A Context belongs to one execution of one run: use it only from the workflow
+// function's goroutine, and do not keep it after the function returns.
+type Context struct {
+	context.Context
+	x *execution
+}
+
+// RunID returns the id of the run being executed.
+func (c *Context) RunID() string { return c.x.run.RunID.String() }
+
+// WorkflowID returns the run's workflow id, its idempotency key.
+func (c *Context) WorkflowID() string { return c.x.run.WorkflowID }
+
+// WorkflowType returns the name the workflow was defined with.
+func (c *Context) WorkflowType() string { return c.x.run.WorkflowType }
+
+// Attempt returns the execution attempt of the whole workflow, 1 for the first.
+// Resuming after a sleep or a crash is not a new attempt.
+func (c *Context) Attempt() int { return c.x.run.Attempt }
+
+// Logger returns a logger that tags every record with the run's ids.
+func (c *Context) Logger() *slog.Logger { return c.x.logger }
+
+// Sleep pauses the run durably for d. The wake time is fixed and recorded the first
+// time the sleep runs: a crash or a restart during the sleep does not restart the
+// clock, and a replay after the wake time does not sleep again.
+//
+// A sleep no longer than the worker's MaxInProcessSleep waits in process, holding
+// its slot. A longer one releases the run: it becomes SLEEPING, holds no slot and no
+// goroutine, and a worker resumes it at its wake time by calling the workflow
+// function again from the top. The call then does not return: the workflow's
+// goroutine unwinds (deferred calls run) and the rest of the function runs when the
+// run resumes. Sleep returns an error only for an invalid name or duration, before
+// anything is recorded.
+func (c *Context) Sleep(name string, d time.Duration) error {
+	if d < 0 {
+		return invalidArgument("sleep %q: negative duration %v", name, d)
+	}
+	return c.sleep(name, nil, d)
+}
+
+// SleepUntil is Sleep until the time t.
+func (c *Context) SleepUntil(name string, t time.Time) error {
+	return c.sleep(name, &t, 0)
+}
+
+func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
+	x := c.x
+	key, err := x.nextKey(name)
+	if err != nil {
+		return err
+	}
+	x.checkAlive()
+	threshold := x.w.cfg.MaxInProcessSleep
+	if rec, ok := x.run.Steps[key]; ok && rec.WakeAt != nil {
+		remaining := rec.WakeAt.Sub(x.dbNow())
+		switch {
+		case remaining <= 0:
+			return nil
+		case remaining <= threshold:
+			x.waitInProcess(remaining)
+			return nil
+		}
+		wake := *rec.WakeAt
+		x.suspend(store.SleepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, WakeAt: &wake})
+		return nil // not reached
+	}
+	remaining := d
+	if until != nil {
+		remaining = until.Sub(x.dbNow())
+	}
+	w := store.SleepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, Key: key, Name: name, WakeAt: until, Duration: d}
+	if remaining > threshold {
+		x.suspend(w)
+	}
+	var wake, dbNow time.Time
+	x.write(func(ctx context.Context) (err error) {
+		wake, dbNow, err = store.RecordSleep(ctx, x.w.client.pool, w)
+		return err
+	})
+	x.run.Steps[key] = store.StepRecord{Kind: string(KindSleep), Status: string(StepCompleted), WakeAt: &wake}
+	if remaining := wake.Sub(dbNow); remaining > 0 {
+		x.waitInProcess(remaining)
+	}
+	return nil
+}
+
+// Why an execution stopped before the workflow function returned.
+type exitReason int
+
+const (
+	exitNone      exitReason = iota
+	exitSuspended            // the run is asleep (or was cancelled) in the database; nothing to write
+	exitCancelled            // the run was cancelled; end it CANCELLED
+	exitLeaseLost            // another worker holds the run; write nothing
+	exitShutdown             // the worker is shutting down; hand the run back
+)
+
+// Causes of the cancellation of a run's context.
+var (
+	errLeaseLost = errors.New("kagzi: lease lost: another worker holds the run")
+	errShutdown  = errors.New("kagzi: worker shutting down")
+)
+
+// execution is one execution of a claimed run on a worker.
+type execution struct {
+	w      *Worker
+	def    *definition
+	run    store.ClaimedRun
+	cancel context.CancelCauseFunc
+	ctx    context.Context
+	logger *slog.Logger
+	// dbOffset is the database's clock minus ours, measured at the claim.
+	dbOffset time.Duration
+	// leaseUntil (Unix nanoseconds, our clock) is how long the last successful
+	// heartbeat keeps the lease; writes are not retried past it.
+	leaseUntil atomic.Int64
+
+	mu     sync.Mutex
+	counts map[string]int
+	exit   exitReason
+}
+
+func (x *execution) dbNow() time.Time { return time.Now().Add(x.dbOffset) }
+
+// nextKey returns the key of the next step (or sleep) called name: name#occurrence.
+func (x *execution) nextKey(name string) (string, error) {
+	if err := validName("step name", name); err != nil {
+		return "", err
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.counts[name]++
+	return name + "#" + strconv.Itoa(x.counts[name]), nil
+}
+
+// stop ends the execution of the workflow function here: it records why and
+// unwinds the workflow goroutine (deferred calls run).
+func (x *execution) stop(reason exitReason) {
+	x.mu.Lock()
+	x.exit = reason
+	x.mu.Unlock()
+	runtime.Goexit()
+}
+
+func (x *execution) exitReason() exitReason {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	return x.exit
+}
+
+// reasonFor maps the cause of the run context's cancellation to an exit reason.
+func reasonFor(cause error) exitReason {
+	switch {
+	case errors.Is(cause, errLeaseLost):
+		return exitLeaseLost
+	case errors.Is(cause, errShutdown):
+		return exitShutdown
+	default:
+		return exitCancelled
+	}
+}
+
+// checkAlive stops the execution if its context was cancelled.
+func (x *execution) checkAlive() {
+	if x.ctx.Err() != nil {
+		x.stop(reasonFor(context.Cause(x.ctx)))
+	}
+}
+
+func (x *execution) waitInProcess(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-x.ctx.Done():
+		x.stop(reasonFor(context.Cause(x.ctx)))
+	}
+}
+
+// suspend puts the run to sleep in the database and stops the execution.
+func (x *execution) suspend(w store.SleepWrite) {
+	x.write(func(ctx context.Context) error {
+		_, err := store.Suspend(ctx, x.w.client.pool, w)
+		return err
+	})
+	x.stop(exitSuspended)
+}
+
+// write runs a fenced store write, retrying transient failures (a lost connection,
+// a restarting database) with backoff while the lease lasts. When the lease is lost,
+// or runs out before the write succeeds, it stops the execution: another worker
+// will take the run over. It returns the other errors (such as ErrStepRecorded or
+// data the database rejects) to the caller.
+func (x *execution) write(op func(context.Context) error) error {
+	backoff := 50 * time.Millisecond
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), x.w.cfg.LeaseDuration)
+		err := op(ctx)
+		cancel()
+		switch {
+		case err == nil:
+			return nil
+		case errors.Is(err, store.ErrLeaseLost):
+			x.stop(exitLeaseLost)
+		case !transient(err):
+			return err
+		}
+		if time.Now().Add(backoff).UnixNano() > x.leaseUntil.Load() {
+			x.logger.Warn("kagzi: giving up a write: the lease ran out", "error", err)
+			x.stop(exitLeaseLost)
+		}
+		x.logger.Warn("kagzi: write failed; retrying", "error", err, "retry_in", backoff)
+		time.Sleep(backoff)
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+// transient reports whether a failed statement may succeed if tried again.
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true // no answer from the server: connection lost, timeout
+	}
+	switch pgErr.Code[:2] {
+	case "08", "40", "53", "57", "58": // connection, rollback, resources, shutdown, system
+		return true
+	}
+	return false
+}

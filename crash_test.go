@@ -1,0 +1,204 @@
+package kagzi_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi"
+)
+
+// The crash tests run workers as real processes: this test binary, started again
+// with crashWorkerEnv set, runs a worker instead of the tests (see TestMain).
+const (
+	crashWorkerEnv = "KAGZI_TEST_CRASH_WORKER" // the database URL
+	crashBlockEnv  = "KAGZI_TEST_CRASH_BLOCK"  // "1": the "block" step hangs
+)
+
+// crashy records every execution of every step body in the effects table, so the
+// test can count them. Its third step hangs in processes started with crashBlockEnv.
+func crashyWorkflow(pool *pgxpool.Pool, block bool) *kagzi.Workflow[int, int] {
+	effect := func(ctx context.Context, runID, step string) error {
+		_, err := pool.Exec(ctx, `INSERT INTO effects (run_id, step, pid) VALUES ($1, $2, $3)`, runID, step, os.Getpid())
+		return err
+	}
+	return kagzi.Define("crashy", func(ctx *kagzi.Context, n int) (int, error) {
+		sum := n
+		for _, name := range []string{"one", "two"} {
+			v, err := kagzi.Step(ctx, name, func(c context.Context) (int, error) {
+				return 1, effect(c, ctx.RunID(), name)
+			})
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+		v, err := kagzi.Step(ctx, "block", func(c context.Context) (int, error) {
+			if err := effect(c, ctx.RunID(), "block"); err != nil {
+				return 0, err
+			}
+			if block {
+				<-c.Done() // hang until killed
+				return 0, c.Err()
+			}
+			return 10, nil
+		})
+		if err != nil {
+			return 0, err
+		}
+		v2, err := kagzi.Step(ctx, "after", func(c context.Context) (int, error) {
+			return 100, effect(c, ctx.RunID(), "after")
+		})
+		return sum + v + v2, err
+	})
+}
+
+// runCrashWorker is the main of a worker subprocess.
+func runCrashWorker() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv(crashWorkerEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer pool.Close()
+	client, err := kagzi.NewClient(pool, kagzi.Config{Logger: quietLogger()})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 20
+	w, err := kagzi.NewWorker(client, cfg, crashyWorkflow(pool, os.Getenv(crashBlockEnv) == "1"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	if err := w.Run(ctx); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+func startWorkerProcess(t *testing.T, dbURL string, block bool) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), crashWorkerEnv+"="+dbURL)
+	if block {
+		cmd.Env = append(cmd.Env, crashBlockEnv+"=1")
+	}
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	return cmd
+}
+
+func TestKilledWorkerProcessRunsAreFinishedByAnotherWithoutRerunningCompletedSteps(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects (run_id text, step text, pid int)`); err != nil {
+		t.Fatal(err)
+	}
+	wf := crashyWorkflow(e.pool, false)
+	const runs = 5
+	var started []*kagzi.Run[int]
+	for i := range runs {
+		run, err := kagzi.Start(ctx, e.client, wf, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		started = append(started, run)
+	}
+
+	first := startWorkerProcess(t, e.url, true)
+	eventually(t, "every run to reach its hanging step in the first process", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = 'block'`) == runs
+	})
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	for _, run := range started {
+		if s := runStatus(t, e.client, run.RunID); s != kagzi.StatusRunning {
+			t.Fatalf("run %s is %s right after the kill, want RUNNING (held by the dead process)", run.RunID, s)
+		}
+	}
+
+	startWorkerProcess(t, e.url, false)
+	for i, run := range started {
+		out, err := run.Wait(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out != i+112 {
+			t.Fatalf("run %d output %d, want %d", i, out, i+112)
+		}
+	}
+	// Steps recorded before the kill ran exactly once; the step the kill interrupted
+	// ran twice (once per process); the step after it once.
+	want := map[string]int{"one": runs, "two": runs, "block": 2 * runs, "after": runs}
+	for step, n := range want {
+		if got := countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = $1`, step); got != n {
+			t.Errorf("step %q body ran %d times across %d runs, want %d", step, got, runs, n)
+		}
+	}
+	if got := countRows(t, e.pool, `SELECT count(DISTINCT pid) FROM effects WHERE step = 'after'`); got != 1 {
+		t.Errorf("the last steps ran in %d processes, want 1 (the second)", got)
+	}
+	if got := countRows(t, e.pool, `SELECT count(*) FROM kagzi.steps WHERE status = 'COMPLETED'`); got != 4*runs {
+		t.Errorf("%d recorded steps, want %d: one per step key", got, 4*runs)
+	}
+}
+
+func TestGracefulShutdownOfAWorkerProcessHandsItsRunsBackAtOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects (run_id text, step text, pid int)`); err != nil {
+		t.Fatal(err)
+	}
+	wf := crashyWorkflow(e.pool, false)
+	run, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proc := startWorkerProcess(t, e.url, true)
+	eventually(t, "the run to reach its hanging step", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = 'block'`) == 1
+	})
+	// SIGTERM: the worker drains; the hanging step sees its context cancelled after
+	// the drain timeout, and the run is handed back.
+	if err := proc.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := proc.Wait(); err != nil {
+		t.Fatalf("worker process exited with %v, want a clean exit after draining", err)
+	}
+	info, err := e.client.GetRun(ctx, run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Status != kagzi.StatusPending || info.LockedBy != "" || info.AvailableAt.After(time.Now().Add(time.Second)) {
+		t.Fatalf("after a graceful stop the run is %+v, want PENDING, unlocked and claimable now", info)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.step_attempts WHERE step_key = 'block#1'`); n != 0 {
+		t.Fatalf("the interrupted step has %d recorded attempts, want 0: a shutdown is not an attempt", n)
+	}
+	runWorker(t, e.client, fastWorker(), wf)
+	if out, err := run.Wait(ctx); err != nil || out != 112 {
+		t.Fatalf("got %d, %v", out, err)
+	}
+}

@@ -1,0 +1,147 @@
+package kagzi
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Errors a caller can test for with errors.Is. Every error Kagzi returns for bad
+// input wraps ErrInvalidArgument and changes nothing in the database.
+var (
+	// ErrNotFound: no run (or step, or schedule) with that id in the client's namespace.
+	ErrNotFound = errors.New("kagzi: not found")
+	// ErrAlreadyExists: the workflow id is held by a run of another workflow type.
+	ErrAlreadyExists = errors.New("kagzi: already exists")
+	// ErrInvalidArgument: the input was rejected before anything was written.
+	ErrInvalidArgument = errors.New("kagzi: invalid argument")
+	// ErrRunFinished: the run already ended (COMPLETED or FAILED) and cannot be changed.
+	ErrRunFinished = errors.New("kagzi: run finished")
+	// ErrCancelled: the run was cancelled. Wait returns it for a CANCELLED run.
+	ErrCancelled = errors.New("kagzi: run cancelled")
+	// ErrWorkflowFailed: the run ended FAILED. The error also unwraps to a *WorkflowError
+	// that carries the recorded ErrorDetail.
+	ErrWorkflowFailed = errors.New("kagzi: workflow failed")
+	// ErrNonRetryable marks an error that must not be retried; see NonRetryable.
+	ErrNonRetryable = errors.New("kagzi: non-retryable")
+	// ErrSchemaNotMigrated: Kagzi's tables are missing; run kagzi.Migrate first.
+	ErrSchemaNotMigrated = errors.New("kagzi: schema not migrated (run kagzi.Migrate or the goose migrations first)")
+	// ErrClosed: the client's pool was closed.
+	ErrClosed = errors.New("kagzi: database pool closed")
+)
+
+// Error codes stored in ErrorDetail.Code.
+const (
+	CodeWorkflowError    = "WORKFLOW_ERROR"     // the workflow function returned an error
+	CodeStepError        = "STEP_ERROR"         // a step's function returned an error
+	CodePanic            = "PANIC"              // the workflow or a step panicked
+	CodeInvalidInput     = "INVALID_INPUT"      // the stored input does not decode into the workflow's input type
+	CodeInvalidOutput    = "INVALID_OUTPUT"     // an output cannot be encoded or decoded
+	CodeDeadlineExceeded = "DEADLINE_EXCEEDED"  // a timeout or deadline passed
+	CodeNonRetryable     = "NON_RETRYABLE"      // the error was marked non-retryable
+	CodeCancelled        = "CANCELLED"          // the run was cancelled
+	CodeInternal         = "INTERNAL"           // a fault in Kagzi itself
+)
+
+// ErrorDetail is the error recorded for a failed run or step attempt.
+type ErrorDetail struct {
+	// Code classifies the error; one of the Code constants.
+	Code string `json:"code"`
+	// Message is the error's text.
+	Message string `json:"message"`
+	// NonRetryable reports that the error was not, and will not be, retried.
+	NonRetryable bool `json:"non_retryable,omitempty"`
+	// RetryAfter, when set, asked for the next attempt no sooner than this.
+	RetryAfter time.Duration `json:"retry_after,omitempty"`
+	// Subject names what failed: a step key, or the workflow type.
+	Subject string `json:"subject,omitempty"`
+	// Metadata holds extra facts, such as a panic's stack trace under "stack".
+	Metadata map[string]string `json:"metadata,omitempty"`
+}
+
+func (d ErrorDetail) String() string {
+	if d.Subject != "" {
+		return d.Code + " in " + d.Subject + ": " + d.Message
+	}
+	return d.Code + ": " + d.Message
+}
+
+// WorkflowError is the error a caller gets for a run that ended FAILED. It wraps
+// ErrWorkflowFailed (and ErrNonRetryable when the detail says so).
+type WorkflowError struct {
+	RunID      string
+	WorkflowID string
+	Detail     ErrorDetail
+}
+
+func (e *WorkflowError) Error() string {
+	return fmt.Sprintf("kagzi: run %s (workflow id %q) failed: %s", e.RunID, e.WorkflowID, e.Detail)
+}
+
+// Unwrap lets errors.Is find ErrWorkflowFailed and, for non-retryable failures, ErrNonRetryable.
+func (e *WorkflowError) Unwrap() []error {
+	if e.Detail.NonRetryable {
+		return []error{ErrWorkflowFailed, ErrNonRetryable}
+	}
+	return []error{ErrWorkflowFailed}
+}
+
+type nonRetryableError struct{ err error }
+
+func (e *nonRetryableError) Error() string   { return e.err.Error() }
+func (e *nonRetryableError) Unwrap() []error { return []error{e.err, ErrNonRetryable} }
+
+// NonRetryable wraps err so that the step or workflow returning it fails at once,
+// without further attempts. errors.Is(err, ErrNonRetryable) reports such errors.
+func NonRetryable(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &nonRetryableError{err: err}
+}
+
+func invalidArgument(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrInvalidArgument, fmt.Sprintf(format, args...))
+}
+
+func encodeDetail(d ErrorDetail) []byte {
+	b, err := json.Marshal(d)
+	if err != nil {
+		b, _ = json.Marshal(ErrorDetail{Code: CodeInternal, Message: err.Error()})
+	}
+	return b
+}
+
+func decodeDetail(b []byte) *ErrorDetail {
+	if len(b) == 0 {
+		return nil
+	}
+	var d ErrorDetail
+	if err := json.Unmarshal(b, &d); err != nil {
+		return &ErrorDetail{Code: CodeInternal, Message: "undecodable error detail: " + string(b)}
+	}
+	return &d
+}
+
+// dbError turns driver errors Kagzi knows into its own: a missing schema becomes
+// ErrSchemaNotMigrated and a closed pool ErrClosed. Others are wrapped as they are.
+func dbError(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42P01", "3F000": // undefined_table, invalid_schema_name
+			return fmt.Errorf("%s: %w: %v", op, ErrSchemaNotMigrated, err)
+		}
+	}
+	if strings.Contains(err.Error(), "closed pool") {
+		return fmt.Errorf("%s: %w", op, ErrClosed)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}

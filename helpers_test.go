@@ -1,0 +1,134 @@
+package kagzi_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv(crashWorkerEnv) != "" {
+		os.Exit(runCrashWorker())
+	}
+	os.Exit(m.Run())
+}
+
+// quietLogger keeps the test output for failures: set KAGZI_TEST_LOG=1 to see logs.
+func quietLogger() *slog.Logger {
+	if os.Getenv("KAGZI_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
+}
+
+type env struct {
+	pool   *pgxpool.Pool
+	url    string
+	client *kagzi.Client
+}
+
+// newEnv gives the test its own migrated database and a client in the default namespace.
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	t.Parallel()
+	pool, url := testdb.NewPool(t)
+	return &env{pool: pool, url: url, client: newClient(t, pool, "")}
+}
+
+func newClient(t *testing.T, pool *pgxpool.Pool, namespace string) *kagzi.Client {
+	t.Helper()
+	c, err := kagzi.NewClient(pool, kagzi.Config{Namespace: namespace, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// fastWorker is a worker config with short leases so recovery tests run quickly.
+func fastWorker() kagzi.WorkerConfig {
+	return kagzi.WorkerConfig{
+		LeaseDuration:     time.Second,
+		HeartbeatInterval: 250 * time.Millisecond,
+		PollInterval:      500 * time.Millisecond,
+		DrainTimeout:      2 * time.Second,
+	}
+}
+
+// runWorker runs a worker until the test ends (or stop is called) and returns stop,
+// which waits for Run to return.
+func runWorker(t *testing.T, c *kagzi.Client, cfg kagzi.WorkerConfig, wfs ...kagzi.Definition) (stop func()) {
+	t.Helper()
+	w, err := kagzi.NewWorker(c, cfg, wfs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	stopped := false
+	stop = func() {
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("worker.Run: %v", err)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func waitCtx(t *testing.T) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually polls cond until it holds, failing the test after 20 seconds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func runStatus(t *testing.T, c *kagzi.Client, runID string) kagzi.RunStatus {
+	t.Helper()
+	info, err := c.GetRun(context.Background(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.Status
+}
+
+func countRows(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), sql, args...).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func mustErrorIs(t *testing.T, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("got error %v, want one that wraps %v", err, target)
+	}
+}

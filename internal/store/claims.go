@@ -1,0 +1,387 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// ClaimedRun is a run a worker has just claimed, with every step it has recorded.
+type ClaimedRun struct {
+	RunID           uuid.UUID
+	Namespace       string
+	WorkflowID      string
+	WorkflowType    string
+	Input           []byte
+	Attempt         int
+	LeaseEpoch      int64
+	CancelRequested bool
+	CreatedAt       time.Time
+	// DBNow is the database's clock at the claim, so that a worker can tell how far
+	// a recorded wake time is without trusting its own clock to agree.
+	DBNow time.Time
+	Steps map[string]StepRecord
+}
+
+// StepRecord is a recorded step as replay needs it.
+type StepRecord struct {
+	Kind     string
+	Status   string
+	Output   []byte
+	Attempts int
+	WakeAt   *time.Time
+}
+
+// claimSQL claims up to $4 claimable runs of the worker's types in one statement:
+// PENDING runs whose start time has come, SLEEPING runs whose wake time has come,
+// and RUNNING runs whose lease expired (their worker died or stalled). It reads only
+// the partial index runs_claimable, and SKIP LOCKED lets any number of workers claim
+// side by side without waiting on each other. Each claim bumps the lease epoch.
+const claimSQL = `
+WITH locked AS (
+	SELECT run_id FROM kagzi.runs
+	WHERE namespace = $1 AND workflow_type = ANY($2)
+	  AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at <= now()
+	ORDER BY available_at
+	LIMIT $4
+	FOR UPDATE SKIP LOCKED
+)
+UPDATE kagzi.runs r SET
+	status = 'RUNNING',
+	locked_by = $3,
+	lease_epoch = r.lease_epoch + 1,
+	available_at = now() + $5 * interval '1 millisecond',
+	started_at = coalesce(r.started_at, now()),
+	updated_at = now()
+FROM locked
+WHERE r.run_id = locked.run_id
+RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.input, r.attempt,
+	r.lease_epoch, r.cancel_requested, r.created_at, now()`
+
+// claimedStepsSQL loads the recorded steps of the runs this transaction has just
+// claimed. It runs after claimSQL in the same implicit transaction (one pipelined
+// round trip) but with a fresh snapshot, so it sees every step the previous owner
+// recorded before the claim locked the run: a fenced step write holds a lock that
+// the claim's SKIP LOCKED skips, so it either committed before the claim or fails.
+const claimedStepsSQL = `
+SELECT s.run_id, s.step_key, s.kind, s.status, s.output, s.attempts, s.wake_at
+FROM kagzi.steps s
+JOIN kagzi.runs r ON r.run_id = s.run_id
+WHERE r.locked_by = $1 AND r.status = 'RUNNING' AND r.xmin = pg_current_xact_id()::xid`
+
+// ClaimRuns claims up to limit runs for the worker and loads their recorded steps,
+// in one round trip.
+func ClaimRuns(ctx context.Context, db DBTX, namespace string, types []string, workerID string,
+	lease time.Duration, limit int) ([]ClaimedRun, error) {
+	var b pgx.Batch
+	b.Queue(claimSQL, namespace, types, workerID, limit, lease.Milliseconds())
+	b.Queue(claimedStepsSQL, workerID)
+	br := sendBatch(ctx, db, &b)
+	defer br.Close()
+
+	rows, err := br.Query()
+	if err != nil {
+		return nil, err
+	}
+	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ClaimedRun, error) {
+		var c ClaimedRun
+		err := row.Scan(&c.RunID, &c.Namespace, &c.WorkflowID, &c.WorkflowType, &c.Input, &c.Attempt,
+			&c.LeaseEpoch, &c.CancelRequested, &c.CreatedAt, &c.DBNow)
+		c.Steps = map[string]StepRecord{}
+		return c, err
+	})
+	if err != nil {
+		return nil, err
+	}
+	byID := make(map[uuid.UUID]*ClaimedRun, len(claimed))
+	for i := range claimed {
+		byID[claimed[i].RunID] = &claimed[i]
+	}
+	rows, err = br.Query()
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var runID uuid.UUID
+		var key string
+		var s StepRecord
+		if err := rows.Scan(&runID, &key, &s.Kind, &s.Status, &s.Output, &s.Attempts, &s.WakeAt); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		if c := byID[runID]; c != nil {
+			c.Steps[key] = s
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return claimed, br.Close()
+}
+
+// sendBatch runs a batch on db, which must be able to (a pool, a connection or a transaction).
+func sendBatch(ctx context.Context, db DBTX, b *pgx.Batch) pgx.BatchResults {
+	type batcher interface {
+		SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
+	}
+	return db.(batcher).SendBatch(ctx, b)
+}
+
+// NextWake returns when the earliest unfinished run of the worker's types becomes
+// claimable (a delayed start, a wake time, a lease that others hold), or nil if there
+// is none. The worker sets a timer for it instead of polling.
+func NextWake(ctx context.Context, db DBTX, namespace string, types []string, workerID string) (*time.Time, error) {
+	var t *time.Time
+	err := db.QueryRow(ctx, `
+		SELECT min(available_at) FROM kagzi.runs
+		WHERE namespace = $1 AND workflow_type = ANY($2)
+		  AND status IN ('PENDING', 'RUNNING', 'SLEEPING')
+		  AND (status <> 'RUNNING' OR locked_by IS DISTINCT FROM $3)`,
+		namespace, types, workerID).Scan(&t)
+	return t, err
+}
+
+// HeldRun names a run a worker holds and the epoch it holds it with.
+type HeldRun struct {
+	RunID uuid.UUID
+	Epoch int64
+}
+
+// HeartbeatResult is what a heartbeat learns of one run it still holds.
+type HeartbeatResult struct {
+	RunID           uuid.UUID
+	CancelRequested bool
+}
+
+// Heartbeat extends the leases of all the given runs in one statement. Runs missing
+// from the result are no longer held by this worker: their lease was taken over or
+// they finished.
+func Heartbeat(ctx context.Context, db DBTX, held []HeldRun, lease time.Duration) ([]HeartbeatResult, error) {
+	ids := make([]uuid.UUID, len(held))
+	epochs := make([]int64, len(held))
+	for i, h := range held {
+		ids[i], epochs[i] = h.RunID, h.Epoch
+	}
+	rows, err := db.Query(ctx, `
+		UPDATE kagzi.runs r SET available_at = now() + $3 * interval '1 millisecond'
+		FROM unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
+		WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND r.status = 'RUNNING'
+		RETURNING r.run_id, r.cancel_requested`, ids, epochs, lease.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (HeartbeatResult, error) {
+		var h HeartbeatResult
+		err := row.Scan(&h.RunID, &h.CancelRequested)
+		return h, err
+	})
+}
+
+// ReleaseRuns hands runs back at once (a worker shutting down): they become PENDING
+// and claimable now, and the workers of their types are notified. A run whose cancel
+// was requested ends CANCELLED instead. Runs whose lease this worker no longer holds
+// are left alone.
+func ReleaseRuns(ctx context.Context, db DBTX, held []HeldRun) error {
+	ids := make([]uuid.UUID, len(held))
+	epochs := make([]int64, len(held))
+	for i, h := range held {
+		ids[i], epochs[i] = h.RunID, h.Epoch
+	}
+	_, err := db.Exec(ctx, `
+		WITH upd AS (
+			UPDATE kagzi.runs r SET
+				status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
+				finished_at = CASE WHEN r.cancel_requested THEN now() END,
+				available_at = now(), locked_by = NULL, updated_at = now()
+			FROM unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
+			WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND r.status = 'RUNNING'
+			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
+		)
+		SELECT CASE WHEN status = 'CANCELLED' THEN pg_notify('`+Channel+`', 'd|' || run_id || '|' || status)
+			ELSE pg_notify('`+Channel+`', 'w|' || namespace || '|' || workflow_type || '|'
+				|| (extract(epoch FROM available_at) * 1000)::bigint) END
+		FROM upd`, ids, epochs)
+	return err
+}
+
+// StepWrite records the outcome of one step attempt.
+type StepWrite struct {
+	RunID      uuid.UUID
+	Epoch      int64
+	Key        string
+	Name       string
+	Status     string // COMPLETED, FAILED or TIMED_OUT
+	Output     []byte
+	Error      []byte
+	StartedAt  time.Time
+	FinishedAt time.Time
+}
+
+// ErrStepRecorded means the step already has a recorded output; the caller must use it.
+var ErrStepRecorded = errors.New("step already recorded")
+
+// recordStepSQL records a step attempt in one statement: the step row (its output
+// once it completed) and the attempt's history row. It is fenced: the run must be
+// RUNNING under the caller's lease epoch. FOR KEY SHARE holds off a concurrent claim
+// (which would bump the epoch) until this commits; a claim that committed first
+// makes the owner CTE empty. A completed step's output is never overwritten.
+const recordStepSQL = `
+WITH owner AS (
+	SELECT run_id FROM kagzi.runs
+	WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
+	FOR KEY SHARE
+), step AS (
+	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts)
+	SELECT $1, $3, $4, 'STEP', CASE WHEN $5 = 'COMPLETED' THEN 'COMPLETED' ELSE 'FAILED' END, $6, $7, 1
+	FROM owner
+	ON CONFLICT (run_id, step_key) DO UPDATE SET
+		status = excluded.status, output = excluded.output, error = excluded.error,
+		attempts = s.attempts + 1, updated_at = now()
+	WHERE s.status <> 'COMPLETED'
+	RETURNING attempts
+), attempt AS (
+	INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, error, started_at, finished_at)
+	SELECT $1, $3, attempts, $5, $7, $8, $9 FROM step
+)
+SELECT (SELECT count(*) FROM owner), (SELECT attempts FROM step)`
+
+// RecordStep records a step attempt and returns its attempt number. It returns
+// ErrLeaseLost when the caller no longer holds the run, and ErrStepRecorded when the
+// step was already recorded as completed.
+func RecordStep(ctx context.Context, db DBTX, w StepWrite) (attempt int, err error) {
+	var owned int
+	var att *int
+	err = db.QueryRow(ctx, recordStepSQL, w.RunID, w.Epoch, w.Key, w.Name, w.Status, w.Output,
+		w.Error, w.StartedAt, w.FinishedAt).Scan(&owned, &att)
+	switch {
+	case err != nil:
+		return 0, err
+	case owned == 0:
+		return 0, ErrLeaseLost
+	case att == nil:
+		return 0, ErrStepRecorded
+	}
+	return *att, nil
+}
+
+// GetStepOutput reads a completed step's output.
+func GetStepOutput(ctx context.Context, db DBTX, runID uuid.UUID, key string) ([]byte, error) {
+	var out []byte
+	err := db.QueryRow(ctx, `SELECT output FROM kagzi.steps WHERE run_id = $1 AND step_key = $2
+		AND status = 'COMPLETED'`, runID, key).Scan(&out)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, ErrNotFound
+	}
+	return out, err
+}
+
+// SleepWrite records a durable sleep.
+type SleepWrite struct {
+	RunID uuid.UUID
+	Epoch int64
+	Key   string
+	Name  string
+	// WakeAt is the absolute wake time; when nil, the wake time is the database's
+	// now() plus Duration.
+	WakeAt   *time.Time
+	Duration time.Duration
+}
+
+// RecordSleep records a sleep step and returns its wake time and the database's
+// clock. The run keeps running (an in-process sleep). Fenced like RecordStep.
+func RecordSleep(ctx context.Context, db DBTX, w SleepWrite) (wakeAt, dbNow time.Time, err error) {
+	var owned int
+	var wake *time.Time
+	err = db.QueryRow(ctx, `
+		WITH owner AS (
+			SELECT run_id FROM kagzi.runs
+			WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
+			FOR KEY SHARE
+		), step AS (
+			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, wake_at)
+			SELECT $1, $3, $4, 'SLEEP', 'COMPLETED', coalesce($5, now() + $6 * interval '1 millisecond')
+			FROM owner
+			ON CONFLICT (run_id, step_key) DO UPDATE SET updated_at = now()
+			RETURNING wake_at
+		)
+		SELECT (SELECT count(*) FROM owner), (SELECT wake_at FROM step), now()`,
+		w.RunID, w.Epoch, w.Key, w.Name, w.WakeAt, w.Duration.Milliseconds()).Scan(&owned, &wake, &dbNow)
+	if err != nil {
+		return time.Time{}, time.Time{}, err
+	}
+	if owned == 0 || wake == nil {
+		return time.Time{}, time.Time{}, ErrLeaseLost
+	}
+	return *wake, dbNow, nil
+}
+
+// suspendSQL releases a running run until a wake time, recording the sleep step
+// first when it is new ($3 <> ''), in one statement: the run becomes SLEEPING with
+// available_at = the wake time, holds no lease and no worker slot, and every worker
+// of its type is told the wake time. A run whose cancel was requested ends CANCELLED.
+const suspendSQL = `
+WITH owner AS (
+	SELECT run_id, cancel_requested, coalesce($5, now() + $6 * interval '1 millisecond') AS wake_at
+	FROM kagzi.runs
+	WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
+	FOR UPDATE
+), step AS (
+	INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, wake_at)
+	SELECT $1, $3, $4, 'SLEEP', 'COMPLETED', wake_at FROM owner WHERE $3 <> ''
+	ON CONFLICT (run_id, step_key) DO NOTHING
+), upd AS (
+	UPDATE kagzi.runs r SET
+		status = CASE WHEN o.cancel_requested THEN 'CANCELLED' ELSE 'SLEEPING' END,
+		finished_at = CASE WHEN o.cancel_requested THEN now() END,
+		available_at = o.wake_at, locked_by = NULL, updated_at = now()
+	FROM owner o
+	WHERE r.run_id = o.run_id
+	RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
+)
+SELECT status, CASE WHEN status = 'CANCELLED' THEN pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)
+	ELSE pg_notify('` + Channel + `', 'w|' || namespace || '|' || workflow_type || '|'
+		|| (extract(epoch FROM available_at) * 1000)::bigint) END::text
+FROM upd`
+
+// Suspend puts a running run to sleep until its wake time and releases it; see
+// suspendSQL. With an empty Key the sleep is already recorded and WakeAt must be set.
+// It returns the run's new status (SLEEPING, or CANCELLED).
+func Suspend(ctx context.Context, db DBTX, w SleepWrite) (status string, err error) {
+	var ignored string
+	err = db.QueryRow(ctx, suspendSQL, w.RunID, w.Epoch, w.Key, w.Name, w.WakeAt,
+		w.Duration.Milliseconds()).Scan(&status, &ignored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrLeaseLost
+	}
+	return status, err
+}
+
+// finishRunSQL ends a run the caller holds: COMPLETED with its output, FAILED with its
+// error, or CANCELLED. A cancel requested before this commits wins: the run ends
+// CANCELLED and the output is discarded. Waiters are notified.
+const finishRunSQL = `
+WITH upd AS (
+	UPDATE kagzi.runs SET
+		status = CASE WHEN cancel_requested THEN 'CANCELLED' ELSE $3 END,
+		output = CASE WHEN cancel_requested THEN NULL ELSE $4::jsonb END,
+		error = CASE WHEN cancel_requested THEN NULL ELSE $5::jsonb END,
+		finished_at = now(), locked_by = NULL, updated_at = now()
+	WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
+	RETURNING run_id, status
+)
+SELECT status, pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)::text FROM upd`
+
+// FinishRun ends a run; see finishRunSQL. It returns the status the run ended with.
+func FinishRun(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, status string,
+	output, errDetail []byte) (string, error) {
+	var final, ignored string
+	err := db.QueryRow(ctx, finishRunSQL, runID, epoch, status, output, errDetail).Scan(&final, &ignored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrLeaseLost
+	}
+	return final, err
+}

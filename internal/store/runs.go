@@ -1,0 +1,263 @@
+// Package store owns every SQL statement Kagzi runs against PostgreSQL. Each function
+// holds its statement next to the Go that runs it; no other package writes SQL.
+//
+// Every write a worker makes for a run is fenced: it names the run and the lease
+// epoch the worker claimed it with, and matches no row once another claim has bumped
+// the epoch. Such writes return ErrLeaseLost.
+package store
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Channel is the one LISTEN/NOTIFY channel Kagzi uses. Payloads are "topic|extra";
+// see WakeTopic, DoneTopic and CancelTopic.
+const Channel = "kagzi"
+
+// WakeTopic is notified when a run of the type becomes (or will become) claimable;
+// the extra part is its available_at in Unix milliseconds.
+func WakeTopic(namespace, workflowType string) string { return "w|" + namespace + "|" + workflowType }
+
+// DoneTopic is notified when the run reaches a terminal status; the extra part is the status.
+func DoneTopic(runID uuid.UUID) string { return "d|" + runID.String() }
+
+// CancelTopic is notified when a cancel is requested for a running run of the namespace;
+// the extra part is the run id.
+func CancelTopic(namespace string) string { return "c|" + namespace }
+
+// Statuses of a run.
+const (
+	StatusPending   = "PENDING"
+	StatusRunning   = "RUNNING"
+	StatusSleeping  = "SLEEPING"
+	StatusCompleted = "COMPLETED"
+	StatusFailed    = "FAILED"
+	StatusCancelled = "CANCELLED"
+)
+
+// Errors returned by this package.
+var (
+	ErrNotFound  = errors.New("not found")
+	ErrLeaseLost = errors.New("lease lost")
+)
+
+// DBTX is what the store needs of a connection: a pool, a single connection or a transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// Run is one row of kagzi.runs.
+type Run struct {
+	RunID           uuid.UUID
+	Namespace       string
+	WorkflowID      string
+	WorkflowType    string
+	Status          string
+	Input           []byte
+	Output          []byte
+	Error           []byte
+	Attempt         int
+	AvailableAt     time.Time
+	LockedBy        *string
+	LeaseEpoch      int64
+	CancelRequested bool
+	CreatedAt       time.Time
+	StartedAt       *time.Time
+	FinishedAt      *time.Time
+	UpdatedAt       time.Time
+}
+
+const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input, output, error,
+	attempt, available_at, locked_by, lease_epoch, cancel_requested, created_at, started_at,
+	finished_at, updated_at`
+
+func scanRun(row pgx.Row) (Run, error) {
+	var r Run
+	err := row.Scan(&r.RunID, &r.Namespace, &r.WorkflowID, &r.WorkflowType, &r.Status, &r.Input,
+		&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
+		&r.CancelRequested, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt)
+	return r, err
+}
+
+// NewRun is what InsertRun needs to start a run.
+type NewRun struct {
+	RunID        uuid.UUID
+	Namespace    string
+	WorkflowID   string
+	WorkflowType string
+	Input        []byte
+	// StartAt delays the first claim; zero means now (the database's clock).
+	StartAt time.Time
+	// ReuseNever keeps the workflow id an idempotency key after the run finishes.
+	ReuseNever bool
+}
+
+// insertRunSQL starts a run in one statement and notifies the workers of its type in the
+// same transaction. It returns the new run (inserted = true) or, when the workflow id
+// is taken, the run holding it (inserted = false): the active one, or with $7 (reuse
+// never) the newest run of that id whatever its status.
+//
+// Under a concurrent start of the same id, ON CONFLICT waits for the other transaction;
+// when it commits, neither branch may see its row in this statement's snapshot, and the
+// statement returns nothing: InsertRun then runs it again.
+const insertRunSQL = `
+WITH prev AS (
+	SELECT ` + runColumns + ` FROM kagzi.runs
+	WHERE namespace = $2 AND workflow_id = $3
+	  AND (status IN ('PENDING', 'RUNNING', 'SLEEPING') OR ($7 AND id_reuse_never))
+	ORDER BY (status IN ('PENDING', 'RUNNING', 'SLEEPING')) DESC, created_at DESC
+	LIMIT 1
+), ins AS (
+	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
+		available_at, id_reuse_never)
+	SELECT $1, $2, $3, $4, 'PENDING', $5, coalesce($6, now()), $7
+	WHERE NOT EXISTS (SELECT 1 FROM prev)
+	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
+	RETURNING ` + runColumns + `
+)
+SELECT ins.*, true, pg_notify('` + Channel + `',
+	'w|' || ins.namespace || '|' || ins.workflow_type || '|' || (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
+FROM ins
+UNION ALL
+SELECT prev.*, false, '' FROM prev`
+
+// InsertRun starts a run, or returns the run that already holds its workflow id.
+func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, err error) {
+	var startAt *time.Time
+	if !n.StartAt.IsZero() {
+		startAt = &n.StartAt
+	}
+	for range 5 {
+		row := db.QueryRow(ctx, insertRunSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
+			n.Input, startAt, n.ReuseNever)
+		var r Run
+		var notified string
+		err = row.Scan(&r.RunID, &r.Namespace, &r.WorkflowID, &r.WorkflowType, &r.Status, &r.Input,
+			&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
+			&r.CancelRequested, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
+			&inserted, &notified)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // lost a race with a concurrent start of the same id: look again
+		}
+		return r, inserted, err
+	}
+	return Run{}, false, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
+}
+
+// GetRun reads one run of the namespace.
+func GetRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (Run, error) {
+	r, err := scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM kagzi.runs
+		WHERE namespace = $1 AND run_id = $2`, namespace, runID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Run{}, ErrNotFound
+	}
+	return r, err
+}
+
+// GetRunByWorkflowID reads the newest run of a workflow id, the active one first.
+func GetRunByWorkflowID(ctx context.Context, db DBTX, namespace, workflowID string) (Run, error) {
+	r, err := scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM kagzi.runs
+		WHERE namespace = $1 AND workflow_id = $2
+		ORDER BY (status IN ('PENDING', 'RUNNING', 'SLEEPING')) DESC, created_at DESC
+		LIMIT 1`, namespace, workflowID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return Run{}, ErrNotFound
+	}
+	return r, err
+}
+
+// ListRunsParams filters ListRuns. Zero fields do not filter.
+type ListRunsParams struct {
+	Namespace     string
+	Statuses      []string
+	WorkflowType  string
+	WorkflowID    string
+	CreatedAfter  *time.Time
+	CreatedBefore *time.Time
+	// After is the keyset cursor: the (created_at, run_id) of the last row of the
+	// previous page. Rows come newest first.
+	AfterCreated *time.Time
+	AfterRunID   uuid.UUID
+	Limit        int
+}
+
+// ListRuns lists runs newest first, one page at a time.
+func ListRuns(ctx context.Context, db DBTX, p ListRunsParams) ([]Run, error) {
+	args := []any{p.Namespace}
+	where := "namespace = $1"
+	add := func(cond string, v any) {
+		args = append(args, v)
+		where += " AND " + cond + "$" + strconv.Itoa(len(args))
+	}
+	if len(p.Statuses) > 0 {
+		args = append(args, p.Statuses)
+		where += " AND status = ANY($" + strconv.Itoa(len(args)) + ")"
+	}
+	if p.WorkflowType != "" {
+		add("workflow_type = ", p.WorkflowType)
+	}
+	if p.WorkflowID != "" {
+		add("workflow_id = ", p.WorkflowID)
+	}
+	if p.CreatedAfter != nil {
+		add("created_at >= ", *p.CreatedAfter)
+	}
+	if p.CreatedBefore != nil {
+		add("created_at < ", *p.CreatedBefore)
+	}
+	if p.AfterCreated != nil {
+		args = append(args, *p.AfterCreated, p.AfterRunID)
+		n := len(args)
+		where += " AND (created_at, run_id) < ($" + strconv.Itoa(n-1) + ", $" + strconv.Itoa(n) + ")"
+	}
+	args = append(args, p.Limit)
+	sql := `SELECT ` + runColumns + ` FROM kagzi.runs WHERE ` + where +
+		` ORDER BY created_at DESC, run_id DESC LIMIT $` + strconv.Itoa(len(args))
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
+}
+
+// cancelRunSQL cancels a run. A PENDING or SLEEPING run ends CANCELLED at once; a
+// RUNNING one gets cancel_requested, its worker is notified, and the worker ends it
+// CANCELLED (a completion racing with the cancel loses: CompleteRun checks the flag).
+// It returns the run's status before and after.
+const cancelRunSQL = `
+WITH target AS (
+	SELECT run_id, status FROM kagzi.runs WHERE namespace = $1 AND run_id = $2 FOR UPDATE
+), upd AS (
+	UPDATE kagzi.runs r SET
+		status = CASE WHEN t.status IN ('PENDING', 'SLEEPING') THEN 'CANCELLED' ELSE r.status END,
+		finished_at = CASE WHEN t.status IN ('PENDING', 'SLEEPING') THEN now() ELSE r.finished_at END,
+		cancel_requested = true,
+		updated_at = now()
+	FROM target t
+	WHERE r.run_id = t.run_id AND t.status IN ('PENDING', 'SLEEPING', 'RUNNING')
+	RETURNING r.run_id, r.namespace, r.status
+)
+SELECT t.status, coalesce(u.status, t.status),
+	CASE WHEN u.status = 'CANCELLED' THEN pg_notify('` + Channel + `', 'd|' || u.run_id || '|CANCELLED')
+	     WHEN u.status = 'RUNNING' THEN pg_notify('` + Channel + `', 'c|' || u.namespace || '|' || u.run_id)
+	END IS NULL
+FROM target t LEFT JOIN upd u ON true`
+
+// CancelRun cancels a run; see cancelRunSQL.
+func CancelRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (before, after string, err error) {
+	var ignored bool
+	err = db.QueryRow(ctx, cancelRunSQL, namespace, runID).Scan(&before, &after, &ignored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", "", ErrNotFound
+	}
+	return before, after, err
+}

@@ -1,0 +1,87 @@
+package store
+
+import (
+	"context"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Step is one recorded step of a run with its attempt history, for ListSteps.
+type Step struct {
+	Key       string
+	Name      string
+	Kind      string
+	Status    string
+	Output    []byte
+	Error     []byte
+	Attempts  []Attempt
+	WakeAt    *time.Time
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// Attempt is one attempt of a step.
+type Attempt struct {
+	Number     int
+	Status     string
+	Error      []byte
+	StartedAt  time.Time
+	FinishedAt time.Time
+}
+
+// ListSteps reads every step of a run of the namespace, in the order they were first
+// recorded, each with all its attempts. It returns ErrNotFound when the run does not
+// exist in the namespace.
+func ListSteps(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) ([]Step, error) {
+	rows, err := db.Query(ctx, `
+		SELECT s.step_key, s.name, s.kind, s.status, s.output, s.error, s.wake_at, s.created_at,
+			s.updated_at, a.attempt, a.status, a.error, a.started_at, a.finished_at
+		FROM kagzi.runs r
+		LEFT JOIN kagzi.steps s ON s.run_id = r.run_id
+		LEFT JOIN kagzi.step_attempts a ON a.run_id = s.run_id AND a.step_key = s.step_key
+		WHERE r.namespace = $1 AND r.run_id = $2
+		ORDER BY s.created_at, s.step_key, a.attempt`, namespace, runID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	found := false
+	var steps []Step
+	for rows.Next() {
+		found = true
+		var (
+			key, name, kind, status *string
+			s                       Step
+			createdAt, updatedAt    *time.Time
+			num                     *int
+			a                       Attempt
+			aStatus                 *string
+			aStarted, aFinished     *time.Time
+		)
+		if err := rows.Scan(&key, &name, &kind, &status, &s.Output, &s.Error, &s.WakeAt, &createdAt,
+			&updatedAt, &num, &aStatus, &a.Error, &aStarted, &aFinished); err != nil {
+			return nil, err
+		}
+		if key == nil {
+			continue // the run has no steps
+		}
+		if len(steps) == 0 || steps[len(steps)-1].Key != *key {
+			s.Key, s.Name, s.Kind, s.Status = *key, *name, *kind, *status
+			s.CreatedAt, s.UpdatedAt = *createdAt, *updatedAt
+			steps = append(steps, s)
+		}
+		if num != nil {
+			a.Number, a.Status, a.StartedAt, a.FinishedAt = *num, *aStatus, *aStarted, *aFinished
+			last := &steps[len(steps)-1]
+			last.Attempts = append(last.Attempts, a)
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, ErrNotFound
+	}
+	return steps, nil
+}

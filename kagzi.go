@@ -1,0 +1,159 @@
+// Package kagzi is a durable workflow engine that runs inside your Go service, with
+// PostgreSQL as its only coordinator.
+//
+// Define a workflow as a Go function made of steps, start runs of it from anywhere
+// (also inside your own pgx transaction), and run workers in the same process. Every
+// process that embeds Kagzi claims runs, memoizes step outputs, wakes sleepers and
+// recovers the runs of crashed processes through plain SQL: there is no server to
+// deploy and no broker.
+//
+//	pool, _ := pgxpool.New(ctx, dsn)
+//	_ = kagzi.Migrate(ctx, pool)
+//	client, _ := kagzi.NewClient(pool, kagzi.Config{})
+//
+//	var Greet = kagzi.Define("greet", func(ctx *kagzi.Context, name string) (string, error) {
+//		return kagzi.Step(ctx, "compose", func(context.Context) (string, error) {
+//			return "hello " + name, nil
+//		})
+//	})
+//
+//	worker, _ := kagzi.NewWorker(client, kagzi.WorkerConfig{}, Greet)
+//	go worker.Run(ctx)
+//	run, _ := kagzi.Start(ctx, client, Greet, "world")
+//	out, _ := run.Wait(ctx) // "hello world"
+//
+// # Guarantees
+//
+//  1. A started run is never lost: it finishes, fails with a recorded error, or is
+//     cancelled, across worker crashes, restarts and lost connections.
+//  2. A step's output is recorded at most once per step key and, once recorded, the
+//     step never runs again. A step body runs at least once; it runs again only if its
+//     process died (or lost its lease) before the output was recorded.
+//  3. A worker whose lease was taken over records nothing more for that run: every
+//     write is fenced by the lease epoch it claimed the run with.
+//  4. Nothing crosses namespaces.
+//
+// # Determinism
+//
+// A run resumes (after a sleep, a crash, a restart) by calling the workflow function
+// again from the top; completed steps return their recorded output without running.
+// Code between steps must therefore make the same calls in the same order every time:
+// put anything that reads the clock, random numbers, the network or the database in a
+// step. Call Step and Sleep only from the workflow's own goroutine. When a run must
+// stop running on this worker (a long sleep, a cancel, a lost lease, a shutdown),
+// Kagzi unwinds the workflow goroutine with runtime.Goexit from inside Step or Sleep:
+// deferred calls run, but no code after that call does, so the workflow cannot
+// swallow the suspension by mistake.
+package kagzi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi/internal/notifier"
+	"github.com/kagzi/kagzi/internal/schema"
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// DefaultNamespace is the namespace of a Config that names none.
+const DefaultNamespace = "default"
+
+// DefaultMaxPayloadSize is the largest encoded input or output a Config allows by default.
+const DefaultMaxPayloadSize = 1 << 20
+
+// Config configures a Client.
+type Config struct {
+	// Namespace isolates tenants: every read and write of the client is confined to
+	// it. Default "default".
+	Namespace string
+	// Logger receives Kagzi's logs. Default slog.Default(). Payloads are never logged.
+	Logger *slog.Logger
+	// MaxPayloadSize is the largest JSON-encoded input or output, in bytes. Larger ones
+	// are rejected with ErrInvalidArgument. Default DefaultMaxPayloadSize.
+	MaxPayloadSize int
+}
+
+// Client starts, reads and cancels runs in one namespace. It is safe for concurrent
+// use; create one per namespace and share it.
+type Client struct {
+	pool     *pgxpool.Pool
+	ns       string
+	logger   *slog.Logger
+	maxBytes int
+	notifier *notifier.Notifier
+}
+
+// NewClient returns a client over pool. The pool is the application's own: Kagzi
+// borrows connections from it for its queries, and opens one more connection of its
+// own, outside the pool, to LISTEN for notifications while anything waits for them.
+func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
+	if pool == nil {
+		return nil, invalidArgument("nil pool")
+	}
+	if cfg.Namespace == "" {
+		cfg.Namespace = DefaultNamespace
+	}
+	if err := validName("namespace", cfg.Namespace); err != nil {
+		return nil, err
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxPayloadSize < 0 {
+		return nil, invalidArgument("negative MaxPayloadSize %d", cfg.MaxPayloadSize)
+	}
+	if cfg.MaxPayloadSize == 0 {
+		cfg.MaxPayloadSize = DefaultMaxPayloadSize
+	}
+	c := &Client{pool: pool, ns: cfg.Namespace, logger: cfg.Logger, maxBytes: cfg.MaxPayloadSize}
+	c.notifier = notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
+		return pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	}, store.Channel, cfg.Logger)
+	return c, nil
+}
+
+// Namespace returns the client's namespace.
+func (c *Client) Namespace() string { return c.ns }
+
+// Migrate applies Kagzi's schema migrations (the goose files in the migrations
+// package) to the database of pool. It is safe to call from many processes at once
+// (a Postgres advisory lock serialises them) and does nothing when the schema is
+// current. Kagzi's tables live in the "kagzi" schema; goose's version table for them
+// is migrations.VersionTable, so it never clashes with the application's own.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if pool == nil {
+		return invalidArgument("nil pool")
+	}
+	return dbError("kagzi: migrate", schema.Up(ctx, pool))
+}
+
+// validName checks a namespace, workflow type or workflow id: 1 to 255 bytes of
+// valid UTF-8 without control characters.
+func validName(what, s string) error {
+	switch {
+	case s == "":
+		return invalidArgument("empty %s", what)
+	case len(s) > 255:
+		return invalidArgument("%s longer than 255 bytes", what)
+	case !utf8.ValidString(s):
+		return invalidArgument("%s %q is not valid UTF-8", what, s)
+	case strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+		return invalidArgument("%s %q contains a control character", what, s)
+	}
+	return nil
+}
+
+// wrapStoreErr maps store errors to Kagzi's.
+func wrapStoreErr(op string, err error) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%s: %w", op, ErrNotFound)
+	}
+	return dbError(op, err)
+}

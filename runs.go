@@ -1,0 +1,300 @@
+package kagzi
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// RunStatus is where a run is in its life:
+// PENDING → RUNNING → (SLEEPING ↔ PENDING) → COMPLETED | FAILED | CANCELLED.
+type RunStatus string
+
+// Run statuses.
+const (
+	StatusPending   RunStatus = store.StatusPending   // waiting to be claimed (or for its delayed start)
+	StatusRunning   RunStatus = store.StatusRunning   // held by a worker under a lease
+	StatusSleeping  RunStatus = store.StatusSleeping  // in a durable sleep; no worker holds it
+	StatusCompleted RunStatus = store.StatusCompleted // finished with an output
+	StatusFailed    RunStatus = store.StatusFailed    // finished with a recorded error
+	StatusCancelled RunStatus = store.StatusCancelled // cancelled
+)
+
+// Terminal reports whether the status is final.
+func (s RunStatus) Terminal() bool {
+	return s == StatusCompleted || s == StatusFailed || s == StatusCancelled
+}
+
+// RunInfo is what GetRun and ListRuns report of a run.
+type RunInfo struct {
+	RunID        string
+	Namespace    string
+	WorkflowID   string
+	WorkflowType string
+	Status       RunStatus
+	Input        json.RawMessage
+	// Output is set once the run COMPLETED.
+	Output json.RawMessage
+	// Error is set once the run FAILED.
+	Error *ErrorDetail
+	// Attempt counts the executions of the whole workflow (1 for the first).
+	Attempt int
+	// AvailableAt is when the run may next be claimed: its start time while PENDING,
+	// its wake time while SLEEPING, its lease expiry while RUNNING.
+	AvailableAt time.Time
+	// LockedBy is the id of the worker holding the run while RUNNING.
+	LockedBy        string
+	CancelRequested bool
+	CreatedAt       time.Time
+	StartedAt       *time.Time
+	FinishedAt      *time.Time
+	UpdatedAt       time.Time
+}
+
+func runInfo(r store.Run) RunInfo {
+	info := RunInfo{
+		RunID: r.RunID.String(), Namespace: r.Namespace, WorkflowID: r.WorkflowID,
+		WorkflowType: r.WorkflowType, Status: RunStatus(r.Status), Input: r.Input, Output: r.Output,
+		Error: decodeDetail(r.Error), Attempt: r.Attempt, AvailableAt: r.AvailableAt,
+		CancelRequested: r.CancelRequested, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt,
+		FinishedAt: r.FinishedAt, UpdatedAt: r.UpdatedAt,
+	}
+	if r.LockedBy != nil {
+		info.LockedBy = *r.LockedBy
+	}
+	return info
+}
+
+func parseRunID(runID string) (uuid.UUID, error) {
+	id, err := uuid.Parse(runID)
+	if err != nil {
+		return uuid.Nil, invalidArgument("run id %q is not a UUID", runID)
+	}
+	return id, nil
+}
+
+// GetRun reads a run of the client's namespace. A run of another namespace is
+// ErrNotFound.
+func (c *Client) GetRun(ctx context.Context, runID string) (*RunInfo, error) {
+	id, err := parseRunID(runID)
+	if err != nil {
+		return nil, err
+	}
+	r, err := store.GetRun(ctx, c.pool, c.ns, id)
+	if err != nil {
+		return nil, wrapStoreErr("kagzi: get run "+runID, err)
+	}
+	info := runInfo(r)
+	return &info, nil
+}
+
+// GetRunByWorkflowID reads the run of a workflow id: the active one if there is one,
+// else the newest.
+func (c *Client) GetRunByWorkflowID(ctx context.Context, workflowID string) (*RunInfo, error) {
+	if err := validName("workflow id", workflowID); err != nil {
+		return nil, err
+	}
+	r, err := store.GetRunByWorkflowID(ctx, c.pool, c.ns, workflowID)
+	if err != nil {
+		return nil, wrapStoreErr("kagzi: get run of workflow id "+workflowID, err)
+	}
+	info := runInfo(r)
+	return &info, nil
+}
+
+// RunFilter selects runs for ListRuns. Zero fields select everything.
+type RunFilter struct {
+	Statuses      []RunStatus
+	WorkflowType  string
+	WorkflowID    string
+	CreatedAfter  time.Time // inclusive
+	CreatedBefore time.Time // exclusive
+	// PageSize is the most runs a page holds: default 50, at most 1000.
+	PageSize int
+	// PageToken continues a listing: pass the NextPageToken of the previous page.
+	PageToken string
+}
+
+// RunPage is one page of ListRuns, newest runs first.
+type RunPage struct {
+	Runs []RunInfo
+	// NextPageToken fetches the next page; empty on the last page.
+	NextPageToken string
+}
+
+// ListRuns lists the namespace's runs, newest first, a page at a time. Pagination is
+// by keyset: a page token names the last run of the page before, so pages stay
+// consistent while runs are added.
+func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
+	p := store.ListRunsParams{Namespace: c.ns, WorkflowType: f.WorkflowType, WorkflowID: f.WorkflowID, Limit: f.PageSize}
+	switch {
+	case p.Limit == 0:
+		p.Limit = 50
+	case p.Limit < 0 || p.Limit > 1000:
+		return nil, invalidArgument("page size %d is not within 1..1000", f.PageSize)
+	}
+	for _, s := range f.Statuses {
+		switch s {
+		case StatusPending, StatusRunning, StatusSleeping, StatusCompleted, StatusFailed, StatusCancelled:
+			p.Statuses = append(p.Statuses, string(s))
+		default:
+			return nil, invalidArgument("unknown run status %q", s)
+		}
+	}
+	if !f.CreatedAfter.IsZero() {
+		p.CreatedAfter = &f.CreatedAfter
+	}
+	if !f.CreatedBefore.IsZero() {
+		p.CreatedBefore = &f.CreatedBefore
+	}
+	if f.PageToken != "" {
+		t, id, err := decodePageToken(f.PageToken)
+		if err != nil {
+			return nil, err
+		}
+		p.AfterCreated, p.AfterRunID = &t, id
+	}
+	want := p.Limit
+	p.Limit++ // one more tells whether there is a next page
+	runs, err := store.ListRuns(ctx, c.pool, p)
+	if err != nil {
+		return nil, dbError("kagzi: list runs", err)
+	}
+	page := &RunPage{}
+	if len(runs) > want {
+		runs = runs[:want]
+		last := runs[want-1]
+		page.NextPageToken = encodePageToken(last.CreatedAt, last.RunID)
+	}
+	for _, r := range runs {
+		page.Runs = append(page.Runs, runInfo(r))
+	}
+	return page, nil
+}
+
+func encodePageToken(t time.Time, id uuid.UUID) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixMicro(), 10) + "/" + id.String()))
+}
+
+func decodePageToken(tok string) (time.Time, uuid.UUID, error) {
+	bad := invalidArgument("malformed page token %q", tok)
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil {
+		return time.Time{}, uuid.Nil, bad
+	}
+	ts, idStr, ok := strings.Cut(string(raw), "/")
+	if !ok {
+		return time.Time{}, uuid.Nil, bad
+	}
+	micros, err := strconv.ParseInt(ts, 10, 64)
+	if err != nil {
+		return time.Time{}, uuid.Nil, bad
+	}
+	id, err := uuid.Parse(idStr)
+	if err != nil {
+		return time.Time{}, uuid.Nil, bad
+	}
+	return time.UnixMicro(micros), id, nil
+}
+
+// StepKind says what a recorded step is.
+type StepKind string
+
+// Step kinds.
+const (
+	KindStep  StepKind = "STEP"  // a memoized function, see Step
+	KindSleep StepKind = "SLEEP" // a durable sleep, see Context.Sleep
+)
+
+// StepStatus is the state of a recorded step or attempt.
+type StepStatus string
+
+// Step and attempt statuses.
+const (
+	StepCompleted StepStatus = "COMPLETED" // the output is recorded and will be replayed
+	StepFailed    StepStatus = "FAILED"    // the last attempt failed
+	StepTimedOut  StepStatus = "TIMED_OUT" // the attempt passed its timeout (attempts only)
+)
+
+// StepInfo is a recorded step of a run with its attempts, for ListSteps.
+type StepInfo struct {
+	// Key is the step's name with its occurrence in the run: "send#2".
+	Key    string
+	Name   string
+	Kind   StepKind
+	Status StepStatus
+	// Output is the recorded output of a completed step.
+	Output json.RawMessage
+	// Error is the error of the last failed attempt.
+	Error *ErrorDetail
+	// WakeAt is a sleep's wake time, fixed when the sleep first ran.
+	WakeAt   *time.Time
+	Attempts []AttemptInfo
+	// CreatedAt is when the step was first recorded.
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// AttemptInfo is one attempt of a step. Its times are the worker's clock.
+type AttemptInfo struct {
+	Number     int
+	Status     StepStatus
+	Error      *ErrorDetail
+	StartedAt  time.Time
+	FinishedAt time.Time
+}
+
+// ListSteps lists the recorded steps of a run in the order they were first
+// recorded, each with every attempt. A step that is running now, and has not
+// finished an attempt yet, is not listed.
+func (c *Client) ListSteps(ctx context.Context, runID string) ([]StepInfo, error) {
+	id, err := parseRunID(runID)
+	if err != nil {
+		return nil, err
+	}
+	steps, err := store.ListSteps(ctx, c.pool, c.ns, id)
+	if err != nil {
+		return nil, wrapStoreErr("kagzi: list steps of run "+runID, err)
+	}
+	out := make([]StepInfo, 0, len(steps))
+	for _, s := range steps {
+		si := StepInfo{Key: s.Key, Name: s.Name, Kind: StepKind(s.Kind), Status: StepStatus(s.Status),
+			Output: s.Output, Error: decodeDetail(s.Error), WakeAt: s.WakeAt, CreatedAt: s.CreatedAt,
+			UpdatedAt: s.UpdatedAt}
+		for _, a := range s.Attempts {
+			si.Attempts = append(si.Attempts, AttemptInfo{Number: a.Number, Status: StepStatus(a.Status),
+				Error: decodeDetail(a.Error), StartedAt: a.StartedAt, FinishedAt: a.FinishedAt})
+		}
+		out = append(out, si)
+	}
+	return out, nil
+}
+
+// Cancel cancels a run. A PENDING or SLEEPING run ends CANCELLED at once. A RUNNING
+// run is asked to stop: its worker hears of it at once (a notification, or at the
+// latest its next heartbeat), cancels the run's context, and ends it CANCELLED; a
+// completion that races with the cancel loses. Cancelling a CANCELLED run is a no-op;
+// cancelling a COMPLETED or FAILED one returns ErrRunFinished and changes nothing.
+func (c *Client) Cancel(ctx context.Context, runID string) error {
+	id, err := parseRunID(runID)
+	if err != nil {
+		return err
+	}
+	before, _, err := store.CancelRun(ctx, c.pool, c.ns, id)
+	if err != nil {
+		return wrapStoreErr("kagzi: cancel run "+runID, err)
+	}
+	switch before {
+	case store.StatusCompleted, store.StatusFailed:
+		return fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, before)
+	}
+	return nil
+}

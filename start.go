@@ -1,0 +1,253 @@
+package kagzi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// IDReuse says what Start does with a workflow id whose run already finished.
+type IDReuse int
+
+const (
+	// IDReuseAfterFinish (the default) allows one active run per workflow id: a start
+	// of an id whose run is still PENDING, RUNNING or SLEEPING returns that run, and a
+	// start of an id whose runs all finished starts a new run.
+	IDReuseAfterFinish IDReuse = iota
+	// IDReuseNever makes the workflow id an idempotency key for good: a start of an id
+	// whose run finished returns that finished run (AlreadyExists) instead of starting
+	// again. It applies to runs started with it.
+	IDReuseNever
+)
+
+// StartOption configures Start, StartTx and StartByName.
+type StartOption func(*startOptions)
+
+type startOptions struct {
+	id      string
+	delay   time.Duration
+	startAt time.Time
+	reuse   IDReuse
+}
+
+// WithID sets the workflow id, the run's idempotency key in its namespace (for
+// example "order-123"): starting an id that is active returns the existing run with
+// AlreadyExists set. Without it, Kagzi generates a unique id.
+func WithID(id string) StartOption { return func(o *startOptions) { o.id = id } }
+
+// WithDelay makes the run claimable only after d has passed (the database's clock).
+func WithDelay(d time.Duration) StartOption { return func(o *startOptions) { o.delay = d } }
+
+// WithStartAt makes the run claimable only from t on.
+func WithStartAt(t time.Time) StartOption { return func(o *startOptions) { o.startAt = t } }
+
+// WithIDReuse sets what happens when the workflow id's run already finished; see IDReuse.
+func WithIDReuse(r IDReuse) StartOption { return func(o *startOptions) { o.reuse = r } }
+
+// Run is a handle on a run: its ids, and Wait for its typed result.
+type Run[Out any] struct {
+	// RunID identifies this run (a UUID).
+	RunID string
+	// WorkflowID is the run's idempotency key in its namespace.
+	WorkflowID string
+	// WorkflowType is the name the workflow was defined with.
+	WorkflowType string
+	// AlreadyExists reports that Start found an existing run for the workflow id and
+	// returned it instead of starting a new one.
+	AlreadyExists bool
+
+	client *Client
+}
+
+// Start starts a run of wf with input in the client's namespace, or returns the
+// active run of the same workflow id (AlreadyExists). Workers of the workflow's type
+// are notified in the same transaction, so one claims the run at once.
+func Start[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], input In, opts ...StartOption) (*Run[Out], error) {
+	return startTyped(ctx, c, nil, wf, input, opts)
+}
+
+// StartTx is Start inside the caller's transaction: the run exists, and workers hear
+// of it, only if tx commits. Use it to start a workflow atomically with the
+// application's own writes.
+func StartTx[In, Out any](ctx context.Context, tx pgx.Tx, c *Client, wf *Workflow[In, Out], input In, opts ...StartOption) (*Run[Out], error) {
+	if tx == nil {
+		return nil, invalidArgument("nil transaction")
+	}
+	return startTyped(ctx, c, tx, wf, input, opts)
+}
+
+func startTyped[In, Out any](ctx context.Context, c *Client, tx pgx.Tx, wf *Workflow[In, Out], input In, opts []StartOption) (*Run[Out], error) {
+	if c == nil || wf == nil {
+		return nil, invalidArgument("nil client or workflow")
+	}
+	if wf.err != nil {
+		return nil, wf.err
+	}
+	b, err := json.Marshal(input)
+	if err != nil {
+		return nil, invalidArgument("input of %s does not encode as JSON: %v", wf.name, err)
+	}
+	r, err := c.start(ctx, tx, wf.name, b, opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Run[Out]{RunID: r.RunID, WorkflowID: r.WorkflowID, WorkflowType: r.WorkflowType,
+		AlreadyExists: r.AlreadyExists, client: c}, nil
+}
+
+// StartByName starts a run of the workflow type name, for callers that do not have
+// its Go definition at hand. input is encoded with encoding/json (a json.RawMessage
+// is stored as it is, once checked to be valid JSON). The type need not be
+// registered by any worker yet: the run waits PENDING until a worker for it runs.
+func (c *Client) StartByName(ctx context.Context, workflowType string, input any, opts ...StartOption) (*Run[json.RawMessage], error) {
+	return c.startByName(ctx, nil, workflowType, input, opts)
+}
+
+// StartByNameTx is StartByName inside the caller's transaction.
+func (c *Client) StartByNameTx(ctx context.Context, tx pgx.Tx, workflowType string, input any, opts ...StartOption) (*Run[json.RawMessage], error) {
+	if tx == nil {
+		return nil, invalidArgument("nil transaction")
+	}
+	return c.startByName(ctx, tx, workflowType, input, opts)
+}
+
+func (c *Client) startByName(ctx context.Context, tx pgx.Tx, workflowType string, input any, opts []StartOption) (*Run[json.RawMessage], error) {
+	if err := validName("workflow type", workflowType); err != nil {
+		return nil, err
+	}
+	var b []byte
+	if raw, ok := input.(json.RawMessage); ok {
+		if !json.Valid(raw) {
+			return nil, invalidArgument("input of %s is not valid JSON", workflowType)
+		}
+		b = raw
+	} else {
+		var err error
+		if b, err = json.Marshal(input); err != nil {
+			return nil, invalidArgument("input of %s does not encode as JSON: %v", workflowType, err)
+		}
+	}
+	return c.start(ctx, tx, workflowType, b, opts)
+}
+
+func (c *Client) start(ctx context.Context, tx pgx.Tx, workflowType string, input []byte, opts []StartOption) (*Run[json.RawMessage], error) {
+	var o startOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	runID, err := uuid.NewV7()
+	if err != nil {
+		return nil, fmt.Errorf("kagzi: start: %w", err)
+	}
+	if o.id == "" {
+		o.id = runID.String()
+	} else if err := validName("workflow id", o.id); err != nil {
+		return nil, err
+	}
+	if len(input) > c.maxBytes {
+		return nil, invalidArgument("input of %s is %d bytes, over the limit of %d", workflowType, len(input), c.maxBytes)
+	}
+	if o.delay < 0 {
+		return nil, invalidArgument("negative delay %v", o.delay)
+	}
+	if o.delay > 0 && !o.startAt.IsZero() {
+		return nil, invalidArgument("both WithDelay and WithStartAt given")
+	}
+	if o.reuse != IDReuseAfterFinish && o.reuse != IDReuseNever {
+		return nil, invalidArgument("unknown IDReuse %d", o.reuse)
+	}
+	startAt := o.startAt
+	if o.delay > 0 {
+		startAt = time.Now().Add(o.delay)
+	}
+	var db store.DBTX = c.pool
+	if tx != nil {
+		db = tx
+	}
+	r, inserted, err := store.InsertRun(ctx, db, store.NewRun{
+		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType,
+		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever,
+	})
+	if err != nil {
+		return nil, dbError("kagzi: start "+workflowType, err)
+	}
+	if !inserted && r.WorkflowType != workflowType {
+		return nil, fmt.Errorf("%w: workflow id %q is held by run %s of workflow type %q, not %q",
+			ErrAlreadyExists, o.id, r.RunID, r.WorkflowType, workflowType)
+	}
+	return &Run[json.RawMessage]{RunID: r.RunID.String(), WorkflowID: r.WorkflowID,
+		WorkflowType: r.WorkflowType, AlreadyExists: !inserted, client: c}, nil
+}
+
+// Wait blocks until the run ends or ctx is done, and returns the run's output. A run
+// that ended FAILED returns a *WorkflowError (errors.Is ErrWorkflowFailed); a
+// CANCELLED one returns ErrCancelled. Wait does not poll in a tight loop: it listens
+// for the run's completion notification, and looks at the run every few seconds in
+// case a notification was missed.
+func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
+	var zero Out
+	id, err := uuid.Parse(r.RunID)
+	if err != nil {
+		return zero, invalidArgument("run id %q is not a UUID", r.RunID)
+	}
+	c := r.client
+	sub := c.notifier.Subscribe(store.DoneTopic(id))
+	defer sub.Close()
+	poll := 250 * time.Millisecond
+	for {
+		run, err := store.GetRun(ctx, c.pool, c.ns, id)
+		if err != nil {
+			return zero, wrapStoreErr("kagzi: wait for run "+r.RunID, err)
+		}
+		switch run.Status {
+		case store.StatusCompleted:
+			var out Out
+			if err := json.Unmarshal(run.Output, &out); err != nil {
+				return zero, fmt.Errorf("kagzi: output of run %s does not decode into %s: %w", r.RunID, typeName[Out](), err)
+			}
+			return out, nil
+		case store.StatusFailed:
+			return zero, runError(run)
+		case store.StatusCancelled:
+			return zero, fmt.Errorf("%w: run %s (workflow id %q)", ErrCancelled, r.RunID, run.WorkflowID)
+		}
+		timer := time.NewTimer(poll)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return zero, ctx.Err()
+		case <-sub.C:
+		case <-timer.C:
+			poll = min(poll*2, 5*time.Second)
+		}
+		timer.Stop()
+	}
+}
+
+func runError(run store.Run) error {
+	e := &WorkflowError{RunID: run.RunID.String(), WorkflowID: run.WorkflowID}
+	if d := decodeDetail(run.Error); d != nil {
+		e.Detail = *d
+	}
+	return e
+}
+
+// errorOf turns an error returned by a workflow or step into the detail to record.
+func errorOf(err error, code, subject string) ErrorDetail {
+	var de *detailError
+	if errors.As(err, &de) {
+		return de.detail
+	}
+	d := ErrorDetail{Code: code, Message: err.Error(), Subject: subject}
+	if errors.Is(err, ErrNonRetryable) {
+		d.NonRetryable = true
+	}
+	return d
+}

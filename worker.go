@@ -1,0 +1,518 @@
+package kagzi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime/debug"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kagzi/kagzi/internal/notifier"
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// WorkerConfig configures a Worker. Zero fields take the defaults given.
+type WorkerConfig struct {
+	// ID names the worker in run leases (RunInfo.LockedBy). Default
+	// "hostname/pid/random", unique per Worker.
+	ID string
+	// MaxConcurrent is how many runs the worker executes at once. Default 10.
+	MaxConcurrent int
+	// LeaseDuration is how long a claim holds a run without a heartbeat. A run whose
+	// worker died is claimed again once its lease passes. Default 10s.
+	LeaseDuration time.Duration
+	// HeartbeatInterval is how often the worker extends the leases of all its runs
+	// in one statement. Default LeaseDuration/3; it must be shorter than LeaseDuration.
+	HeartbeatInterval time.Duration
+	// PollInterval is how often an idle worker looks for work when no notification
+	// arrives (a fallback: new runs, wake times and leases normally wake it through
+	// LISTEN/NOTIFY and timers). Default 5s.
+	PollInterval time.Duration
+	// DrainTimeout is how long Run waits, after its context is done, for running
+	// workflows to finish before handing their runs back. Default 10s.
+	DrainTimeout time.Duration
+	// MaxInProcessSleep is the longest sleep that waits in process, holding its slot;
+	// longer sleeps release the run until its wake time. Default 200ms.
+	MaxInProcessSleep time.Duration
+	// Logger receives the worker's logs. Default: the client's logger.
+	Logger *slog.Logger
+}
+
+// Worker claims and executes runs of the workflow types it registered, in its
+// client's namespace. Start it with Run.
+type Worker struct {
+	client *Client
+	cfg    WorkerConfig
+	defs   map[string]*definition
+	types  []string
+	logger *slog.Logger
+
+	running atomic.Bool
+	mu      sync.Mutex
+	active  map[uuid.UUID]*execution
+	// handBack holds runs whose executions stopped for the shutdown.
+	handBack []store.HeldRun
+	slotFree chan struct{}
+}
+
+// NewWorker returns a worker for the given workflows. Each workflow type may be
+// registered once.
+func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Worker, error) {
+	if client == nil {
+		return nil, invalidArgument("nil client")
+	}
+	if len(workflows) == 0 {
+		return nil, invalidArgument("a worker needs at least one workflow")
+	}
+	if cfg.ID == "" {
+		host, _ := os.Hostname()
+		cfg.ID = host + "/" + strconv.Itoa(os.Getpid()) + "/" + uuid.NewString()[:8]
+	}
+	if err := validName("worker id", cfg.ID); err != nil {
+		return nil, err
+	}
+	if cfg.MaxConcurrent == 0 {
+		cfg.MaxConcurrent = 10
+	}
+	if cfg.LeaseDuration == 0 {
+		cfg.LeaseDuration = 10 * time.Second
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = cfg.LeaseDuration / 3
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 5 * time.Second
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.MaxInProcessSleep == 0 {
+		cfg.MaxInProcessSleep = 200 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = client.logger
+	}
+	switch {
+	case cfg.MaxConcurrent < 0:
+		return nil, invalidArgument("negative MaxConcurrent %d", cfg.MaxConcurrent)
+	case cfg.LeaseDuration < 100*time.Millisecond:
+		return nil, invalidArgument("LeaseDuration %v is below 100ms", cfg.LeaseDuration)
+	case cfg.HeartbeatInterval <= 0 || cfg.HeartbeatInterval >= cfg.LeaseDuration:
+		return nil, invalidArgument("HeartbeatInterval %v must be positive and shorter than LeaseDuration %v",
+			cfg.HeartbeatInterval, cfg.LeaseDuration)
+	case cfg.PollInterval < 0 || cfg.DrainTimeout < 0 || cfg.MaxInProcessSleep < 0:
+		return nil, invalidArgument("negative PollInterval, DrainTimeout or MaxInProcessSleep")
+	}
+	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{},
+		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
+		active: map[uuid.UUID]*execution{}, slotFree: make(chan struct{}, 1)}
+	for _, wf := range workflows {
+		if wf == nil {
+			return nil, invalidArgument("nil workflow")
+		}
+		d := wf.definition()
+		if d.err != nil {
+			return nil, d.err
+		}
+		if w.defs[d.name] != nil {
+			return nil, invalidArgument("workflow type %q registered twice", d.name)
+		}
+		w.defs[d.name] = d
+		w.types = append(w.types, d.name)
+	}
+	return w, nil
+}
+
+// ID returns the worker's id.
+func (w *Worker) ID() string { return w.cfg.ID }
+
+// Run claims and executes runs until ctx is done, then drains: it stops claiming,
+// waits up to DrainTimeout for running workflows to finish, and hands the runs still
+// going back (PENDING, claimable at once by another process; the interrupted step
+// attempts do not count). It returns nil after a drain, or an error when it cannot
+// start (the schema is not migrated, the worker is already running).
+//
+// Claims are batched to the free slots; new runs, wake times and cancels arrive by
+// LISTEN/NOTIFY on one connection per process, timers wake the worker for known
+// wake times, and it polls every PollInterval only as a fallback.
+func (w *Worker) Run(ctx context.Context) error {
+	if !w.running.CompareAndSwap(false, true) {
+		return fmt.Errorf("kagzi: worker %s is already running", w.cfg.ID)
+	}
+	defer w.running.Store(false)
+
+	topics := []string{store.CancelTopic(w.client.ns)}
+	for _, t := range w.types {
+		topics = append(topics, store.WakeTopic(w.client.ns, t))
+	}
+	sub := w.client.notifier.Subscribe(topics...)
+	defer sub.Close()
+
+	// The first claim tells a missing schema from a slow database.
+	if _, err := store.NextWake(ctx, w.client.pool, w.client.ns, w.types, w.cfg.ID); err != nil {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err := dbError("kagzi: worker "+w.cfg.ID, err); errors.Is(err, ErrSchemaNotMigrated) || errors.Is(err, ErrClosed) {
+			return err
+		}
+	}
+
+	hbCtx, stopHeartbeat := context.WithCancel(context.Background())
+	hbDone := make(chan struct{})
+	go func() {
+		defer close(hbDone)
+		w.heartbeat(hbCtx)
+	}()
+	defer func() {
+		stopHeartbeat()
+		<-hbDone
+	}()
+
+	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
+	w.loop(ctx, sub)
+	w.drain()
+	w.logger.Info("kagzi: worker stopped")
+	return nil
+}
+
+// loop claims runs until ctx is done.
+func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	claimNow := true
+	backoff := 100 * time.Millisecond
+	var wakeAt time.Time // when the timer fires
+	setTimer := func(t time.Time) {
+		if poll := time.Now().Add(w.cfg.PollInterval); t.IsZero() || t.After(poll) {
+			t = poll
+		}
+		if !wakeAt.IsZero() && !t.Before(wakeAt) && wakeAt.After(time.Now()) {
+			return
+		}
+		wakeAt = t
+		timer.Reset(time.Until(t))
+	}
+	for {
+		if claimNow && ctx.Err() == nil {
+			claimNow = false
+			full, err := w.claim(ctx)
+			switch {
+			case err != nil:
+				if ctx.Err() != nil {
+					break
+				}
+				w.logger.Warn("kagzi: claim failed; retrying", "error", err, "retry_in", backoff)
+				wakeAt = time.Time{}
+				setTimer(time.Now().Add(backoff))
+				backoff = min(backoff*2, 5*time.Second)
+			case full:
+				backoff = 100 * time.Millisecond
+				claimNow = w.freeSlots() > 0 // more work may be waiting
+			default:
+				backoff = 100 * time.Millisecond
+				next, err := store.NextWake(ctx, w.client.pool, w.client.ns, w.types, w.cfg.ID)
+				wakeAt = time.Time{}
+				if err != nil || next == nil {
+					setTimer(time.Time{})
+				} else {
+					setTimer(*next)
+				}
+			}
+			if claimNow {
+				continue
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+			wakeAt = time.Time{}
+			claimNow = true
+		case <-w.slotFree:
+			claimNow = true
+		case n := <-sub.C:
+			switch {
+			case n.Topic == store.CancelTopic(w.client.ns):
+				w.cancelRun(n.Extra)
+			case n.Topic == "":
+				claimNow = true
+			default:
+				ms, err := strconv.ParseInt(n.Extra, 10, 64)
+				if err != nil || time.Until(time.UnixMilli(ms)) <= 5*time.Millisecond {
+					claimNow = true
+				} else {
+					setTimer(time.UnixMilli(ms))
+				}
+			}
+		}
+	}
+}
+
+func (w *Worker) freeSlots() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.cfg.MaxConcurrent - len(w.active)
+}
+
+// claim claims up to the free slots and starts executing what it got. full reports
+// that it got as many runs as it asked for.
+func (w *Worker) claim(ctx context.Context) (full bool, err error) {
+	free := w.freeSlots()
+	if free <= 0 {
+		return false, nil
+	}
+	claimed, err := store.ClaimRuns(ctx, w.client.pool, w.client.ns, w.types, w.cfg.ID, w.cfg.LeaseDuration, free)
+	if err != nil {
+		return false, dbError("kagzi: claim", err)
+	}
+	now := time.Now()
+	for _, run := range claimed {
+		w.start(run, now)
+	}
+	return len(claimed) == free, nil
+}
+
+// start executes a claimed run on its own goroutine.
+func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
+	ctx, cancel := context.WithCancelCause(context.Background())
+	x := &execution{w: w, def: w.defs[run.WorkflowType], run: run, cancel: cancel, ctx: ctx,
+		dbOffset: run.DBNow.Sub(claimedAt), counts: map[string]int{},
+		logger: w.logger.With("run_id", run.RunID, "workflow_id", run.WorkflowID, "workflow_type", run.WorkflowType)}
+	x.leaseUntil.Store(claimedAt.Add(w.cfg.LeaseDuration).UnixNano())
+	if run.CancelRequested {
+		cancel(ErrCancelled)
+	}
+	w.mu.Lock()
+	w.active[run.RunID] = x
+	w.mu.Unlock()
+	go w.execute(x)
+}
+
+// execute runs the workflow function on its own goroutine (so that Step and Sleep
+// can unwind it) and records how it ended.
+func (w *Worker) execute(x *execution) {
+	defer func() {
+		x.cancel(nil)
+		w.mu.Lock()
+		if w.active[x.run.RunID] == x { // a quick wake may have claimed the run again
+			delete(w.active, x.run.RunID)
+		}
+		w.mu.Unlock()
+		select {
+		case w.slotFree <- struct{}{}:
+		default:
+		}
+	}()
+
+	type result struct {
+		out []byte
+		err error
+	}
+	var res *result
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer func() {
+			if r := recover(); r != nil {
+				res = &result{err: &panicError{value: r, stack: string(debug.Stack())}}
+			}
+		}()
+		out, err := x.def.run(&Context{Context: x.ctx, x: x}, x.run.Input)
+		res = &result{out: out, err: err}
+	}()
+	<-done
+
+	reason := x.exitReason()
+	if res != nil && res.err != nil && x.ctx.Err() != nil {
+		// The workflow returned because its context was cancelled.
+		reason = reasonFor(context.Cause(x.ctx))
+	}
+	switch reason {
+	case exitSuspended, exitLeaseLost:
+		return
+	case exitShutdown:
+		w.mu.Lock()
+		w.handBack = append(w.handBack, store.HeldRun{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch})
+		w.mu.Unlock()
+		return
+	}
+
+	status, output, detail := store.StatusCancelled, []byte(nil), []byte(nil)
+	if reason == exitNone {
+		switch {
+		case res.err == nil && len(res.out) > w.client.maxBytes:
+			status, detail = store.StatusFailed, encodeDetail(ErrorDetail{Code: CodeInvalidOutput, NonRetryable: true,
+				Subject: x.run.WorkflowType, Message: fmt.Sprintf("output is %d bytes, over the limit of %d",
+					len(res.out), w.client.maxBytes)})
+		case res.err == nil:
+			status, output = store.StatusCompleted, res.out
+		default:
+			code := CodeWorkflowError
+			var pe *panicError
+			if errors.As(res.err, &pe) {
+				code = CodePanic
+			}
+			d := errorOf(res.err, code, x.run.WorkflowType)
+			if pe != nil {
+				d.Metadata = map[string]string{"stack": pe.stack}
+			}
+			status, detail = store.StatusFailed, encodeDetail(d)
+		}
+	}
+	// write stops the goroutine it runs on when the lease is lost; run it on its own.
+	finished := make(chan struct{})
+	go func() {
+		defer close(finished)
+		finish := func(status string, output, detail []byte) error {
+			return x.write(func(ctx context.Context) error {
+				_, err := store.FinishRun(ctx, w.client.pool, x.run.RunID, x.run.LeaseEpoch, status, output, detail)
+				return err
+			})
+		}
+		err := finish(status, output, detail)
+		if err != nil && status == store.StatusCompleted {
+			// The database rejects the output itself (jsonb cannot hold a NUL
+			// character, say): record that, or the run would be retried forever.
+			x.logger.Error("kagzi: the run's output cannot be recorded", "error", err)
+			err = finish(store.StatusFailed, nil, encodeDetail(ErrorDetail{Code: CodeInvalidOutput,
+				NonRetryable: true, Subject: x.run.WorkflowType,
+				Message: "the output cannot be recorded: " + err.Error()}))
+		}
+		if err != nil {
+			x.logger.Error("kagzi: cannot record the end of the run", "error", err)
+		}
+	}()
+	<-finished
+}
+
+// cancelRun cancels the context of a run this worker executes.
+func (w *Worker) cancelRun(runID string) {
+	id, err := uuid.Parse(runID)
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	x := w.active[id]
+	w.mu.Unlock()
+	if x != nil {
+		x.cancel(ErrCancelled)
+	}
+}
+
+// heartbeat extends the leases of all the worker's runs, one statement per beat.
+// Runs the beat no longer holds are cancelled with errLeaseLost; runs whose cancel
+// was requested are cancelled with ErrCancelled. When beats fail for longer than a
+// lease, every run is given up: another worker may hold them by now.
+func (w *Worker) heartbeat(ctx context.Context) {
+	t := time.NewTicker(w.cfg.HeartbeatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		w.mu.Lock()
+		held := make([]store.HeldRun, 0, len(w.active))
+		execs := make(map[uuid.UUID]*execution, len(w.active))
+		for id, x := range w.active {
+			held = append(held, store.HeldRun{RunID: id, Epoch: x.run.LeaseEpoch})
+			execs[id] = x
+		}
+		w.mu.Unlock()
+		if len(held) == 0 {
+			continue
+		}
+		beat := time.Now()
+		bctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+		res, err := store.Heartbeat(bctx, w.client.pool, held, w.cfg.LeaseDuration)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			w.logger.Warn("kagzi: heartbeat failed", "error", err, "runs", len(held))
+			for _, x := range execs {
+				if time.Now().UnixNano() > x.leaseUntil.Load() {
+					x.cancel(errLeaseLost)
+				}
+			}
+			continue
+		}
+		kept := make(map[uuid.UUID]bool, len(res))
+		for _, r := range res {
+			kept[r.RunID] = true
+			x := execs[r.RunID]
+			x.leaseUntil.Store(beat.Add(w.cfg.LeaseDuration).UnixNano())
+			if r.CancelRequested {
+				x.cancel(ErrCancelled)
+			}
+		}
+		for id, x := range execs {
+			if !kept[id] {
+				x.cancel(errLeaseLost)
+			}
+		}
+	}
+}
+
+// drain waits for running workflows up to DrainTimeout, then interrupts them and
+// hands their runs back.
+func (w *Worker) drain() {
+	deadline := time.NewTimer(w.cfg.DrainTimeout)
+	defer deadline.Stop()
+	interrupted := false
+	var grace <-chan time.Time
+	for {
+		w.mu.Lock()
+		n := len(w.active)
+		w.mu.Unlock()
+		if n == 0 {
+			break
+		}
+		select {
+		case <-w.slotFree:
+			continue
+		case <-time.After(50 * time.Millisecond):
+			continue
+		case <-deadline.C:
+			w.logger.Info("kagzi: drain timeout; handing runs back", "runs", n)
+			w.mu.Lock()
+			for _, x := range w.active {
+				x.cancel(errShutdown)
+			}
+			w.mu.Unlock()
+			interrupted = true
+			grace = time.After(time.Second)
+			continue
+		case <-grace:
+		}
+		break // steps that ignore their context: hand their runs back anyway
+	}
+	w.mu.Lock()
+	held := w.handBack
+	w.handBack = nil
+	if interrupted {
+		for id, x := range w.active {
+			held = append(held, store.HeldRun{RunID: id, Epoch: x.run.LeaseEpoch})
+		}
+	}
+	w.mu.Unlock()
+	if len(held) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.LeaseDuration)
+	defer cancel()
+	if err := store.ReleaseRuns(ctx, w.client.pool, held); err != nil {
+		w.logger.Warn("kagzi: could not hand runs back; they are claimed again when their lease passes",
+			"error", err, "runs", len(held))
+	}
+}

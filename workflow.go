@@ -1,0 +1,96 @@
+package kagzi
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+)
+
+// Workflow is a workflow definition: a Go function registered under a name, its
+// workflow type. Create one with Define, usually as a package-level variable, then
+// start runs of it with Start and run them with a Worker that registers it.
+type Workflow[In, Out any] struct {
+	name string
+	fn   func(*Context, In) (Out, error)
+	err  error
+}
+
+// Define defines a workflow of the given type name. The input and output are
+// stored JSON-encoded, so In and Out must round-trip through encoding/json.
+//
+// A name that is empty, longer than 255 bytes or contains control characters, or a
+// nil fn, makes the definition invalid: Start and NewWorker then return an error
+// wrapping ErrInvalidArgument.
+func Define[In, Out any](name string, fn func(ctx *Context, input In) (Out, error)) *Workflow[In, Out] {
+	w := &Workflow[In, Out]{name: name, fn: fn}
+	if err := validName("workflow type", name); err != nil {
+		w.err = err
+	} else if fn == nil {
+		w.err = invalidArgument("workflow %q has a nil function", name)
+	}
+	return w
+}
+
+// Name returns the workflow type.
+func (w *Workflow[In, Out]) Name() string { return w.name }
+
+// Definition is any workflow defined with Define, whatever its input and output
+// types. NewWorker takes a list of them.
+type Definition interface {
+	// Name returns the workflow type.
+	Name() string
+	definition() *definition
+}
+
+// definition is a workflow with its types erased, as a worker runs it.
+type definition struct {
+	name string
+	err  error
+	// run decodes the input, calls the workflow function and encodes its output.
+	run func(ctx *Context, input []byte) ([]byte, error)
+}
+
+func (w *Workflow[In, Out]) definition() *definition {
+	return &definition{name: w.name, err: w.err, run: func(ctx *Context, input []byte) ([]byte, error) {
+		var in In
+		if err := json.Unmarshal(input, &in); err != nil {
+			return nil, &detailError{detail: ErrorDetail{
+				Code:         CodeInvalidInput,
+				NonRetryable: true,
+				Subject:      w.name,
+				Message: fmt.Sprintf("input of run %s does not decode into %s: %v",
+					ctx.RunID(), typeName[In](), err),
+			}}
+		}
+		out, err := w.fn(ctx, in)
+		if err != nil {
+			return nil, err
+		}
+		b, err := json.Marshal(out)
+		if err != nil {
+			return nil, &detailError{detail: ErrorDetail{
+				Code:         CodeInvalidOutput,
+				NonRetryable: true,
+				Subject:      w.name,
+				Message:      fmt.Sprintf("output of run %s (%s) does not encode as JSON: %v", ctx.RunID(), typeName[Out](), err),
+			}}
+		}
+		return b, nil
+	}}
+}
+
+// detailError is an error that already knows the ErrorDetail to record for it.
+type detailError struct{ detail ErrorDetail }
+
+func (e *detailError) Error() string { return e.detail.String() }
+
+func (e *detailError) Unwrap() error {
+	if e.detail.NonRetryable {
+		return ErrNonRetryable
+	}
+	return nil
+}
+
+func typeName[T any]() string {
+	return reflect.TypeOf((*T)(nil)).Elem().String()
+}
