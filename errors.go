@@ -36,15 +36,15 @@ var (
 
 // Error codes stored in ErrorDetail.Code.
 const (
-	CodeWorkflowError    = "WORKFLOW_ERROR"     // the workflow function returned an error
-	CodeStepError        = "STEP_ERROR"         // a step's function returned an error
-	CodePanic            = "PANIC"              // the workflow or a step panicked
-	CodeInvalidInput     = "INVALID_INPUT"      // the stored input does not decode into the workflow's input type
-	CodeInvalidOutput    = "INVALID_OUTPUT"     // an output cannot be encoded or decoded
-	CodeDeadlineExceeded = "DEADLINE_EXCEEDED"  // a timeout or deadline passed
-	CodeNonRetryable     = "NON_RETRYABLE"      // the error was marked non-retryable
-	CodeCancelled        = "CANCELLED"          // the run was cancelled
-	CodeInternal         = "INTERNAL"           // a fault in Kagzi itself
+	CodeWorkflowError    = "WORKFLOW_ERROR"    // the workflow function returned an error
+	CodeStepError        = "STEP_ERROR"        // a step's function returned an error
+	CodePanic            = "PANIC"             // the workflow or a step panicked
+	CodeInvalidInput     = "INVALID_INPUT"     // the stored input does not decode into the workflow's input type
+	CodeInvalidOutput    = "INVALID_OUTPUT"    // an output cannot be encoded or decoded
+	CodeDeadlineExceeded = "DEADLINE_EXCEEDED" // a timeout or deadline passed
+	CodeNonRetryable     = "NON_RETRYABLE"     // the error was marked non-retryable
+	CodeCancelled        = "CANCELLED"         // the run was cancelled
+	CodeInternal         = "INTERNAL"          // a fault in Kagzi itself
 )
 
 // ErrorDetail is the error recorded for a failed run or step attempt.
