@@ -1,0 +1,209 @@
+package kagzi_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+// roundTrips counts the round trips a pool makes: each query, and each pipelined
+// batch as one. It also keeps the statements so tests can classify them.
+type roundTrips struct {
+	n   atomic.Int64
+	mu  sync.Mutex
+	sql []string
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	r.mu.Lock()
+	r.sql = append(r.sql, d.SQL)
+	r.mu.Unlock()
+	return ctx
+}
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	r.mu.Lock()
+	r.sql = append(r.sql, "BATCH")
+	r.mu.Unlock()
+	return ctx
+}
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+func (r *roundTrips) count(substr string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, s := range r.sql {
+		if strings.Contains(s, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+func tracedPool(tb testing.TB, url string) (*pgxpool.Pool, *roundTrips) {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool, rt
+}
+
+func TestANewStepCostsOneWriteAndAReplayedStepNoRoundTrip(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	workerPool, rt := tracedPool(t, e.url)
+	wf := kagzi.Define("counted", func(ctx *kagzi.Context, _ int) (int, error) {
+		sum := 0
+		for range 10 {
+			v, err := kagzi.Step(ctx, "before", func(context.Context) (int, error) { return 1, nil })
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+		if err := ctx.Sleep("nap", 300*time.Millisecond); err != nil { // suspends: the 10 steps replay
+			return 0, err
+		}
+		for range 10 {
+			v, err := kagzi.Step(ctx, "after", func(context.Context) (int, error) { return 1, nil })
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+		return sum, nil
+	})
+	runWorker(t, newClient(t, workerPool, ""), fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run.Wait(ctx); err != nil || out != 20 {
+		t.Fatalf("got %d, %v", out, err)
+	}
+	if n := rt.count("INSERT INTO kagzi.steps AS s"); n != 20 {
+		t.Fatalf("%d step writes for 20 new steps (10 of them replayed once), want 20", n)
+	}
+	if n := rt.count("FROM kagzi.steps") - rt.count("BATCH"); n > 0 {
+		t.Fatalf("%d reads of recorded steps outside the claim: replays must not query", n)
+	}
+}
+
+// benchEnv is a migrated database with a client, for benchmarks.
+func benchEnv(b *testing.B) (*kagzi.Client, *pgxpool.Pool, *roundTrips) {
+	b.Helper()
+	pool, rt := tracedPool(b, testdb.New(b))
+	c, err := kagzi.NewClient(pool, kagzi.Config{Logger: quietLogger()})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return c, pool, rt
+}
+
+var threeSteps = kagzi.Define("three-steps", func(ctx *kagzi.Context, n int) (int, error) {
+	for _, name := range []string{"a", "b", "c"} {
+		v, err := kagzi.Step(ctx, name, func(context.Context) (int, error) { return n + 1, nil })
+		if err != nil {
+			return 0, err
+		}
+		n = v
+	}
+	return n, nil
+})
+
+// BenchmarkStart measures one Start (one statement) from a single caller.
+func BenchmarkStart(b *testing.B) {
+	c, _, rt := benchEnv(b)
+	ctx := context.Background()
+	b.ResetTimer()
+	before := rt.n.Load()
+	for range b.N {
+		if _, err := kagzi.Start(ctx, c, threeSteps, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(rt.n.Load()-before)/float64(b.N), "round-trips/start")
+}
+
+// BenchmarkBurnDownThreeStepRuns starts b.N runs of a 3-step workflow, then times one
+// worker (50 slots) completing them all: ns/op is per run.
+func BenchmarkBurnDownThreeStepRuns(b *testing.B) {
+	c, pool, rt := benchEnv(b)
+	ctx := context.Background()
+	for range b.N {
+		if _, err := kagzi.Start(ctx, c, threeSteps, 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	w, err := kagzi.NewWorker(c, kagzi.WorkerConfig{MaxConcurrent: 50}, threeSteps)
+	if err != nil {
+		b.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	done := make(chan error)
+	before := rt.n.Load()
+	b.ResetTimer()
+	go func() { done <- w.Run(wctx) }()
+	for {
+		var left int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE status <> 'COMPLETED'`).Scan(&left); err != nil {
+			b.Fatal(err)
+		}
+		if left == 0 {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	b.StopTimer()
+	polls := rt.n.Load() - before
+	cancel()
+	<-done
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "runs/s")
+	// The progress polls above go through the same pool; they are a small share.
+	b.ReportMetric(float64(polls)/float64(b.N), "round-trips/run")
+}
+
+// BenchmarkStartToResult measures the latency of one run of 3 steps, started and
+// waited for sequentially, through the queue (NOTIFY wakes the worker).
+func BenchmarkStartToResult(b *testing.B) {
+	c, _, _ := benchEnv(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w, err := kagzi.NewWorker(c, kagzi.WorkerConfig{}, threeSteps)
+	if err != nil {
+		b.Fatal(err)
+	}
+	go w.Run(ctx)
+	time.Sleep(100 * time.Millisecond) // the worker's listener is up
+	b.ResetTimer()
+	for range b.N {
+		run, err := kagzi.Start(ctx, c, threeSteps, 1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := run.Wait(ctx); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
