@@ -63,6 +63,7 @@ type ErrorDetail struct {
 	Metadata map[string]string `json:"metadata,omitempty"`
 }
 
+// String formats the detail as "CODE in subject: message".
 func (d ErrorDetail) String() string {
 	if d.Subject != "" {
 		return d.Code + " in " + d.Subject + ": " + d.Message
@@ -78,6 +79,7 @@ type WorkflowError struct {
 	Detail     ErrorDetail
 }
 
+// Error names the run, its workflow id and the recorded detail.
 func (e *WorkflowError) Error() string {
 	return fmt.Sprintf("kagzi: run %s (workflow id %q) failed: %s", e.RunID, e.WorkflowID, e.Detail)
 }
