@@ -3,6 +3,7 @@ package kagzi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"runtime"
 	"strconv"
@@ -16,8 +17,8 @@ import (
 )
 
 // Context is the context a workflow function runs with. It is a context.Context,
-// cancelled when the run is cancelled, when this worker loses the run's lease, or
-// when the worker shuts down; and it carries the run's identity, a logger, and the
+// cancelled when the run is cancelled or passes its deadline, when this worker loses
+// the run's lease, or when the worker shuts down (context.Cause tells which); and it carries the run's identity, a logger, and the
 // durable Sleep.
 //
 // A Context belongs to one execution of one run: use it only from the workflow
@@ -116,12 +117,14 @@ const (
 	exitCancelled            // the run was cancelled; end it CANCELLED
 	exitLeaseLost            // another worker holds the run; write nothing
 	exitShutdown             // the worker is shutting down; hand the run back
+	exitDeadline             // the run passed its deadline; end it FAILED
 )
 
 // Causes of the cancellation of a run's context.
 var (
-	errLeaseLost = errors.New("kagzi: lease lost: another worker holds the run")
-	errShutdown  = errors.New("kagzi: worker shutting down")
+	errLeaseLost   = errors.New("kagzi: lease lost: another worker holds the run")
+	errShutdown    = errors.New("kagzi: worker shutting down")
+	errRunDeadline = fmt.Errorf("kagzi: the run passed its deadline: %w", ErrDeadlineExceeded)
 )
 
 // execution is one execution of a claimed run on a worker.
@@ -178,6 +181,8 @@ func reasonFor(cause error) exitReason {
 		return exitLeaseLost
 	case errors.Is(cause, errShutdown):
 		return exitShutdown
+	case errors.Is(cause, errRunDeadline):
+		return exitDeadline
 	default:
 		return exitCancelled
 	}

@@ -28,6 +28,8 @@ var (
 	ErrWorkflowFailed = errors.New("kagzi: workflow failed")
 	// ErrNonRetryable marks an error that must not be retried; see NonRetryable.
 	ErrNonRetryable = errors.New("kagzi: non-retryable")
+	// ErrDeadlineExceeded: a step attempt passed its timeout, or a run its deadline.
+	ErrDeadlineExceeded = errors.New("kagzi: deadline exceeded")
 	// ErrSchemaNotMigrated: Kagzi's tables are missing; run kagzi.Migrate first.
 	ErrSchemaNotMigrated = errors.New("kagzi: schema not migrated (run kagzi.Migrate or the goose migrations first)")
 	// ErrClosed: the client's pool was closed.
@@ -86,10 +88,14 @@ func (e *WorkflowError) Error() string {
 
 // Unwrap lets errors.Is find ErrWorkflowFailed and, for non-retryable failures, ErrNonRetryable.
 func (e *WorkflowError) Unwrap() []error {
+	errs := []error{ErrWorkflowFailed}
 	if e.Detail.NonRetryable {
-		return []error{ErrWorkflowFailed, ErrNonRetryable}
+		errs = append(errs, ErrNonRetryable)
 	}
-	return []error{ErrWorkflowFailed}
+	if e.Detail.Code == CodeDeadlineExceeded {
+		errs = append(errs, ErrDeadlineExceeded)
+	}
+	return errs
 }
 
 type nonRetryableError struct{ err error }

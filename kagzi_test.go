@@ -312,7 +312,7 @@ func TestWaitReturnsWorkflowErrorWithRecordedDetail(t *testing.T) {
 	ctx := waitCtx(t)
 	boom := kagzi.Define("boom", func(ctx *kagzi.Context, in int) (int, error) {
 		return 0, fmt.Errorf("out of stock for item %d", in)
-	})
+	}, kagzi.WithWorkflowRetry(kagzi.NoRetry()))
 	runWorker(t, e.client, fastWorker(), boom)
 	run, err := kagzi.Start(ctx, e.client, boom, 7)
 	if err != nil {

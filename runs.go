@@ -220,7 +220,8 @@ type StepStatus string
 // Step and attempt statuses.
 const (
 	StepCompleted StepStatus = "COMPLETED" // the output is recorded and will be replayed
-	StepFailed    StepStatus = "FAILED"    // the last attempt failed
+	StepRetrying  StepStatus = "RETRYING"  // the last attempt failed; another will run (steps only)
+	StepFailed    StepStatus = "FAILED"    // failed for good (steps); the attempt failed (attempts)
 	StepTimedOut  StepStatus = "TIMED_OUT" // the attempt passed its timeout (attempts only)
 )
 

@@ -31,10 +31,12 @@ const (
 type StartOption func(*startOptions)
 
 type startOptions struct {
-	id      string
-	delay   time.Duration
-	startAt time.Time
-	reuse   IDReuse
+	id       string
+	delay    time.Duration
+	startAt  time.Time
+	reuse    IDReuse
+	deadline time.Time
+	timeout  time.Duration
 }
 
 // WithID sets the workflow id, the run's idempotency key in its namespace (for
@@ -47,6 +49,14 @@ func WithDelay(d time.Duration) StartOption { return func(o *startOptions) { o.d
 
 // WithStartAt makes the run claimable only from t on.
 func WithStartAt(t time.Time) StartOption { return func(o *startOptions) { o.startAt = t } }
+
+// WithDeadline ends the run FAILED with a deadline-exceeded error (CodeDeadlineExceeded)
+// if it has not finished by t, whatever it is doing: running (its context is
+// cancelled), sleeping, waiting for a retry or not yet started.
+func WithDeadline(t time.Time) StartOption { return func(o *startOptions) { o.deadline = t } }
+
+// WithRunTimeout is WithDeadline(the start time + d): the clock starts at Start.
+func WithRunTimeout(d time.Duration) StartOption { return func(o *startOptions) { o.timeout = d } }
 
 // WithIDReuse sets what happens when the workflow id's run already finished; see IDReuse.
 func WithIDReuse(r IDReuse) StartOption { return func(o *startOptions) { o.reuse = r } }
@@ -163,9 +173,27 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, workflowType string, inpu
 	if o.reuse != IDReuseAfterFinish && o.reuse != IDReuseNever {
 		return nil, invalidArgument("unknown IDReuse %d", o.reuse)
 	}
+	if o.timeout < 0 {
+		return nil, invalidArgument("negative run timeout %v", o.timeout)
+	}
+	if o.timeout > 0 && !o.deadline.IsZero() {
+		return nil, invalidArgument("both WithRunTimeout and WithDeadline given")
+	}
+	now := time.Now()
 	startAt := o.startAt
 	if o.delay > 0 {
-		startAt = time.Now().Add(o.delay)
+		startAt = now.Add(o.delay)
+	}
+	var deadline *time.Time
+	switch {
+	case o.timeout > 0:
+		t := now.Add(o.timeout)
+		deadline = &t
+	case !o.deadline.IsZero():
+		if !o.deadline.After(now) {
+			return nil, invalidArgument("deadline %v has already passed", o.deadline)
+		}
+		deadline = &o.deadline
 	}
 	var db store.DBTX = c.pool
 	if tx != nil {
@@ -173,7 +201,7 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, workflowType string, inpu
 	}
 	r, inserted, err := store.InsertRun(ctx, db, store.NewRun{
 		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType,
-		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever,
+		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
 	})
 	if err != nil {
 		return nil, dbError("kagzi: start "+workflowType, err)
@@ -239,13 +267,28 @@ func runError(run store.Run) error {
 	return e
 }
 
-// errorOf turns an error returned by a workflow or step into the detail to record.
+// errorOf turns an error returned by a workflow or step into the detail to record:
+// an *Error in the chain sets the code, retry-after and metadata; a *StepError (a
+// step that failed for good, returned by the workflow) keeps its recorded detail.
 func errorOf(err error, code, subject string) ErrorDetail {
 	var de *detailError
 	if errors.As(err, &de) {
 		return de.detail
 	}
+	var se *StepError
+	if errors.As(err, &se) {
+		d := se.Detail
+		d.Message = err.Error()
+		return d
+	}
 	d := ErrorDetail{Code: code, Message: err.Error(), Subject: subject}
+	var ke *Error
+	if errors.As(err, &ke) {
+		if ke.Code != "" {
+			d.Code = ke.Code
+		}
+		d.RetryAfter, d.Metadata = ke.RetryAfter, ke.Metadata
+	}
 	if errors.Is(err, ErrNonRetryable) {
 		d.NonRetryable = true
 	}

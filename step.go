@@ -16,12 +16,19 @@ type StepOption func(*stepOptions)
 
 type stepOptions struct {
 	timeout time.Duration
+	retry   Retry
 }
 
-// WithTimeout bounds one attempt of the step: its context is cancelled after d, and
-// the attempt is recorded TIMED_OUT. A step function that ignores its context is
-// still reported timed out at the deadline; its late result is discarded.
+// WithTimeout bounds each attempt of the step: its context is cancelled after d, and
+// the attempt is recorded TIMED_OUT (code DEADLINE_EXCEEDED); the retry policy then
+// applies. A step function that ignores its context is still reported timed out at
+// the deadline: its goroutine is abandoned (counted by Worker.AbandonedSteps and
+// logged) and its late result discarded.
 func WithTimeout(d time.Duration) StepOption { return func(o *stepOptions) { o.timeout = d } }
+
+// WithRetry sets the step's retry policy, overriding the workflow's, the worker's and
+// the library's default (in that order of precedence).
+func WithRetry(r Retry) StepOption { return func(o *stepOptions) { o.retry = r } }
 
 // Step runs fn as a memoized step of the workflow and returns its output.
 //
@@ -34,10 +41,16 @@ func WithTimeout(d time.Duration) StepOption { return func(o *stepOptions) { o.t
 // ("send#1", "send#2"), so steps in loops work as long as the workflow calls them in
 // the same order every time.
 //
-// When fn returns an error, the failed attempt is recorded and Step returns the
-// error. When the run's context is cancelled while fn runs (the run was cancelled,
-// its lease was lost, the worker is shutting down), the attempt is not recorded and
-// Step does not return: the workflow goroutine unwinds, see Context.
+// When fn returns an error (or panics, or times out), the attempt is recorded and the
+// retry policy decides: another attempt after a backoff, or failure. A backoff up to
+// the worker's MaxInProcessSleep waits in process; a longer one releases the run
+// (PENDING until the next attempt is due, no slot held) and unwinds the workflow
+// goroutine like a long Sleep. When the step fails for good, Step returns a
+// *StepError built from the recorded detail, and so does every replay of the run.
+//
+// When the run's context is cancelled while fn runs (the run was cancelled or passed
+// its deadline, its lease was lost, the worker is shutting down), the attempt is not
+// recorded and Step does not return: the workflow goroutine unwinds, see Context.
 func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts ...StepOption) (T, error) {
 	var zero T
 	if ctx == nil || ctx.x == nil {
@@ -58,75 +71,146 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 	if o.timeout < 0 {
 		return zero, invalidArgument("step %q: negative timeout %v", name, o.timeout)
 	}
+	policy := o.retry.or(x.def.retry).or(x.w.cfg.DefaultRetry).or(DefaultRetry)
+	if err := policy.Err(); err != nil {
+		return zero, fmt.Errorf("step %q: %w", name, err)
+	}
 	x.checkAlive()
-	if rec, ok := x.run.Steps[key]; ok && rec.Status == string(StepCompleted) {
-		return decodeStepOutput[T](x, key, rec.Output)
+	attempts := 0
+	if rec, ok := x.run.Steps[key]; ok {
+		switch StepStatus(rec.Status) {
+		case StepCompleted:
+			return decodeStepOutput[T](x, key, rec.Output)
+		case StepFailed:
+			return zero, stepError(key, rec)
+		case StepRetrying:
+			attempts = rec.Attempts // the backoff was served while the run waited
+		}
 	}
 
-	started := time.Now()
-	out, fnErr, timedOut := callStep(x.ctx, fn, o.timeout)
-	finished := time.Now()
-	if x.ctx.Err() != nil {
-		// Interrupted, not failed: the attempt does not count.
-		x.stop(reasonFor(context.Cause(x.ctx)))
-	}
+	for {
+		attempts++
+		started := time.Now()
+		res := callStep(x.ctx, fn, o.timeout)
+		finished := time.Now()
+		if res.abandoned {
+			n := x.w.abandoned.Add(1)
+			x.logger.Warn("kagzi: step ignored its timeout; its goroutine is abandoned",
+				"step", key, "timeout", o.timeout, "abandoned_total", n)
+		}
+		if x.ctx.Err() != nil {
+			// Interrupted, not failed: the attempt does not count.
+			x.stop(reasonFor(context.Cause(x.ctx)))
+		}
+		w := store.StepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, Key: key, Name: name,
+			StartedAt: started, FinishedAt: finished}
+		fnErr := res.err
+		if fnErr == nil {
+			b, err := json.Marshal(res.out)
+			switch {
+			case err != nil:
+				fnErr = NonRetryable(fmt.Errorf("output of step %s (%s) does not encode as JSON: %w", key, typeName[T](), err))
+			case len(b) > x.w.client.maxBytes:
+				fnErr = NonRetryable(fmt.Errorf("output of step %s is %d bytes, over the limit of %d", key, len(b), x.w.client.maxBytes))
+			default:
+				w.Output = b
+			}
+		}
+		if fnErr == nil {
+			w.Status, w.StepStatus = string(StepCompleted), string(StepCompleted)
+			stored, err := x.recordStep(w)
+			if err != nil {
+				return zero, err
+			}
+			if stored != nil { // recorded before by this run: the recorded output wins
+				return decodeStepOutput[T](x, key, stored)
+			}
+			x.run.Steps[key] = store.StepRecord{Kind: string(KindStep), Status: string(StepCompleted), Output: w.Output, Attempts: attempts}
+			return res.out, nil
+		}
 
-	w := store.StepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, Key: key, Name: name,
-		StartedAt: started, FinishedAt: finished, Status: string(StepCompleted)}
-	if fnErr == nil {
-		b, err := json.Marshal(out)
-		switch {
-		case err != nil:
-			fnErr = NonRetryable(fmt.Errorf("output of step %s (%s) does not encode as JSON: %w", key, typeName[T](), err))
-		case len(b) > x.w.client.maxBytes:
-			fnErr = NonRetryable(fmt.Errorf("output of step %s is %d bytes, over the limit of %d", key, len(b), x.w.client.maxBytes))
-		default:
-			w.Output = b
+		d := stepDetail(fnErr, res.timedOut, key)
+		w.Status = string(StepFailed)
+		if res.timedOut {
+			w.Status = string(StepTimedOut)
 		}
+		w.Error = encodeDetail(d)
+		delay, retry := policy.next(attempts, d)
+		if !retry {
+			w.StepStatus = string(StepFailed)
+			if _, err := x.recordStep(w); err != nil {
+				return zero, err
+			}
+			rec := store.StepRecord{Kind: string(KindStep), Status: string(StepFailed), Error: w.Error, Attempts: attempts}
+			x.run.Steps[key] = rec
+			return zero, stepError(key, rec)
+		}
+		w.StepStatus = string(StepRetrying)
+		if delay > x.w.cfg.MaxInProcessSleep {
+			w.RetryIn = &delay
+			if _, err := x.recordStep(w); err != nil {
+				return zero, err
+			}
+			x.stop(exitSuspended)
+		}
+		if _, err := x.recordStep(w); err != nil {
+			return zero, err
+		}
+		x.logger.Debug("kagzi: step attempt failed; retrying", "step", key, "attempt", attempts, "retry_in", delay)
+		x.waitInProcess(delay)
 	}
-	if fnErr != nil {
-		code := CodeStepError
-		var pe *panicError
-		switch {
-		case timedOut:
-			code, w.Status = CodeDeadlineExceeded, string(StepTimedOut)
-		case errors.As(fnErr, &pe):
-			code = CodePanic
-		}
-		if w.Status == string(StepCompleted) {
-			w.Status = string(StepFailed)
-		}
-		d := errorOf(fnErr, code, key)
-		if pe != nil {
-			d.Metadata = map[string]string{"stack": pe.stack}
-		}
-		w.Output, w.Error = nil, encodeDetail(d)
-	}
+}
 
+// recordStep writes a step attempt. When the step already has a recorded output, it
+// returns that output. An error means the database rejected the record itself (for
+// example a string with a NUL byte, which jsonb cannot hold): the step cannot be
+// recorded, ever, and the error is non-retryable.
+func (x *execution) recordStep(w store.StepWrite) (stored []byte, err error) {
 	err = x.write(func(ctx context.Context) error {
 		_, err := store.RecordStep(ctx, x.w.client.pool, w)
 		return err
 	})
-	switch {
-	case errors.Is(err, store.ErrStepRecorded):
-		// Recorded before by this run: the recorded output wins.
-		var stored []byte
+	if errors.Is(err, store.ErrStepRecorded) {
 		err = x.write(func(ctx context.Context) (err error) {
-			stored, err = store.GetStepOutput(ctx, x.w.client.pool, x.run.RunID, key)
+			stored, err = store.GetStepOutput(ctx, x.w.client.pool, x.run.RunID, w.Key)
 			return err
 		})
 		if err == nil {
-			return decodeStepOutput[T](x, key, stored)
+			return stored, nil
 		}
-	case err == nil && fnErr == nil:
-		x.run.Steps[key] = store.StepRecord{Kind: string(KindStep), Status: string(StepCompleted), Output: w.Output}
-		return out, nil
-	case err == nil:
-		return zero, fnErr
 	}
-	// The database rejected the record itself (for example a string with a NUL
-	// byte, which jsonb cannot hold): the step cannot be recorded, ever.
-	return zero, NonRetryable(fmt.Errorf("kagzi: step %s of run %s cannot be recorded: %w", key, x.run.RunID, err))
+	if err != nil {
+		return nil, NonRetryable(fmt.Errorf("kagzi: step %s of run %s cannot be recorded: %w", w.Key, x.run.RunID, err))
+	}
+	return nil, nil
+}
+
+// stepDetail is the error detail to record for a failed attempt.
+func stepDetail(err error, timedOut bool, key string) ErrorDetail {
+	var pe *panicError
+	code := CodeStepError
+	switch {
+	case timedOut:
+		code = CodeDeadlineExceeded
+	case errors.As(err, &pe):
+		code = CodePanic
+	}
+	d := errorOf(err, code, key)
+	if timedOut {
+		d.Code = CodeDeadlineExceeded
+	}
+	if pe != nil {
+		d.Metadata = map[string]string{"stack": pe.stack}
+	}
+	return d
+}
+
+func stepError(key string, rec store.StepRecord) *StepError {
+	e := &StepError{Key: key, Attempts: rec.Attempts}
+	if d := decodeDetail(rec.Error); d != nil {
+		e.Detail = *d
+	}
+	return e
 }
 
 func decodeStepOutput[T any](x *execution, key string, b []byte) (T, error) {
@@ -148,8 +232,13 @@ func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.value) }
 
 // callStep runs fn, turning a panic into an error. With a timeout, fn runs in its own
 // goroutine with a context that ends at the deadline, and callStep returns at the
-// deadline even if fn ignores it; fn's late result is then discarded.
-func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), timeout time.Duration) (out T, err error, timedOut bool) {
+// deadline even if fn ignores it (abandoned); fn's late result is then discarded.
+func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), timeout time.Duration) (res struct {
+	out       T
+	err       error
+	timedOut  bool
+	abandoned bool
+}) {
 	call := func(ctx context.Context) (out T, err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -159,10 +248,10 @@ func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), t
 		return fn(ctx)
 	}
 	if timeout == 0 {
-		out, err = call(ctx)
-		return out, err, false
+		res.out, res.err = call(ctx)
+		return res
 	}
-	sctx, cancel := context.WithTimeoutCause(ctx, timeout, context.DeadlineExceeded)
+	sctx, cancel := context.WithTimeoutCause(ctx, timeout, ErrDeadlineExceeded)
 	defer cancel()
 	type result struct {
 		out T
@@ -175,16 +264,27 @@ func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), t
 	}()
 	select {
 	case r := <-done:
-		if r.err != nil && errors.Is(context.Cause(sctx), context.DeadlineExceeded) && ctx.Err() == nil {
-			return r.out, fmt.Errorf("step timed out after %v: %w", timeout, r.err), true
+		res.out, res.err = r.out, r.err
+		if r.err != nil && ctx.Err() == nil && errors.Is(context.Cause(sctx), ErrDeadlineExceeded) {
+			res.err, res.timedOut = fmt.Errorf("step timed out after %v: %w", timeout, r.err), true
 		}
-		return r.out, r.err, false
 	case <-sctx.Done():
 		if ctx.Err() != nil {
-			var zero T
-			return zero, ctx.Err(), false
+			res.err = ctx.Err()
+			return res
 		}
-		var zero T
-		return zero, fmt.Errorf("step timed out after %v: %w", timeout, context.DeadlineExceeded), true
+		// Give fn a moment to notice its context; past that, abandon it.
+		select {
+		case r := <-done:
+			res.out, res.err = r.out, r.err
+			if r.err == nil {
+				var zero T
+				res.out, res.err = zero, fmt.Errorf("step timed out after %v: %w", timeout, ErrDeadlineExceeded)
+			}
+		case <-time.After(10 * time.Millisecond):
+			res.err, res.abandoned = fmt.Errorf("step timed out after %v (and ignored it): %w", timeout, ErrDeadlineExceeded), true
+		}
+		res.timedOut = true
 	}
+	return res
 }

@@ -118,16 +118,18 @@ func TestRepeatedStepNamesInALoopGetOccurrenceNumberedKeys(t *testing.T) {
 	}
 }
 
-func TestFailedStepAttemptIsRecordedAndItsErrorReturned(t *testing.T) {
+func TestFailedStepIsRecordedAndReturnsAStepErrorWithItsDetail(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	errDeclined := errors.New("card declined")
 	wf := kagzi.Define("declined", func(ctx *kagzi.Context, _ int) (string, error) {
-		_, err := kagzi.Step(ctx, "charge", func(context.Context) (string, error) { return "", errDeclined })
-		if !errors.Is(err, errDeclined) {
-			return "", fmt.Errorf("step returned %v, want the function's own error", err)
+		_, err := kagzi.Step(ctx, "charge", func(context.Context) (string, error) {
+			return "", &kagzi.Error{Code: "card_declined", Message: "card declined"}
+		}, kagzi.WithRetry(kagzi.NoRetry()))
+		var se *kagzi.StepError
+		if !errors.As(err, &se) || kagzi.ErrorCode(err) != "card_declined" || se.Attempts != 1 {
+			return "", fmt.Errorf("step returned %v, want a *StepError with code card_declined", err)
 		}
-		return "handled: " + err.Error(), nil
+		return "handled: " + se.Detail.Message, nil
 	})
 	runWorker(t, e.client, fastWorker(), wf)
 	run, err := kagzi.Start(ctx, e.client, wf, 0)
@@ -146,7 +148,7 @@ func TestFailedStepAttemptIsRecordedAndItsErrorReturned(t *testing.T) {
 	}
 	a := steps[0].Attempts[0]
 	if a.Status != kagzi.StepFailed || a.Error == nil || a.Error.Message != "card declined" ||
-		a.Error.Code != kagzi.CodeStepError || a.Error.Subject != "charge#1" || a.FinishedAt.Before(a.StartedAt) {
+		a.Error.Code != "card_declined" || a.Error.Subject != "charge#1" || a.FinishedAt.Before(a.StartedAt) {
 		t.Fatalf("attempt %+v (error %+v)", a, a.Error)
 	}
 }
@@ -159,7 +161,7 @@ func TestPanickingWorkflowFailsWithItsStackAndTheWorkerSurvives(t *testing.T) {
 			panic("nil order")
 		}
 		return n, nil
-	})
+	}, kagzi.WithWorkflowRetry(kagzi.NoRetry()))
 	runWorker(t, e.client, fastWorker(), wf)
 	bad, err := kagzi.Start(ctx, e.client, wf, 0)
 	if err != nil {

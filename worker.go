@@ -41,6 +41,9 @@ type WorkerConfig struct {
 	// MaxInProcessSleep is the longest sleep that waits in process, holding its slot;
 	// longer sleeps release the run until its wake time. Default 200ms.
 	MaxInProcessSleep time.Duration
+	// DefaultRetry is the retry policy of the worker's steps and runs whose workflow
+	// and step name none. Default: the library's DefaultRetry.
+	DefaultRetry Retry
 	// Logger receives the worker's logs. Default: the client's logger.
 	Logger *slog.Logger
 }
@@ -54,8 +57,9 @@ type Worker struct {
 	types  []string
 	logger *slog.Logger
 
-	running atomic.Bool
-	mu      sync.Mutex
+	running   atomic.Bool
+	abandoned atomic.Int64
+	mu        sync.Mutex
 	active  map[uuid.UUID]*execution
 	// handBack holds runs whose executions stopped for the shutdown.
 	handBack []store.HeldRun
@@ -109,6 +113,8 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 			cfg.HeartbeatInterval, cfg.LeaseDuration)
 	case cfg.PollInterval < 0 || cfg.DrainTimeout < 0 || cfg.MaxInProcessSleep < 0:
 		return nil, invalidArgument("negative PollInterval, DrainTimeout or MaxInProcessSleep")
+	case cfg.DefaultRetry.Err() != nil:
+		return nil, fmt.Errorf("DefaultRetry: %w", cfg.DefaultRetry.Err())
 	}
 	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{},
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
@@ -132,6 +138,10 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 
 // ID returns the worker's id.
 func (w *Worker) ID() string { return w.cfg.ID }
+
+// AbandonedSteps returns how many step goroutines this worker abandoned because they
+// ignored their timeout (see WithTimeout). They may still be running.
+func (w *Worker) AbandonedSteps() int64 { return w.abandoned.Load() }
 
 // Run claims and executes runs until ctx is done, then drains: it stops claiming,
 // waits up to DrainTimeout for running workflows to finish, and hands the runs still
@@ -283,12 +293,20 @@ func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 // start executes a claimed run on its own goroutine.
 func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
 	ctx, cancel := context.WithCancelCause(context.Background())
+	if run.Deadline != nil {
+		// The deadline is the database's clock; the timer runs on ours.
+		dctx, stop := context.WithDeadlineCause(ctx, run.Deadline.Add(claimedAt.Sub(run.DBNow)), errRunDeadline)
+		ctx, cancel = dctx, func(cause error) { cancel(cause); stop() }
+	}
 	x := &execution{w: w, def: w.defs[run.WorkflowType], run: run, cancel: cancel, ctx: ctx,
 		dbOffset: run.DBNow.Sub(claimedAt), counts: map[string]int{},
 		logger: w.logger.With("run_id", run.RunID, "workflow_id", run.WorkflowID, "workflow_type", run.WorkflowType)}
 	x.leaseUntil.Store(claimedAt.Add(w.cfg.LeaseDuration).UnixNano())
-	if run.CancelRequested {
+	switch {
+	case run.CancelRequested:
 		cancel(ErrCancelled)
+	case run.Deadline != nil && !run.Deadline.After(run.DBNow):
+		cancel(errRunDeadline)
 	}
 	w.mu.Lock()
 	w.active[run.RunID] = x
@@ -345,7 +363,17 @@ func (w *Worker) execute(x *execution) {
 		return
 	}
 
+	if reason == exitNone && res.err == nil && x.ctx.Err() != nil && reasonFor(context.Cause(x.ctx)) == exitDeadline {
+		reason = exitDeadline // finished, but too late
+	}
+	if reason == exitNone && res.err != nil && w.retryRun(x, res.err) {
+		return
+	}
 	status, output, detail := store.StatusCancelled, []byte(nil), []byte(nil)
+	if reason == exitDeadline {
+		status, detail = store.StatusFailed, encodeDetail(ErrorDetail{Code: CodeDeadlineExceeded,
+			NonRetryable: true, Subject: x.run.WorkflowType, Message: "the run passed its deadline"})
+	}
 	if reason == exitNone {
 		switch {
 		case res.err == nil && len(res.out) > w.client.maxBytes:
@@ -391,6 +419,42 @@ func (w *Worker) execute(x *execution) {
 		}
 	}()
 	<-finished
+}
+
+// retryRun schedules the next attempt of a run whose workflow function failed, if its
+// policy allows one, and reports whether it did. A *StepError (a step that already
+// had its own attempts) and non-retryable errors fail the run at once.
+func (w *Worker) retryRun(x *execution, err error) bool {
+	var se *StepError
+	if errors.As(err, &se) {
+		return false
+	}
+	code := CodeWorkflowError
+	var pe *panicError
+	if errors.As(err, &pe) {
+		code = CodePanic
+	}
+	d := errorOf(err, code, x.run.WorkflowType)
+	if pe != nil {
+		d.Metadata = map[string]string{"stack": pe.stack}
+	}
+	policy := x.def.retry.or(w.cfg.DefaultRetry).or(DefaultRetry)
+	delay, retry := policy.next(x.run.Attempt, d)
+	if !retry {
+		return false
+	}
+	done := make(chan struct{})
+	go func() { // write stops its goroutine when the lease is lost
+		defer close(done)
+		if err := x.write(func(ctx context.Context) error {
+			return store.RetryRun(ctx, w.client.pool, x.run.RunID, x.run.LeaseEpoch, encodeDetail(d), delay)
+		}); err != nil {
+			x.logger.Error("kagzi: cannot schedule the run's next attempt", "error", err)
+		}
+	}()
+	<-done
+	x.logger.Info("kagzi: run attempt failed; retrying", "attempt", x.run.Attempt, "retry_in", delay, "error", d.Message)
+	return true
 }
 
 // cancelRun cancels the context of a run this worker executes.

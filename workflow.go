@@ -10,10 +10,26 @@ import (
 // workflow type. Create one with Define, usually as a package-level variable, then
 // start runs of it with Start and run them with a Worker that registers it.
 type Workflow[In, Out any] struct {
-	name string
-	fn   func(*Context, In) (Out, error)
-	err  error
+	name  string
+	fn    func(*Context, In) (Out, error)
+	retry Retry
+	err   error
 }
+
+// DefineOption configures a workflow definition.
+type DefineOption func(*workflowOptions)
+
+type workflowOptions struct {
+	retry Retry
+}
+
+// WithWorkflowRetry sets the workflow's retry policy. It applies to each of its steps
+// that names none, and to the run as a whole: a run whose function returns an error
+// (other than a step's final StepError, which had its own attempts) or panics is
+// executed again from the top after the policy's backoff, its completed steps
+// replayed, until the policy gives up and the run ends FAILED. Without it, the
+// worker's DefaultRetry applies, else the library's DefaultRetry.
+func WithWorkflowRetry(r Retry) DefineOption { return func(o *workflowOptions) { o.retry = r } }
 
 // Define defines a workflow of the given type name. The input and output are
 // stored JSON-encoded, so In and Out must round-trip through encoding/json.
@@ -21,12 +37,18 @@ type Workflow[In, Out any] struct {
 // A name that is empty, longer than 255 bytes or contains control characters, or a
 // nil fn, makes the definition invalid: Start and NewWorker then return an error
 // wrapping ErrInvalidArgument.
-func Define[In, Out any](name string, fn func(ctx *Context, input In) (Out, error)) *Workflow[In, Out] {
-	w := &Workflow[In, Out]{name: name, fn: fn}
+func Define[In, Out any](name string, fn func(ctx *Context, input In) (Out, error), opts ...DefineOption) *Workflow[In, Out] {
+	var o workflowOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	w := &Workflow[In, Out]{name: name, fn: fn, retry: o.retry}
 	if err := validName("workflow type", name); err != nil {
 		w.err = err
 	} else if fn == nil {
 		w.err = invalidArgument("workflow %q has a nil function", name)
+	} else if err := o.retry.Err(); err != nil {
+		w.err = fmt.Errorf("workflow %q: %w", name, err)
 	}
 	return w
 }
@@ -44,14 +66,15 @@ type Definition interface {
 
 // definition is a workflow with its types erased, as a worker runs it.
 type definition struct {
-	name string
-	err  error
+	name  string
+	err   error
+	retry Retry
 	// run decodes the input, calls the workflow function and encodes its output.
 	run func(ctx *Context, input []byte) ([]byte, error)
 }
 
 func (w *Workflow[In, Out]) definition() *definition {
-	return &definition{name: w.name, err: w.err, run: func(ctx *Context, input []byte) ([]byte, error) {
+	return &definition{name: w.name, err: w.err, retry: w.retry, run: func(ctx *Context, input []byte) ([]byte, error) {
 		var in In
 		if err := json.Unmarshal(input, &in); err != nil {
 			return nil, &detailError{detail: ErrorDetail{

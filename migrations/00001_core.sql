@@ -22,6 +22,9 @@ CREATE TABLE kagzi.runs (
     -- with, so a worker whose lease was taken over can record nothing more.
     lease_epoch      bigint      NOT NULL DEFAULT 0,
     cancel_requested boolean     NOT NULL DEFAULT false,
+    -- Past it the run ends FAILED (deadline exceeded), whatever its status. While the run
+    -- waits, available_at is never later than it, so a claim finds the run at its deadline.
+    deadline_at      timestamptz,
     -- true when the workflow id was chosen by the library (never reused) or the caller asked
     -- for the id to stay an idempotency key after the run finishes.
     id_reuse_never   boolean     NOT NULL DEFAULT false,
@@ -65,7 +68,9 @@ CREATE TABLE kagzi.steps (
     updated_at timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (run_id, step_key),
     CONSTRAINT steps_kind_valid CHECK (kind IN ('STEP', 'SLEEP')),
-    CONSTRAINT steps_status_valid CHECK (status IN ('COMPLETED', 'FAILED'))
+    -- COMPLETED: output recorded, replayed forever. RETRYING: the last attempt failed and
+    -- another will run. FAILED: failed for good; a replay returns the recorded error.
+    CONSTRAINT steps_status_valid CHECK (status IN ('COMPLETED', 'RETRYING', 'FAILED'))
 );
 
 CREATE TABLE kagzi.step_attempts (

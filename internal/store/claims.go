@@ -19,6 +19,7 @@ type ClaimedRun struct {
 	Attempt         int
 	LeaseEpoch      int64
 	CancelRequested bool
+	Deadline        *time.Time
 	CreatedAt       time.Time
 	// DBNow is the database's clock at the claim, so that a worker can tell how far
 	// a recorded wake time is without trusting its own clock to agree.
@@ -31,6 +32,7 @@ type StepRecord struct {
 	Kind     string
 	Status   string
 	Output   []byte
+	Error    []byte
 	Attempts int
 	WakeAt   *time.Time
 }
@@ -59,7 +61,7 @@ UPDATE kagzi.runs r SET
 FROM locked
 WHERE r.run_id = locked.run_id
 RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.input, r.attempt,
-	r.lease_epoch, r.cancel_requested, r.created_at, now()`
+	r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now()`
 
 // claimedStepsSQL loads the recorded steps of the runs this transaction has just
 // claimed. It runs after claimSQL in the same implicit transaction (one pipelined
@@ -67,7 +69,7 @@ RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.input, r.atte
 // recorded before the claim locked the run: a fenced step write holds a lock that
 // the claim's SKIP LOCKED skips, so it either committed before the claim or fails.
 const claimedStepsSQL = `
-SELECT s.run_id, s.step_key, s.kind, s.status, s.output, s.attempts, s.wake_at
+SELECT s.run_id, s.step_key, s.kind, s.status, s.output, s.error, s.attempts, s.wake_at
 FROM kagzi.steps s
 JOIN kagzi.runs r ON r.run_id = s.run_id
 WHERE r.locked_by = $1 AND r.status = 'RUNNING' AND r.xmin = pg_current_xact_id()::xid`
@@ -89,7 +91,7 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types []string, w
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ClaimedRun, error) {
 		var c ClaimedRun
 		err := row.Scan(&c.RunID, &c.Namespace, &c.WorkflowID, &c.WorkflowType, &c.Input, &c.Attempt,
-			&c.LeaseEpoch, &c.CancelRequested, &c.CreatedAt, &c.DBNow)
+			&c.LeaseEpoch, &c.CancelRequested, &c.Deadline, &c.CreatedAt, &c.DBNow)
 		c.Steps = map[string]StepRecord{}
 		return c, err
 	})
@@ -108,7 +110,7 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types []string, w
 		var runID uuid.UUID
 		var key string
 		var s StepRecord
-		if err := rows.Scan(&runID, &key, &s.Kind, &s.Status, &s.Output, &s.Attempts, &s.WakeAt); err != nil {
+		if err := rows.Scan(&runID, &key, &s.Kind, &s.Status, &s.Output, &s.Error, &s.Attempts, &s.WakeAt); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -201,34 +203,39 @@ func ReleaseRuns(ctx context.Context, db DBTX, held []HeldRun) error {
 			WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND r.status = 'RUNNING'
 			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
 		)
-		SELECT CASE WHEN status = 'CANCELLED' THEN pg_notify('`+Channel+`', 'd|' || run_id || '|' || status)
-			ELSE pg_notify('`+Channel+`', 'w|' || namespace || '|' || workflow_type || '|'
-				|| (extract(epoch FROM available_at) * 1000)::bigint) END
-		FROM upd`, ids, epochs)
+		SELECT `+notifyRunSQL+` FROM upd`, ids, epochs)
 	return err
 }
 
 // StepWrite records the outcome of one step attempt.
 type StepWrite struct {
-	RunID      uuid.UUID
-	Epoch      int64
-	Key        string
-	Name       string
-	Status     string // COMPLETED, FAILED or TIMED_OUT
+	RunID uuid.UUID
+	Epoch int64
+	Key   string
+	Name  string
+	// Status is the attempt's: COMPLETED, FAILED or TIMED_OUT.
+	Status string
+	// StepStatus is the step's after this attempt: COMPLETED, RETRYING or FAILED.
+	StepStatus string
 	Output     []byte
 	Error      []byte
 	StartedAt  time.Time
 	FinishedAt time.Time
+	// RetryIn, when set, also releases the run until the next attempt is due: it
+	// becomes PENDING, claimable after RetryIn (or at its deadline, if sooner), and
+	// holds no slot meanwhile.
+	RetryIn *time.Duration
 }
 
 // ErrStepRecorded means the step already has a recorded output; the caller must use it.
 var ErrStepRecorded = errors.New("step already recorded")
 
 // recordStepSQL records a step attempt in one statement: the step row (its output
-// once it completed) and the attempt's history row. It is fenced: the run must be
-// RUNNING under the caller's lease epoch. FOR KEY SHARE holds off a concurrent claim
-// (which would bump the epoch) until this commits; a claim that committed first
-// makes the owner CTE empty. A completed step's output is never overwritten.
+// once it completed) and the attempt's history row, and, for a retry that waits out
+// of process, the release of the run. It is fenced: the run must be RUNNING under
+// the caller's lease epoch. FOR KEY SHARE holds off a concurrent claim (which would
+// bump the epoch) until this commits; a claim that committed first makes the owner
+// CTE empty. A completed step's output is never overwritten.
 const recordStepSQL = `
 WITH owner AS (
 	SELECT run_id FROM kagzi.runs
@@ -236,7 +243,7 @@ WITH owner AS (
 	FOR KEY SHARE
 ), step AS (
 	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts)
-	SELECT $1, $3, $4, 'STEP', CASE WHEN $5 = 'COMPLETED' THEN 'COMPLETED' ELSE 'FAILED' END, $6, $7, 1
+	SELECT $1, $3, $4, 'STEP', $10, $6, $7, 1
 	FROM owner
 	ON CONFLICT (run_id, step_key) DO UPDATE SET
 		status = excluded.status, output = excluded.output, error = excluded.error,
@@ -246,8 +253,25 @@ WITH owner AS (
 ), attempt AS (
 	INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, error, started_at, finished_at)
 	SELECT $1, $3, attempts, $5, $7, $8, $9 FROM step
+), release AS (
+	UPDATE kagzi.runs r SET
+		status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
+		finished_at = CASE WHEN r.cancel_requested THEN now() END,
+		available_at = least(now() + $11 * interval '1 millisecond', r.deadline_at),
+		locked_by = NULL, updated_at = now()
+	FROM step
+	WHERE r.run_id = $1 AND $11::bigint IS NOT NULL
+	RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
 )
-SELECT (SELECT count(*) FROM owner), (SELECT attempts FROM step)`
+SELECT (SELECT count(*) FROM owner), (SELECT attempts FROM step),
+	(SELECT (` + notifyRunSQL + `)::text FROM release)`
+
+// notifyRunSQL is the notification for a run that was just released (columns run_id,
+// namespace, workflow_type, status, available_at): its waiters when it ended
+// CANCELLED, else the workers of its type with its next available time.
+const notifyRunSQL = `CASE WHEN status = 'CANCELLED' THEN pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)
+	ELSE pg_notify('` + Channel + `', 'w|' || namespace || '|' || workflow_type || '|'
+		|| (extract(epoch FROM available_at) * 1000)::bigint) END`
 
 // RecordStep records a step attempt and returns its attempt number. It returns
 // ErrLeaseLost when the caller no longer holds the run, and ErrStepRecorded when the
@@ -255,8 +279,14 @@ SELECT (SELECT count(*) FROM owner), (SELECT attempts FROM step)`
 func RecordStep(ctx context.Context, db DBTX, w StepWrite) (attempt int, err error) {
 	var owned int
 	var att *int
+	var notified *string
+	var retryMS *int64
+	if w.RetryIn != nil {
+		ms := w.RetryIn.Milliseconds()
+		retryMS = &ms
+	}
 	err = db.QueryRow(ctx, recordStepSQL, w.RunID, w.Epoch, w.Key, w.Name, w.Status, w.Output,
-		w.Error, w.StartedAt, w.FinishedAt).Scan(&owned, &att)
+		w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, retryMS).Scan(&owned, &att, &notified)
 	switch {
 	case err != nil:
 		return 0, err
@@ -266,6 +296,29 @@ func RecordStep(ctx context.Context, db DBTX, w StepWrite) (attempt int, err err
 		return 0, ErrStepRecorded
 	}
 	return *att, nil
+}
+
+// RetryRun ends the current attempt of a run whose workflow function failed and
+// schedules the next one after delay (or at the deadline, if sooner): the run becomes
+// PENDING with its attempt number bumped and the error recorded. Fenced.
+func RetryRun(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, errDetail []byte, delay time.Duration) error {
+	var ignored string
+	err := db.QueryRow(ctx, `
+		WITH upd AS (
+			UPDATE kagzi.runs r SET
+				status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
+				finished_at = CASE WHEN r.cancel_requested THEN now() END,
+				attempt = r.attempt + 1, error = $3,
+				available_at = least(now() + $4 * interval '1 millisecond', r.deadline_at),
+				locked_by = NULL, updated_at = now()
+			WHERE r.run_id = $1 AND r.lease_epoch = $2 AND r.status = 'RUNNING'
+			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
+		)
+		SELECT (`+notifyRunSQL+`)::text FROM upd`, runID, epoch, errDetail, delay.Milliseconds()).Scan(&ignored)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrLeaseLost
+	}
+	return err
 }
 
 // GetStepOutput reads a completed step's output.
@@ -321,7 +374,7 @@ func RecordSleep(ctx context.Context, db DBTX, w SleepWrite) (wakeAt, dbNow time
 
 // suspendSQL releases a running run until a wake time, recording the sleep step
 // first when it is new ($3 <> ”), in one statement: the run becomes SLEEPING with
-// available_at = the wake time, holds no lease and no worker slot, and every worker
+// available_at = the wake time (or its deadline, if sooner), holds no lease and no worker slot, and every worker
 // of its type is told the wake time. A run whose cancel was requested ends CANCELLED.
 const suspendSQL = `
 WITH owner AS (
@@ -337,15 +390,12 @@ WITH owner AS (
 	UPDATE kagzi.runs r SET
 		status = CASE WHEN o.cancel_requested THEN 'CANCELLED' ELSE 'SLEEPING' END,
 		finished_at = CASE WHEN o.cancel_requested THEN now() END,
-		available_at = o.wake_at, locked_by = NULL, updated_at = now()
+		available_at = least(o.wake_at, r.deadline_at), locked_by = NULL, updated_at = now()
 	FROM owner o
 	WHERE r.run_id = o.run_id
 	RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
 )
-SELECT status, CASE WHEN status = 'CANCELLED' THEN pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)
-	ELSE pg_notify('` + Channel + `', 'w|' || namespace || '|' || workflow_type || '|'
-		|| (extract(epoch FROM available_at) * 1000)::bigint) END::text
-FROM upd`
+SELECT status, (` + notifyRunSQL + `)::text FROM upd`
 
 // Suspend puts a running run to sleep until its wake time and releases it; see
 // suspendSQL. With an empty Key the sleep is already recorded and WakeAt must be set.

@@ -70,6 +70,7 @@ type Run struct {
 	LockedBy        *string
 	LeaseEpoch      int64
 	CancelRequested bool
+	Deadline        *time.Time
 	CreatedAt       time.Time
 	StartedAt       *time.Time
 	FinishedAt      *time.Time
@@ -77,14 +78,14 @@ type Run struct {
 }
 
 const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input, output, error,
-	attempt, available_at, locked_by, lease_epoch, cancel_requested, created_at, started_at,
-	finished_at, updated_at`
+	attempt, available_at, locked_by, lease_epoch, cancel_requested, deadline_at, created_at,
+	started_at, finished_at, updated_at`
 
 func scanRun(row pgx.Row) (Run, error) {
 	var r Run
 	err := row.Scan(&r.RunID, &r.Namespace, &r.WorkflowID, &r.WorkflowType, &r.Status, &r.Input,
 		&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
-		&r.CancelRequested, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt)
+		&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt)
 	return r, err
 }
 
@@ -99,6 +100,8 @@ type NewRun struct {
 	StartAt time.Time
 	// ReuseNever keeps the workflow id an idempotency key after the run finishes.
 	ReuseNever bool
+	// Deadline, when set, ends the run FAILED once it passes.
+	Deadline *time.Time
 }
 
 // insertRunSQL starts a run in one statement and notifies the workers of its type in the
@@ -118,8 +121,8 @@ WITH prev AS (
 	LIMIT 1
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
-		available_at, id_reuse_never)
-	SELECT $1, $2, $3, $4, 'PENDING', $5, coalesce($6, now()), $7
+		available_at, id_reuse_never, deadline_at)
+	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now()), $8), $7, $8
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
 	RETURNING ` + runColumns + `
@@ -138,12 +141,12 @@ func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, 
 	}
 	for range 5 {
 		row := db.QueryRow(ctx, insertRunSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
-			n.Input, startAt, n.ReuseNever)
+			n.Input, startAt, n.ReuseNever, n.Deadline)
 		var r Run
 		var notified string
 		err = row.Scan(&r.RunID, &r.Namespace, &r.WorkflowID, &r.WorkflowType, &r.Status, &r.Input,
 			&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
-			&r.CancelRequested, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
+			&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
 			&inserted, &notified)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // lost a race with a concurrent start of the same id: look again
