@@ -60,7 +60,7 @@ type Worker struct {
 	running   atomic.Bool
 	abandoned atomic.Int64
 	mu        sync.Mutex
-	active  map[uuid.UUID]*execution
+	active    map[uuid.UUID]*execution
 	// handBack holds runs whose executions stopped for the shutdown.
 	handBack []store.HeldRun
 	slotFree chan struct{}
