@@ -296,7 +296,8 @@ func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
 	if run.Deadline != nil {
 		// The deadline is the database's clock; the timer runs on ours.
 		dctx, stop := context.WithDeadlineCause(ctx, run.Deadline.Add(claimedAt.Sub(run.DBNow)), errRunDeadline)
-		ctx, cancel = dctx, func(cause error) { cancel(cause); stop() }
+		cancelRun := cancel
+		ctx, cancel = dctx, func(cause error) { cancelRun(cause); stop() }
 	}
 	x := &execution{w: w, def: w.defs[run.WorkflowType], run: run, cancel: cancel, ctx: ctx,
 		dbOffset: run.DBNow.Sub(claimedAt), counts: map[string]int{},
@@ -343,6 +344,8 @@ func (w *Worker) execute(x *execution) {
 				res = &result{err: &panicError{value: r, stack: string(debug.Stack())}}
 			}
 		}()
+		// Cancelled or past its deadline before it started: do not run it at all.
+		x.checkAlive()
 		out, err := x.def.run(&Context{Context: x.ctx, x: x}, x.run.Input)
 		res = &result{out: out, err: err}
 	}()
