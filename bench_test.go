@@ -207,3 +207,46 @@ func BenchmarkStartToResult(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkSequentialSteps runs one workflow of b.N sequential steps: ns/op is the
+// per-step overhead (one fenced write each). The retry-policy variant shows that a
+// policy costs nothing on a step that succeeds the first time.
+func BenchmarkSequentialSteps(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		opts []kagzi.StepOption
+	}{
+		{"no-policy", nil},
+		{"retry-policy", []kagzi.StepOption{kagzi.WithRetry(kagzi.Exponential(5).Initial(time.Second)), kagzi.WithTimeout(time.Minute)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			c, _, rt := benchEnv(b)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			steps := b.N
+			wf := kagzi.Define("many-steps", func(ctx *kagzi.Context, _ int) (int, error) {
+				for range steps {
+					if _, err := kagzi.Step(ctx, "s", func(context.Context) (int, error) { return 1, nil }, bc.opts...); err != nil {
+						return 0, err
+					}
+				}
+				return steps, nil
+			})
+			w, err := kagzi.NewWorker(c, kagzi.WorkerConfig{}, wf)
+			if err != nil {
+				b.Fatal(err)
+			}
+			go w.Run(ctx)
+			b.ResetTimer()
+			run, err := kagzi.Start(ctx, c, wf, 0)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := run.Wait(ctx); err != nil {
+				b.Fatal(err)
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(rt.count("INSERT INTO kagzi.steps AS s"))/float64(b.N), "writes/step")
+		})
+	}
+}
