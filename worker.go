@@ -41,6 +41,12 @@ type WorkerConfig struct {
 	// MaxInProcessSleep is the longest sleep that waits in process, holding its slot;
 	// longer sleeps release the run until its wake time. Default 200ms.
 	MaxInProcessSleep time.Duration
+	// DisableScheduler keeps this worker out of firing cron schedules (see
+	// CreateSchedule). By default every worker takes part; the database makes sure
+	// each tick fires once however many do.
+	DisableScheduler bool
+	// Clock tells the scheduler the time. Default time.Now; tests inject their own.
+	Clock func() time.Time
 	// DefaultRetry is the retry policy of the worker's steps and runs whose workflow
 	// and step name none. Default: the library's DefaultRetry.
 	DefaultRetry Retry
@@ -102,6 +108,9 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = client.logger
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
 	}
 	switch {
 	case cfg.MaxConcurrent < 0:
@@ -185,6 +194,19 @@ func (w *Worker) Run(ctx context.Context) error {
 		stopHeartbeat()
 		<-hbDone
 	}()
+
+	if !w.cfg.DisableScheduler {
+		schedDone := make(chan struct{})
+		schedCtx, stopScheduler := context.WithCancel(ctx)
+		go func() {
+			defer close(schedDone)
+			w.runScheduler(schedCtx)
+		}()
+		defer func() {
+			stopScheduler()
+			<-schedDone
+		}()
+	}
 
 	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
 	w.loop(ctx, sub)
