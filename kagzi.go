@@ -52,6 +52,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -61,6 +62,9 @@ import (
 	"github.com/kagzi/kagzi/internal/schema"
 	"github.com/kagzi/kagzi/internal/store"
 )
+
+// Version is this library's version, recorded by every worker it registers.
+const Version = "0.1.0"
 
 // DefaultNamespace is the namespace of a Config that names none.
 const DefaultNamespace = "default"
@@ -88,6 +92,24 @@ type Client struct {
 	logger   *slog.Logger
 	maxBytes int
 	notifier *notifier.Notifier
+
+	mu      sync.Mutex
+	workers map[*Worker]struct{} // this process's running workers, for Health
+}
+
+func (c *Client) addWorker(w *Worker) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.workers == nil {
+		c.workers = map[*Worker]struct{}{}
+	}
+	c.workers[w] = struct{}{}
+}
+
+func (c *Client) removeWorker(w *Worker) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.workers, w)
 }
 
 // NewClient returns a client over pool. The pool is the application's own: Kagzi

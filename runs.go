@@ -205,6 +205,18 @@ func decodePageToken(tok string) (time.Time, uuid.UUID, error) {
 	return time.UnixMicro(micros), id, nil
 }
 
+func encodeStringToken(s string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte("k/" + s))
+}
+
+func decodeStringToken(tok string) (string, error) {
+	raw, err := base64.RawURLEncoding.DecodeString(tok)
+	if err != nil || !strings.HasPrefix(string(raw), "k/") {
+		return "", invalidArgument("malformed page token %q", tok)
+	}
+	return string(raw[2:]), nil
+}
+
 // StepKind says what a recorded step is.
 type StepKind string
 

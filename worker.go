@@ -50,6 +50,9 @@ type WorkerConfig struct {
 	// DefaultRetry is the retry policy of the worker's steps and runs whose workflow
 	// and step name none. Default: the library's DefaultRetry.
 	DefaultRetry Retry
+	// Labels are free-form facts about the worker (region, deployment, ...) recorded
+	// in the worker registry.
+	Labels map[string]string
 	// Logger receives the worker's logs. Default: the client's logger.
 	Logger *slog.Logger
 }
@@ -65,7 +68,13 @@ type Worker struct {
 
 	running   atomic.Bool
 	abandoned atomic.Int64
-	mu        sync.Mutex
+	completed atomic.Int64
+	failed    atomic.Int64
+	// lastBeat is when the last heartbeat succeeded (Unix nanoseconds; 0: none yet).
+	lastBeat  atomic.Int64
+	status    atomic.Value // string: ONLINE, DRAINING, OFFLINE
+	startedAt time.Time    // when Run began
+	mu       sync.Mutex
 	active    map[uuid.UUID]*execution
 	// handBack holds runs whose executions stopped for the shutdown.
 	handBack []store.HeldRun
@@ -166,6 +175,7 @@ func (w *Worker) Run(ctx context.Context) error {
 		return fmt.Errorf("kagzi: worker %s is already running", w.cfg.ID)
 	}
 	defer w.running.Store(false)
+	w.startedAt = time.Now()
 
 	topics := []string{store.CancelTopic(w.client.ns)}
 	for _, t := range w.types {
@@ -174,15 +184,19 @@ func (w *Worker) Run(ctx context.Context) error {
 	sub := w.client.notifier.Subscribe(topics...)
 	defer sub.Close()
 
-	// The first claim tells a missing schema from a slow database.
-	if _, err := store.NextWake(ctx, w.client.pool, w.client.ns, w.types, w.cfg.ID); err != nil {
+	// Registering tells a missing schema or a closed pool (returned) from a slow or
+	// unreachable database (logged; the heartbeat registers the worker later).
+	if err := w.register(ctx); err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		if err := dbError("kagzi: worker "+w.cfg.ID, err); errors.Is(err, ErrSchemaNotMigrated) || errors.Is(err, ErrClosed) {
+		if errors.Is(err, ErrSchemaNotMigrated) || errors.Is(err, ErrClosed) {
 			return err
 		}
+		w.logger.Warn("kagzi: cannot register the worker yet", "error", err)
 	}
+	w.client.addWorker(w)
+	defer w.client.removeWorker(w)
 
 	hbCtx, stopHeartbeat := context.WithCancel(context.Background())
 	hbDone := make(chan struct{})
@@ -209,14 +223,46 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 
 	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
-	w.loop(ctx, sub)
+	err := w.loop(ctx, sub)
+	w.setStatus(store.WorkerDraining)
 	w.drain()
+	w.setStatus(store.WorkerOffline)
 	w.logger.Info("kagzi: worker stopped")
-	return nil
+	return err
 }
 
-// loop claims runs until ctx is done.
-func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) {
+// register records the worker in the registry, ONLINE.
+func (w *Worker) register(ctx context.Context) error {
+	host, _ := os.Hostname()
+	w.status.Store(store.WorkerOnline)
+	return dbError("kagzi: register worker "+w.cfg.ID, store.RegisterWorker(ctx, w.client.pool, store.WorkerRow{
+		Namespace: w.client.ns, WorkerID: w.cfg.ID, Hostname: host, PID: os.Getpid(), Version: Version,
+		Labels: w.cfg.Labels, WorkflowTypes: w.types, MaxConcurrent: w.cfg.MaxConcurrent,
+		HeartbeatInterval: w.cfg.HeartbeatInterval,
+	}))
+}
+
+// setStatus records the worker DRAINING or OFFLINE in the registry.
+func (w *Worker) setStatus(status string) {
+	w.status.Store(status)
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.HeartbeatInterval)
+	defer cancel()
+	if err := store.SetWorkerStatus(ctx, w.client.pool, w.client.ns, w.cfg.ID, status, w.beat()); err != nil {
+		w.logger.Warn("kagzi: cannot record the worker's status", "status", status, "error", err)
+	}
+}
+
+// beat is what the worker reports of itself in the registry.
+func (w *Worker) beat() store.WorkerBeat {
+	w.mu.Lock()
+	active := len(w.active)
+	w.mu.Unlock()
+	return store.WorkerBeat{Namespace: w.client.ns, WorkerID: w.cfg.ID, ActiveRuns: active,
+		Completed: w.completed.Load(), Failed: w.failed.Load()}
+}
+
+// loop claims runs until ctx is done, or the pool is closed (ErrClosed).
+func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	claimNow := true
@@ -241,6 +287,10 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) {
 				if ctx.Err() != nil {
 					break
 				}
+				if errors.Is(err, ErrClosed) {
+					w.logger.Error("kagzi: the pool was closed; the worker stops", "error", err)
+					return err
+				}
 				w.logger.Warn("kagzi: claim failed; retrying", "error", err, "retry_in", backoff)
 				wakeAt = time.Time{}
 				setTimer(time.Now().Add(backoff))
@@ -264,7 +314,7 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) {
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return nil
 		case <-timer.C:
 			wakeAt = time.Time{}
 			claimNow = true
@@ -431,6 +481,13 @@ func (w *Worker) execute(x *execution) {
 			})
 		}
 		err := finish(status, output, detail)
+		defer func() {
+			if err == nil && status == store.StatusCompleted {
+				w.completed.Add(1)
+			} else if err == nil && status == store.StatusFailed {
+				w.failed.Add(1)
+			}
+		}()
 		if err != nil && status == store.StatusCompleted {
 			// The database rejects the output itself (jsonb cannot hold a NUL
 			// character, say): record that, or the run would be retried forever.
@@ -496,18 +553,23 @@ func (w *Worker) cancelRun(runID string) {
 	}
 }
 
-// heartbeat extends the leases of all the worker's runs, one statement per beat.
-// Runs the beat no longer holds are cancelled with errLeaseLost; runs whose cancel
-// was requested are cancelled with ErrCancelled. When beats fail for longer than a
-// lease, every run is given up: another worker may hold them by now.
+// heartbeat extends the leases of all the worker's runs and refreshes its registry
+// row, one statement per beat. Runs the beat no longer holds are cancelled with
+// errLeaseLost; runs whose cancel was requested are cancelled with ErrCancelled.
+// When beats fail for longer than a lease, every run is given up: another worker
+// may hold them by now.
 func (w *Worker) heartbeat(ctx context.Context) {
 	t := time.NewTicker(w.cfg.HeartbeatInterval)
 	defer t.Stop()
+	registered := true
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+		if !registered { // the database was unreachable at start
+			registered = w.register(ctx) == nil
 		}
 		w.mu.Lock()
 		held := make([]store.HeldRun, 0, len(w.active))
@@ -517,12 +579,9 @@ func (w *Worker) heartbeat(ctx context.Context) {
 			execs[id] = x
 		}
 		w.mu.Unlock()
-		if len(held) == 0 {
-			continue
-		}
 		beat := time.Now()
 		bctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
-		res, err := store.Heartbeat(bctx, w.client.pool, held, w.cfg.LeaseDuration)
+		res, err := store.Heartbeat(bctx, w.client.pool, w.beat(), held, w.cfg.LeaseDuration)
 		cancel()
 		if err != nil {
 			if ctx.Err() != nil {
@@ -536,6 +595,7 @@ func (w *Worker) heartbeat(ctx context.Context) {
 			}
 			continue
 		}
+		w.lastBeat.Store(beat.UnixNano())
 		kept := make(map[uuid.UUID]bool, len(res))
 		for _, r := range res {
 			kept[r.RunID] = true

@@ -159,30 +159,6 @@ type HeartbeatResult struct {
 	CancelRequested bool
 }
 
-// Heartbeat extends the leases of all the given runs in one statement. Runs missing
-// from the result are no longer held by this worker: their lease was taken over or
-// they finished.
-func Heartbeat(ctx context.Context, db DBTX, held []HeldRun, lease time.Duration) ([]HeartbeatResult, error) {
-	ids := make([]uuid.UUID, len(held))
-	epochs := make([]int64, len(held))
-	for i, h := range held {
-		ids[i], epochs[i] = h.RunID, h.Epoch
-	}
-	rows, err := db.Query(ctx, `
-		UPDATE kagzi.runs r SET available_at = now() + $3 * interval '1 millisecond'
-		FROM unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
-		WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND r.status = 'RUNNING'
-		RETURNING r.run_id, r.cancel_requested`, ids, epochs, lease.Milliseconds())
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (HeartbeatResult, error) {
-		var h HeartbeatResult
-		err := row.Scan(&h.RunID, &h.CancelRequested)
-		return h, err
-	})
-}
-
 // ReleaseRuns hands runs back at once (a worker shutting down): they become PENDING
 // and claimable now, and the workers of their types are notified. A run whose cancel
 // was requested ends CANCELLED instead. Runs whose lease this worker no longer holds

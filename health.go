@@ -1,0 +1,99 @@
+package kagzi
+
+import (
+	"context"
+	"time"
+
+	"github.com/kagzi/kagzi/internal/schema"
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// HealthReport is what Health finds. Health never fails: a problem is a field.
+type HealthReport struct {
+	// DatabaseOK reports that the database answered; DatabaseError says why not.
+	DatabaseOK    bool
+	DatabaseError string
+	// SchemaVersion is the applied migration version; LatestSchemaVersion the newest
+	// this build knows. SchemaCurrent is true when they are equal.
+	SchemaVersion       int64
+	LatestSchemaVersion int64
+	SchemaCurrent       bool
+	// Workers are the workers running in this process on this client.
+	Workers []LocalWorkerHealth
+	// PendingTypesWithoutWorker lists workflow types with runs ready to run but no
+	// live worker registered for them in the namespace.
+	PendingTypesWithoutWorker []string
+}
+
+// LocalWorkerHealth is the state of a worker of this process.
+type LocalWorkerHealth struct {
+	ID     string
+	Status WorkerStatus
+	// LastHeartbeat is when its last heartbeat succeeded (zero: none yet). A worker
+	// whose heartbeats fail for longer than its lease gives its runs up.
+	LastHeartbeat time.Time
+	ActiveRuns    int
+	// AbandonedSteps counts step goroutines that ignored their timeout.
+	AbandonedSteps int64
+	// Stale reports an ONLINE worker whose heartbeats have failed for three of its
+	// intervals (its leases are being given up).
+	Stale bool
+}
+
+// Healthy reports whether the database answers, the schema is current and no local
+// worker is Stale.
+func (h *HealthReport) Healthy() bool {
+	for _, w := range h.Workers {
+		if w.Stale {
+			return false
+		}
+	}
+	return h.DatabaseOK && h.SchemaCurrent
+}
+
+// Health checks the database, the schema version, this process's workers and the
+// namespace's pending work that no live worker can take. Use it for readiness and
+// liveness probes.
+func (c *Client) Health(ctx context.Context) *HealthReport {
+	h := &HealthReport{}
+	c.mu.Lock()
+	for w := range c.workers {
+		lh := LocalWorkerHealth{ID: w.cfg.ID, ActiveRuns: w.beat().ActiveRuns, AbandonedSteps: w.abandoned.Load()}
+		if s, ok := w.status.Load().(string); ok {
+			lh.Status = WorkerStatus(s)
+		}
+		if ns := w.lastBeat.Load(); ns != 0 {
+			lh.LastHeartbeat = time.Unix(0, ns)
+		}
+		since := lh.LastHeartbeat
+		if since.IsZero() {
+			since = w.startedAt
+		}
+		lh.Stale = lh.Status == WorkerOnline && time.Since(since) > 3*w.cfg.HeartbeatInterval
+		h.Workers = append(h.Workers, lh)
+	}
+	c.mu.Unlock()
+
+	if err := c.pool.Ping(ctx); err != nil {
+		h.DatabaseError = dbError("kagzi: health", err).Error()
+		return h
+	}
+	h.DatabaseOK = true
+	current, latest, err := schema.Version(ctx, c.pool)
+	h.SchemaVersion, h.LatestSchemaVersion = current, latest
+	if err != nil {
+		h.DatabaseError = "schema version: " + err.Error()
+		return h
+	}
+	h.SchemaCurrent = current == latest
+	if !h.SchemaCurrent {
+		return h
+	}
+	types, err := store.PendingTypesWithoutWorker(ctx, c.pool, c.ns)
+	if err != nil {
+		h.DatabaseError = "pending types: " + err.Error()
+		return h
+	}
+	h.PendingTypesWithoutWorker = types
+	return h
+}

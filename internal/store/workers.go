@@ -1,0 +1,208 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Worker statuses.
+const (
+	WorkerOnline   = "ONLINE"
+	WorkerDraining = "DRAINING"
+	WorkerOffline  = "OFFLINE"
+)
+
+// WorkerRow is one row of kagzi.workers.
+type WorkerRow struct {
+	Namespace         string
+	WorkerID          string
+	Hostname          string
+	PID               int
+	Version           string
+	Labels            map[string]string
+	WorkflowTypes     []string
+	MaxConcurrent     int
+	HeartbeatInterval time.Duration
+	Status            string
+	ActiveRuns        int
+	CompletedTotal    int64
+	FailedTotal       int64
+	StartedAt         time.Time
+	LastHeartbeatAt   time.Time
+	StoppedAt         *time.Time
+}
+
+const workerColumns = `namespace, worker_id, hostname, pid, version, labels, workflow_types,
+	max_concurrent, heartbeat_interval_ms, status, active_runs, completed_total, failed_total,
+	started_at, last_heartbeat_at, stopped_at`
+
+func scanWorker(row pgx.Row) (WorkerRow, error) {
+	var w WorkerRow
+	var intervalMS int64
+	err := row.Scan(&w.Namespace, &w.WorkerID, &w.Hostname, &w.PID, &w.Version, &w.Labels,
+		&w.WorkflowTypes, &w.MaxConcurrent, &intervalMS, &w.Status, &w.ActiveRuns, &w.CompletedTotal,
+		&w.FailedTotal, &w.StartedAt, &w.LastHeartbeatAt, &w.StoppedAt)
+	w.HeartbeatInterval = time.Duration(intervalMS) * time.Millisecond
+	return w, err
+}
+
+// RegisterWorker records a starting worker (ONLINE). A row of the same id (a worker
+// restarted with a fixed id) is taken over and reset.
+func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow) error {
+	labels := w.Labels
+	if labels == nil {
+		labels = map[string]string{}
+	}
+	_, err := db.Exec(ctx, `
+		INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version, labels, workflow_types,
+			max_concurrent, heartbeat_interval_ms, status)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'ONLINE')
+		ON CONFLICT (namespace, worker_id) DO UPDATE SET
+			hostname = excluded.hostname, pid = excluded.pid, version = excluded.version,
+			labels = excluded.labels, workflow_types = excluded.workflow_types,
+			max_concurrent = excluded.max_concurrent, heartbeat_interval_ms = excluded.heartbeat_interval_ms,
+			status = 'ONLINE', active_runs = 0, completed_total = 0, failed_total = 0,
+			started_at = now(), last_heartbeat_at = now(), stopped_at = NULL`,
+		w.Namespace, w.WorkerID, w.Hostname, w.PID, w.Version, labels, w.WorkflowTypes,
+		w.MaxConcurrent, w.HeartbeatInterval.Milliseconds())
+	return err
+}
+
+// SetWorkerStatus marks a worker DRAINING or OFFLINE (with its final counters).
+func SetWorkerStatus(ctx context.Context, db DBTX, namespace, workerID, status string, beat WorkerBeat) error {
+	_, err := db.Exec(ctx, `
+		UPDATE kagzi.workers SET status = $3, active_runs = $4, completed_total = $5, failed_total = $6,
+			last_heartbeat_at = now(), stopped_at = CASE WHEN $3 = 'OFFLINE' THEN now() END
+		WHERE namespace = $1 AND worker_id = $2`,
+		namespace, workerID, status, beat.ActiveRuns, beat.Completed, beat.Failed)
+	return err
+}
+
+// WorkerBeat is what a heartbeat reports of its worker.
+type WorkerBeat struct {
+	Namespace  string
+	WorkerID   string
+	ActiveRuns int
+	Completed  int64
+	Failed     int64
+}
+
+// heartbeatSQL is a worker's one statement per beat: it extends the leases of every
+// run the worker holds (matched by run and epoch), refreshes the worker's registry
+// row, and marks OFFLINE the workers of the namespace that stopped beating (three of
+// their own intervals) and prunes those offline for a day. SKIP LOCKED keeps two
+// beating workers from waiting on (or deadlocking over) the same dead rows.
+const heartbeatSQL = `
+WITH me AS (
+	UPDATE kagzi.workers SET last_heartbeat_at = now(), active_runs = $5, completed_total = $6,
+		failed_total = $7, status = CASE WHEN status = 'OFFLINE' THEN 'ONLINE' ELSE status END,
+		stopped_at = NULL
+	WHERE namespace = $3 AND worker_id = $4
+	RETURNING 1
+), silent AS (
+	UPDATE kagzi.workers w SET status = 'OFFLINE', stopped_at = now()
+	WHERE (w.namespace, w.worker_id) IN (
+		SELECT namespace, worker_id FROM kagzi.workers
+		WHERE namespace = $3 AND status <> 'OFFLINE' AND worker_id <> $4
+		  AND last_heartbeat_at < now() - 3 * heartbeat_interval_ms * interval '1 millisecond'
+		FOR UPDATE SKIP LOCKED)
+	RETURNING 1
+), pruned AS (
+	DELETE FROM kagzi.workers
+	WHERE (namespace, worker_id) IN (
+		SELECT namespace, worker_id FROM kagzi.workers
+		WHERE namespace = $3 AND status = 'OFFLINE' AND stopped_at < now() - interval '1 day'
+		FOR UPDATE SKIP LOCKED)
+	RETURNING 1
+)
+UPDATE kagzi.runs r SET available_at = now() + $8 * interval '1 millisecond'
+FROM unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
+WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND r.status = 'RUNNING'
+RETURNING r.run_id, r.cancel_requested`
+
+// Heartbeat extends the leases of all the given runs and refreshes the worker's row,
+// in one statement. Runs missing from the result are no longer held by this worker:
+// their lease was taken over or they finished.
+func Heartbeat(ctx context.Context, db DBTX, beat WorkerBeat, held []HeldRun, lease time.Duration) ([]HeartbeatResult, error) {
+	ids := make([]uuid.UUID, len(held))
+	epochs := make([]int64, len(held))
+	for i, h := range held {
+		ids[i], epochs[i] = h.RunID, h.Epoch
+	}
+	rows, err := db.Query(ctx, heartbeatSQL, ids, epochs, beat.Namespace, beat.WorkerID,
+		beat.ActiveRuns, beat.Completed, beat.Failed, lease.Milliseconds())
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (HeartbeatResult, error) {
+		var h HeartbeatResult
+		err := row.Scan(&h.RunID, &h.CancelRequested)
+		return h, err
+	})
+}
+
+// GetWorker reads one worker of the namespace.
+func GetWorker(ctx context.Context, db DBTX, namespace, workerID string) (WorkerRow, error) {
+	w, err := scanWorker(db.QueryRow(ctx, `SELECT `+workerColumns+` FROM kagzi.workers
+		WHERE namespace = $1 AND worker_id = $2`, namespace, workerID))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return WorkerRow{}, ErrNotFound
+	}
+	return w, err
+}
+
+// ListWorkersParams filters ListWorkers; zero fields do not filter.
+type ListWorkersParams struct {
+	Namespace    string
+	Statuses     []string
+	WorkflowType string
+	// AfterID is the keyset cursor: the id of the last worker of the previous page.
+	AfterID string
+	Limit   int
+}
+
+// ListWorkers lists workers by id.
+func ListWorkers(ctx context.Context, db DBTX, p ListWorkersParams) ([]WorkerRow, error) {
+	args := []any{p.Namespace}
+	where := "namespace = $1"
+	if len(p.Statuses) > 0 {
+		args = append(args, p.Statuses)
+		where += " AND status = ANY($" + strconv.Itoa(len(args)) + ")"
+	}
+	if p.WorkflowType != "" {
+		args = append(args, p.WorkflowType)
+		where += " AND $" + strconv.Itoa(len(args)) + " = ANY(workflow_types)"
+	}
+	if p.AfterID != "" {
+		args = append(args, p.AfterID)
+		where += " AND worker_id > $" + strconv.Itoa(len(args))
+	}
+	args = append(args, p.Limit)
+	rows, err := db.Query(ctx, `SELECT `+workerColumns+` FROM kagzi.workers WHERE `+where+
+		` ORDER BY worker_id LIMIT $`+strconv.Itoa(len(args)), args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (WorkerRow, error) { return scanWorker(row) })
+}
+
+// PendingTypesWithoutWorker lists the workflow types that have claimable-now runs
+// but no live (ONLINE or DRAINING) worker registered for them in the namespace.
+func PendingTypesWithoutWorker(ctx context.Context, db DBTX, namespace string) ([]string, error) {
+	rows, err := db.Query(ctx, `
+		SELECT DISTINCT r.workflow_type FROM kagzi.runs r
+		WHERE r.namespace = $1 AND r.status = 'PENDING' AND r.available_at <= now()
+		  AND NOT EXISTS (
+			SELECT 1 FROM kagzi.workers w
+			WHERE w.namespace = $1 AND w.status <> 'OFFLINE' AND r.workflow_type = ANY(w.workflow_types))
+		ORDER BY 1`, namespace)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}

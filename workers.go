@@ -1,0 +1,118 @@
+package kagzi
+
+import (
+	"context"
+	"time"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// WorkerStatus is a worker's state in the registry.
+type WorkerStatus string
+
+// Worker statuses.
+const (
+	WorkerOnline   WorkerStatus = store.WorkerOnline   // running and claiming
+	WorkerDraining WorkerStatus = store.WorkerDraining // shutting down: no new claims
+	WorkerOffline  WorkerStatus = store.WorkerOffline  // stopped, or silent for three heartbeat intervals
+)
+
+// WorkerInfo is a worker as the registry records it.
+type WorkerInfo struct {
+	ID                string
+	Namespace         string
+	Hostname          string
+	PID               int
+	Version           string
+	Labels            map[string]string
+	WorkflowTypes     []string
+	MaxConcurrent     int
+	HeartbeatInterval time.Duration
+	Status            WorkerStatus
+	// ActiveRuns, CompletedTotal and FailedTotal are as of the last heartbeat.
+	ActiveRuns      int
+	CompletedTotal  int64
+	FailedTotal     int64
+	StartedAt       time.Time
+	LastHeartbeatAt time.Time
+	StoppedAt       *time.Time
+}
+
+func workerInfo(w store.WorkerRow) WorkerInfo {
+	return WorkerInfo{ID: w.WorkerID, Namespace: w.Namespace, Hostname: w.Hostname, PID: w.PID,
+		Version: w.Version, Labels: w.Labels, WorkflowTypes: w.WorkflowTypes, MaxConcurrent: w.MaxConcurrent,
+		HeartbeatInterval: w.HeartbeatInterval, Status: WorkerStatus(w.Status), ActiveRuns: w.ActiveRuns,
+		CompletedTotal: w.CompletedTotal, FailedTotal: w.FailedTotal, StartedAt: w.StartedAt,
+		LastHeartbeatAt: w.LastHeartbeatAt, StoppedAt: w.StoppedAt}
+}
+
+// GetWorker reads a worker of the client's namespace from the registry.
+func (c *Client) GetWorker(ctx context.Context, workerID string) (*WorkerInfo, error) {
+	if err := validName("worker id", workerID); err != nil {
+		return nil, err
+	}
+	w, err := store.GetWorker(ctx, c.pool, c.ns, workerID)
+	if err != nil {
+		return nil, wrapStoreErr("kagzi: get worker "+workerID, err)
+	}
+	info := workerInfo(w)
+	return &info, nil
+}
+
+// WorkerFilter selects workers for ListWorkers. Zero fields select everything.
+type WorkerFilter struct {
+	Statuses []WorkerStatus
+	// WorkflowType keeps the workers that registered this type.
+	WorkflowType string
+	// PageSize is the most workers a page holds: default 50, at most 1000.
+	PageSize int
+	// PageToken continues a listing: the NextPageToken of the previous page.
+	PageToken string
+}
+
+// WorkerPage is one page of ListWorkers, ordered by worker id.
+type WorkerPage struct {
+	Workers       []WorkerInfo
+	NextPageToken string
+}
+
+// ListWorkers lists the workers of the client's namespace from the registry.
+func (c *Client) ListWorkers(ctx context.Context, f WorkerFilter) (*WorkerPage, error) {
+	p := store.ListWorkersParams{Namespace: c.ns, WorkflowType: f.WorkflowType, Limit: f.PageSize}
+	switch {
+	case p.Limit == 0:
+		p.Limit = 50
+	case p.Limit < 0 || p.Limit > 1000:
+		return nil, invalidArgument("page size %d is not within 1..1000", f.PageSize)
+	}
+	for _, s := range f.Statuses {
+		switch s {
+		case WorkerOnline, WorkerDraining, WorkerOffline:
+			p.Statuses = append(p.Statuses, string(s))
+		default:
+			return nil, invalidArgument("unknown worker status %q", s)
+		}
+	}
+	if f.PageToken != "" {
+		id, err := decodeStringToken(f.PageToken)
+		if err != nil {
+			return nil, err
+		}
+		p.AfterID = id
+	}
+	want := p.Limit
+	p.Limit++
+	rows, err := store.ListWorkers(ctx, c.pool, p)
+	if err != nil {
+		return nil, dbError("kagzi: list workers", err)
+	}
+	page := &WorkerPage{}
+	if len(rows) > want {
+		rows = rows[:want]
+		page.NextPageToken = encodeStringToken(rows[want-1].WorkerID)
+	}
+	for _, w := range rows {
+		page.Workers = append(page.Workers, workerInfo(w))
+	}
+	return page, nil
+}

@@ -1,0 +1,301 @@
+package kagzi_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+func TestWorkerRegistersHeartbeatsAndGoesOfflineWhenItStops(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	cfg := fastWorker()
+	cfg.ID = "worker-a"
+	cfg.Labels = map[string]string{"region": "eu"}
+	stop := runWorker(t, e.client, cfg, greet)
+	eventually(t, "the worker to register", func() bool {
+		_, err := e.client.GetWorker(ctx, "worker-a")
+		return err == nil
+	})
+	run, err := kagzi.Start(ctx, e.client, greet, greetIn{Name: "x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a heartbeat to report the completed run", func() bool {
+		w, err := e.client.GetWorker(ctx, "worker-a")
+		return err == nil && w.CompletedTotal == 1
+	})
+	w, err := e.client.GetWorker(ctx, "worker-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, _ := os.Hostname()
+	if w.Status != kagzi.WorkerOnline || w.Hostname != host || w.PID != os.Getpid() || w.Version != kagzi.Version ||
+		w.Labels["region"] != "eu" || fmt.Sprint(w.WorkflowTypes) != "[greet]" || w.MaxConcurrent != 10 ||
+		w.HeartbeatInterval != cfg.HeartbeatInterval || w.StoppedAt != nil {
+		t.Fatalf("registry row %+v", w)
+	}
+	stop()
+	w, err = e.client.GetWorker(ctx, "worker-a")
+	if err != nil || w.Status != kagzi.WorkerOffline || w.StoppedAt == nil {
+		t.Fatalf("after Run returned: %+v, %v; want OFFLINE with a stop time", w, err)
+	}
+}
+
+func TestWorkerIsDrainingWhileItShutsDown(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	inStep := make(chan struct{})
+	release := make(chan struct{})
+	wf := kagzi.Define("drain-me", func(ctx *kagzi.Context, _ int) (int, error) {
+		return kagzi.Step(ctx, "s", func(context.Context) (int, error) {
+			close(inStep)
+			<-release
+			return 1, nil
+		})
+	})
+	cfg := fastWorker()
+	cfg.ID = "drainer"
+	cfg.DrainTimeout = 10 * time.Second
+	stop := runWorker(t, e.client, cfg, wf)
+	if _, err := kagzi.Start(ctx, e.client, wf, 0); err != nil {
+		t.Fatal(err)
+	}
+	<-inStep
+	stopped := make(chan struct{})
+	go func() { stop(); close(stopped) }()
+	eventually(t, "the worker to be DRAINING", func() bool {
+		w, err := e.client.GetWorker(ctx, "drainer")
+		return err == nil && w.Status == kagzi.WorkerDraining
+	})
+	close(release)
+	<-stopped
+	if w, err := e.client.GetWorker(ctx, "drainer"); err != nil || w.Status != kagzi.WorkerOffline {
+		t.Fatalf("after the drain: %+v, %v; want OFFLINE", w, err)
+	}
+}
+
+func TestSilentWorkersAreMarkedOfflineAndPrunedByTheOthers(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	for _, q := range []string{
+		`INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version, workflow_types, max_concurrent,
+			heartbeat_interval_ms, status, last_heartbeat_at)
+		 VALUES ('default', 'dead', 'h', 1, 'v', '{greet}', 1, 100, 'ONLINE', now() - interval '1 minute')`,
+		`INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version, workflow_types, max_concurrent,
+			heartbeat_interval_ms, status, last_heartbeat_at, stopped_at)
+		 VALUES ('default', 'long-gone', 'h', 2, 'v', '{greet}', 1, 100, 'OFFLINE', now() - interval '3 days',
+			now() - interval '2 days')`,
+		`INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version, workflow_types, max_concurrent,
+			heartbeat_interval_ms, status, last_heartbeat_at)
+		 VALUES ('other-ns', 'dead-elsewhere', 'h', 3, 'v', '{greet}', 1, 100, 'ONLINE', now() - interval '1 minute')`,
+	} {
+		if _, err := e.pool.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runWorker(t, e.client, fastWorker(), greet)
+	eventually(t, "a heartbeat to expire the silent worker", func() bool {
+		w, err := e.client.GetWorker(ctx, "dead")
+		return err == nil && w.Status == kagzi.WorkerOffline && w.StoppedAt != nil
+	})
+	eventually(t, "a heartbeat to prune the long-gone worker", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.workers WHERE worker_id = 'long-gone'`) == 0
+	})
+	if s := countRows(t, e.pool, `SELECT count(*) FROM kagzi.workers WHERE worker_id = 'dead-elsewhere' AND status = 'ONLINE'`); s != 1 {
+		t.Fatal("a worker of another namespace was expired: namespaces must not cross")
+	}
+}
+
+func TestListWorkersFiltersAndPages(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	for i := range 5 {
+		cfg := fastWorker()
+		cfg.ID = fmt.Sprintf("w-%d", i)
+		if i%2 == 0 {
+			runWorker(t, e.client, cfg, greet)
+		} else {
+			runWorker(t, e.client, cfg, threeSteps)
+		}
+	}
+	eventually(t, "five workers to register", func() bool {
+		p, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{})
+		return err == nil && len(p.Workers) == 5
+	})
+	var ids []string
+	token := ""
+	for {
+		p, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{PageSize: 2, PageToken: token, Statuses: []kagzi.WorkerStatus{kagzi.WorkerOnline}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, w := range p.Workers {
+			ids = append(ids, w.ID)
+		}
+		if token = p.NextPageToken; token == "" {
+			break
+		}
+	}
+	if fmt.Sprint(ids) != "[w-0 w-1 w-2 w-3 w-4]" {
+		t.Fatalf("paged ids %v", ids)
+	}
+	p, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{WorkflowType: "greet"})
+	if err != nil || len(p.Workers) != 3 {
+		t.Fatalf("workers of type greet: %+v, %v; want 3", p, err)
+	}
+	other := newClient(t, e.pool, "elsewhere")
+	if p, err := other.ListWorkers(ctx, kagzi.WorkerFilter{}); err != nil || len(p.Workers) != 0 {
+		t.Fatalf("another namespace sees %d workers", len(p.Workers))
+	}
+	_, err = e.client.GetWorker(ctx, "nobody")
+	mustErrorIs(t, err, kagzi.ErrNotFound)
+	_, err = e.client.ListWorkers(ctx, kagzi.WorkerFilter{Statuses: []kagzi.WorkerStatus{"ASLEEP"}})
+	mustErrorIs(t, err, kagzi.ErrInvalidArgument)
+}
+
+func TestHealthReportsDatabaseSchemaLocalWorkersAndPendingTypesWithoutWorker(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	cfg := fastWorker()
+	cfg.ID = "healthy"
+	runWorker(t, e.client, cfg, greet)
+	if _, err := e.client.StartByName(ctx, "orphan-type", 1); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a heartbeat", func() bool {
+		h := e.client.Health(ctx)
+		return len(h.Workers) == 1 && !h.Workers[0].LastHeartbeat.IsZero()
+	})
+	h := e.client.Health(ctx)
+	if !h.Healthy() || !h.DatabaseOK || !h.SchemaCurrent || h.SchemaVersion == 0 ||
+		h.Workers[0].ID != "healthy" || h.Workers[0].Status != kagzi.WorkerOnline ||
+		fmt.Sprint(h.PendingTypesWithoutWorker) != "[orphan-type]" {
+		t.Fatalf("health %+v", h)
+	}
+
+	unmigrated, err := pgxpool.New(ctx, testdb.NewEmpty(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unmigrated.Close()
+	if h := newClient(t, unmigrated, "").Health(ctx); h.Healthy() || !h.DatabaseOK || h.SchemaCurrent {
+		t.Fatalf("health of an unmigrated database: %+v", h)
+	}
+	closed, err := pgxpool.New(ctx, e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, closed, "")
+	closed.Close()
+	if h := c.Health(ctx); h.Healthy() || h.DatabaseOK || h.DatabaseError == "" {
+		t.Fatalf("health over a closed pool: %+v", h)
+	}
+}
+
+func TestWorkerStopsWithErrClosedWhenItsPoolIsClosed(t *testing.T) {
+	e := newEnv(t)
+	pool, err := pgxpool.New(context.Background(), e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, pool, "")
+	w, err := kagzi.NewWorker(c, fastWorker(), greet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(waitCtx(t)) }()
+	eventually(t, "the worker to register", func() bool {
+		_, err := e.client.GetWorker(context.Background(), w.ID())
+		return err == nil
+	})
+	pool.Close()
+	select {
+	case err := <-done:
+		mustErrorIs(t, err, kagzi.ErrClosed)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after its pool was closed")
+	}
+}
+
+func TestRunsCompleteWhileEveryDatabaseConnectionIsTerminatedRepeatedly(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	runWorker(t, e.client, fastWorker(), threeSteps)
+	second := newClient(t, e.pool, "")
+	runWorker(t, second, fastWorker(), threeSteps)
+	admin, err := pgxpool.New(ctx, testdb.WithDatabase(testdb.ServerURL(), "postgres"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	var dbName string
+	if err := e.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName); err != nil {
+		t.Fatal(err)
+	}
+	var runs []*kagzi.Run[int]
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := range 200 {
+			run, err := kagzi.Start(ctx, e.client, threeSteps, i, kagzi.WithID(fmt.Sprint("t-", i)))
+			for err != nil && ctx.Err() == nil { // a start can hit a terminated connection: retry it (idempotent)
+				time.Sleep(20 * time.Millisecond)
+				run, err = kagzi.Start(ctx, e.client, threeSteps, i, kagzi.WithID(fmt.Sprint("t-", i)))
+			}
+			mu.Lock()
+			runs = append(runs, run)
+			mu.Unlock()
+		}
+	}()
+	terminations := 0
+	for range 5 {
+		time.Sleep(150 * time.Millisecond)
+		var n int
+		if err := admin.QueryRow(ctx, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+			WHERE datname = $1 AND pid <> pg_backend_pid()) t`, dbName).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		terminations += n
+	}
+	wg.Wait()
+	if terminations == 0 {
+		t.Fatal("no connection was terminated: the test tested nothing")
+	}
+	for i, run := range runs {
+		var out int
+		var err error
+		for range 50 { // Wait itself may hit a terminated connection
+			if out, err = run.Wait(ctx); err == nil {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		if err != nil {
+			t.Fatalf("run %d: %v", i, err)
+		}
+		if out != i+3 {
+			t.Fatalf("run %d: output %d, want %d", i, out, i+3)
+		}
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status <> 'COMPLETED'`); n != 0 {
+		t.Fatalf("%d runs did not complete after %d connection terminations", n, terminations)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.steps`); n != 3*len(runs) {
+		t.Fatalf("%d recorded steps for %d runs of 3 steps: a step was recorded twice or lost", n, len(runs))
+	}
+}
