@@ -77,7 +77,9 @@ func runCrashWorker() int {
 	}
 	cfg := fastWorker()
 	cfg.MaxConcurrent = 20
-	w, err := kagzi.NewWorker(client, cfg, crashyWorkflow(pool, os.Getenv(crashBlockEnv) == "1"))
+	cfg.DisableScheduler = true
+	w, err := kagzi.NewWorker(client, cfg, crashyWorkflow(pool, os.Getenv(crashBlockEnv) == "1"),
+		chaoticWorkflow(pool), stallingWorkflow(pool))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
