@@ -18,14 +18,28 @@ import (
 
 // Context is the context a workflow function runs with. It is a context.Context,
 // cancelled when the run is cancelled or passes its deadline, when this worker loses
-// the run's lease, or when the worker shuts down (context.Cause tells which); and it carries the run's identity, a logger, and the
-// durable Sleep.
+// the run's lease, or when the worker shuts down (context.Cause tells which); and it
+// carries the run's identity, a logger, and the durable Sleep.
 //
-// A Context belongs to one execution of one run: use it only from the workflow
-// function's goroutine, and do not keep it after the function returns.
+// A Context belongs to one execution of one run: use it only from the goroutine it
+// was given to (the workflow function's, or a branch's, see Go), and do not keep it
+// after that function returns.
 type Context struct {
 	context.Context
-	x *execution
+	x  *execution
+	sc *scope
+}
+
+// scope gives step keys to the workflow function or to one branch of it. A branch's
+// keys carry the key of the Go (or Map item) that started it as a prefix, so they
+// depend on call positions only, never on completion order.
+type scope struct {
+	prefix string
+	branch bool
+	mu     sync.Mutex
+	counts map[string]int
+	// cancel ends a branch's context (a sibling failed); nil for the root.
+	cancel context.CancelCauseFunc
 }
 
 // RunID returns the id of the run being executed.
@@ -69,23 +83,26 @@ func (c *Context) SleepUntil(name string, t time.Time) error {
 
 func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
 	x := c.x
-	key, err := x.nextKey(name)
+	key, err := c.nextKey(name)
 	if err != nil {
 		return err
 	}
-	x.checkAlive()
+	c.checkAlive()
 	threshold := x.w.cfg.MaxInProcessSleep
-	if rec, ok := x.run.Steps[key]; ok && rec.WakeAt != nil {
+	if !c.canSuspend() {
+		threshold = time.Duration(1<<63 - 1) // branches run on: wait in process
+	}
+	if rec, ok := x.step(key); ok && rec.WakeAt != nil {
 		remaining := rec.WakeAt.Sub(x.dbNow())
 		switch {
 		case remaining <= 0:
 			return nil
 		case remaining <= threshold:
-			x.waitInProcess(remaining)
+			c.waitInProcess(remaining)
 			return nil
 		}
 		wake := *rec.WakeAt
-		x.suspend(store.SleepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, WakeAt: &wake})
+		c.suspend(store.SleepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, WakeAt: &wake})
 		return nil // not reached
 	}
 	remaining := d
@@ -94,16 +111,16 @@ func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
 	}
 	w := store.SleepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, Key: key, Name: name, WakeAt: until, Duration: d}
 	if remaining > threshold {
-		x.suspend(w)
+		c.suspend(w)
 	}
 	var wake, dbNow time.Time
-	x.write(func(ctx context.Context) (err error) {
+	c.write(func(ctx context.Context) (err error) {
 		wake, dbNow, err = store.RecordSleep(ctx, x.w.client.pool, w)
 		return err
 	})
-	x.run.Steps[key] = store.StepRecord{Kind: string(KindSleep), Status: string(StepCompleted), WakeAt: &wake}
+	x.setStep(key, store.StepRecord{Kind: string(KindSleep), Status: string(StepCompleted), WakeAt: &wake})
 	if remaining := wake.Sub(dbNow); remaining > 0 {
-		x.waitInProcess(remaining)
+		c.waitInProcess(remaining)
 	}
 	return nil
 }
@@ -140,38 +157,83 @@ type execution struct {
 	// leaseUntil (Unix nanoseconds, our clock) is how long the last successful
 	// heartbeat keeps the lease; writes are not retried past it.
 	leaseUntil atomic.Int64
+	// branches counts the branches (Go, Map) running now: while any does, the run
+	// cannot be released, so sleeps and backoffs wait in process.
+	branches atomic.Int32
 
-	mu     sync.Mutex
-	counts map[string]int
-	exit   exitReason
+	mu   sync.Mutex
+	exit exitReason
+	// stepsMu guards run.Steps, which branches read and write concurrently.
+	stepsMu sync.Mutex
 }
 
 func (x *execution) dbNow() time.Time { return time.Now().Add(x.dbOffset) }
 
-// nextKey returns the key of the next step (or sleep) called name: name#occurrence.
-func (x *execution) nextKey(name string) (string, error) {
-	if err := validName("step name", name); err != nil {
-		return "", err
-	}
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	x.counts[name]++
-	return name + "#" + strconv.Itoa(x.counts[name]), nil
+func (x *execution) step(key string) (store.StepRecord, bool) {
+	x.stepsMu.Lock()
+	defer x.stepsMu.Unlock()
+	rec, ok := x.run.Steps[key]
+	return rec, ok
 }
 
-// stop ends the execution of the workflow function here: it records why and
-// unwinds the workflow goroutine (deferred calls run).
-func (x *execution) stop(reason exitReason) {
-	x.mu.Lock()
-	x.exit = reason
-	x.mu.Unlock()
-	runtime.Goexit()
+func (x *execution) setStep(key string, rec store.StepRecord) {
+	x.stepsMu.Lock()
+	defer x.stepsMu.Unlock()
+	x.run.Steps[key] = rec
 }
 
 func (x *execution) exitReason() exitReason {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.exit
+}
+
+// nextKey returns the key of the next step (or sleep, or branch) called name in
+// this scope: prefix + name#occurrence.
+func (c *Context) nextKey(name string) (string, error) {
+	if err := validName("step name", name); err != nil {
+		return "", err
+	}
+	c.sc.mu.Lock()
+	defer c.sc.mu.Unlock()
+	c.sc.counts[name]++
+	return c.sc.prefix + name + "#" + strconv.Itoa(c.sc.counts[name]), nil
+}
+
+// canSuspend reports whether the run may be released here: only from the workflow
+// function's own goroutine, and only while no branch runs.
+func (c *Context) canSuspend() bool {
+	return !c.sc.branch && c.x.branches.Load() == 0
+}
+
+// errBranchCancelled ends a branch whose sibling failed (Map, fail-fast).
+var errBranchCancelled = errors.New("kagzi: branch cancelled: a sibling failed")
+
+// stop ends the execution of the workflow function (or of this branch) here: it
+// records why and unwinds the goroutine (deferred calls run). A lost lease also
+// cancels the run's context, so that every branch stops writing.
+func (c *Context) stop(reason exitReason) {
+	x := c.x
+	x.mu.Lock()
+	if x.exit == exitNone {
+		x.exit = reason
+	}
+	x.mu.Unlock()
+	if reason == exitLeaseLost {
+		x.cancel(errLeaseLost)
+	}
+	runtime.Goexit()
+}
+
+// checkAlive stops the execution if the run's context was cancelled, and the branch
+// if only its own context was (its Future reports errBranchCancelled).
+func (c *Context) checkAlive() {
+	if c.x.ctx.Err() != nil {
+		c.stop(reasonFor(context.Cause(c.x.ctx)))
+	}
+	if c.Err() != nil {
+		runtime.Goexit()
+	}
 }
 
 // reasonFor maps the cause of the run context's cancellation to an exit reason.
@@ -188,37 +250,40 @@ func reasonFor(cause error) exitReason {
 	}
 }
 
-// checkAlive stops the execution if its context was cancelled.
-func (x *execution) checkAlive() {
-	if x.ctx.Err() != nil {
-		x.stop(reasonFor(context.Cause(x.ctx)))
-	}
-}
-
-func (x *execution) waitInProcess(d time.Duration) {
+func (c *Context) waitInProcess(d time.Duration) {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-	case <-x.ctx.Done():
-		x.stop(reasonFor(context.Cause(x.ctx)))
+	case <-c.Done():
+		c.checkAlive()
 	}
 }
 
 // suspend puts the run to sleep in the database and stops the execution.
-func (x *execution) suspend(w store.SleepWrite) {
-	x.write(func(ctx context.Context) error {
-		_, err := store.Suspend(ctx, x.w.client.pool, w)
+func (c *Context) suspend(w store.SleepWrite) {
+	c.write(func(ctx context.Context) error {
+		_, err := store.Suspend(ctx, c.x.w.client.pool, w)
 		return err
 	})
-	x.stop(exitSuspended)
+	c.stop(exitSuspended)
+}
+
+// write is execution.write for workflow code: when the lease is lost it stops the
+// execution instead of returning.
+func (c *Context) write(op func(context.Context) error) error {
+	err := c.x.write(op)
+	if errors.Is(err, errLeaseLost) {
+		c.stop(exitLeaseLost)
+	}
+	return err
 }
 
 // write runs a fenced store write, retrying transient failures (a lost connection,
-// a restarting database) with backoff while the lease lasts. When the lease is lost,
-// or runs out before the write succeeds, it stops the execution: another worker
-// will take the run over. It returns the other errors (such as ErrStepRecorded or
-// data the database rejects) to the caller.
+// a restarting database) with backoff while the lease lasts. It returns errLeaseLost
+// when the lease was lost, or ran out before the write succeeded (another worker
+// will take the run over), and the other errors (such as ErrStepRecorded or data
+// the database rejects) as they are.
 func (x *execution) write(op func(context.Context) error) error {
 	backoff := 50 * time.Millisecond
 	for {
@@ -229,13 +294,13 @@ func (x *execution) write(op func(context.Context) error) error {
 		case err == nil:
 			return nil
 		case errors.Is(err, store.ErrLeaseLost):
-			x.stop(exitLeaseLost)
+			return errLeaseLost
 		case !transient(err):
 			return err
 		}
 		if time.Now().Add(backoff).UnixNano() > x.leaseUntil.Load() {
 			x.logger.Warn("kagzi: giving up a write: the lease ran out", "error", err)
-			x.stop(exitLeaseLost)
+			return errLeaseLost
 		}
 		x.logger.Warn("kagzi: write failed; retrying", "error", err, "retry_in", backoff)
 		time.Sleep(backoff)

@@ -60,7 +60,7 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		return zero, invalidArgument("step %q: nil function", name)
 	}
 	x := ctx.x
-	key, err := x.nextKey(name)
+	key, err := ctx.nextKey(name)
 	if err != nil {
 		return zero, err
 	}
@@ -75,9 +75,9 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 	if err := policy.Err(); err != nil {
 		return zero, fmt.Errorf("step %q: %w", name, err)
 	}
-	x.checkAlive()
+	ctx.checkAlive()
 	attempts := 0
-	if rec, ok := x.run.Steps[key]; ok {
+	if rec, ok := x.step(key); ok {
 		switch StepStatus(rec.Status) {
 		case StepCompleted:
 			return decodeStepOutput[T](x, key, rec.Output)
@@ -91,16 +91,16 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 	for {
 		attempts++
 		started := time.Now()
-		res := callStep(x.ctx, fn, o.timeout)
+		res := callStep(ctx.Context, fn, o.timeout)
 		finished := time.Now()
 		if res.abandoned {
 			n := x.w.abandoned.Add(1)
 			x.logger.Warn("kagzi: step ignored its timeout; its goroutine is abandoned",
 				"step", key, "timeout", o.timeout, "abandoned_total", n)
 		}
-		if x.ctx.Err() != nil {
+		if ctx.Err() != nil {
 			// Interrupted, not failed: the attempt does not count.
-			x.stop(reasonFor(context.Cause(x.ctx)))
+			ctx.checkAlive()
 		}
 		w := store.StepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, Key: key, Name: name,
 			StartedAt: started, FinishedAt: finished}
@@ -118,14 +118,14 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		}
 		if fnErr == nil {
 			w.Status, w.StepStatus = string(StepCompleted), string(StepCompleted)
-			stored, err := x.recordStep(w)
+			stored, err := ctx.recordStep(w)
 			if err != nil {
 				return zero, err
 			}
 			if stored != nil { // recorded before by this run: the recorded output wins
 				return decodeStepOutput[T](x, key, stored)
 			}
-			x.run.Steps[key] = store.StepRecord{Kind: string(KindStep), Status: string(StepCompleted), Output: w.Output, Attempts: attempts}
+			x.setStep(key, store.StepRecord{Kind: string(KindStep), Status: string(StepCompleted), Output: w.Output, Attempts: attempts})
 			return res.out, nil
 		}
 
@@ -138,26 +138,26 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		delay, retry := policy.next(attempts, d)
 		if !retry {
 			w.StepStatus = string(StepFailed)
-			if _, err := x.recordStep(w); err != nil {
+			if _, err := ctx.recordStep(w); err != nil {
 				return zero, err
 			}
 			rec := store.StepRecord{Kind: string(KindStep), Status: string(StepFailed), Error: w.Error, Attempts: attempts}
-			x.run.Steps[key] = rec
+			x.setStep(key, rec)
 			return zero, stepError(key, rec)
 		}
 		w.StepStatus = string(StepRetrying)
-		if delay > x.w.cfg.MaxInProcessSleep {
+		if delay > x.w.cfg.MaxInProcessSleep && ctx.canSuspend() {
 			w.RetryIn = &delay
-			if _, err := x.recordStep(w); err != nil {
+			if _, err := ctx.recordStep(w); err != nil {
 				return zero, err
 			}
-			x.stop(exitSuspended)
+			ctx.stop(exitSuspended)
 		}
-		if _, err := x.recordStep(w); err != nil {
+		if _, err := ctx.recordStep(w); err != nil {
 			return zero, err
 		}
 		x.logger.Debug("kagzi: step attempt failed; retrying", "step", key, "attempt", attempts, "retry_in", delay)
-		x.waitInProcess(delay)
+		ctx.waitInProcess(delay)
 	}
 }
 
@@ -165,13 +165,14 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 // returns that output. An error means the database rejected the record itself (for
 // example a string with a NUL byte, which jsonb cannot hold): the step cannot be
 // recorded, ever, and the error is non-retryable.
-func (x *execution) recordStep(w store.StepWrite) (stored []byte, err error) {
-	err = x.write(func(ctx context.Context) error {
+func (c *Context) recordStep(w store.StepWrite) (stored []byte, err error) {
+	x := c.x
+	err = c.write(func(ctx context.Context) error {
 		_, err := store.RecordStep(ctx, x.w.client.pool, w)
 		return err
 	})
 	if errors.Is(err, store.ErrStepRecorded) {
-		err = x.write(func(ctx context.Context) (err error) {
+		err = c.write(func(ctx context.Context) (err error) {
 			stored, err = store.GetStepOutput(ctx, x.w.client.pool, x.run.RunID, w.Key)
 			return err
 		})

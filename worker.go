@@ -372,7 +372,7 @@ func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
 		ctx, cancel = dctx, func(cause error) { cancelRun(cause); stop() }
 	}
 	x := &execution{w: w, def: w.defs[run.WorkflowType], run: run, cancel: cancel, ctx: ctx,
-		dbOffset: run.DBNow.Sub(claimedAt), counts: map[string]int{},
+		dbOffset: run.DBNow.Sub(claimedAt),
 		logger: w.logger.With("run_id", run.RunID, "workflow_id", run.WorkflowID, "workflow_type", run.WorkflowType)}
 	x.leaseUntil.Store(claimedAt.Add(w.cfg.LeaseDuration).UnixNano())
 	switch {
@@ -416,9 +416,10 @@ func (w *Worker) execute(x *execution) {
 				res = &result{err: &panicError{value: r, stack: string(debug.Stack())}}
 			}
 		}()
+		wctx := &Context{Context: x.ctx, x: x, sc: &scope{counts: map[string]int{}}}
 		// Cancelled or past its deadline before it started: do not run it at all.
-		x.checkAlive()
-		out, err := x.def.run(&Context{Context: x.ctx, x: x}, x.run.Input)
+		wctx.checkAlive()
+		out, err := x.def.run(wctx, x.run.Input)
 		res = &result{out: out, err: err}
 	}()
 	<-done
@@ -470,37 +471,32 @@ func (w *Worker) execute(x *execution) {
 			status, detail = store.StatusFailed, encodeDetail(d)
 		}
 	}
-	// write stops the goroutine it runs on when the lease is lost; run it on its own.
-	finished := make(chan struct{})
-	go func() {
-		defer close(finished)
-		finish := func(status string, output, detail []byte) error {
-			return x.write(func(ctx context.Context) error {
-				_, err := store.FinishRun(ctx, w.client.pool, x.run.RunID, x.run.LeaseEpoch, status, output, detail)
-				return err
-			})
-		}
-		err := finish(status, output, detail)
-		defer func() {
-			if err == nil && status == store.StatusCompleted {
-				w.completed.Add(1)
-			} else if err == nil && status == store.StatusFailed {
-				w.failed.Add(1)
-			}
-		}()
-		if err != nil && status == store.StatusCompleted {
-			// The database rejects the output itself (jsonb cannot hold a NUL
-			// character, say): record that, or the run would be retried forever.
-			x.logger.Error("kagzi: the run's output cannot be recorded", "error", err)
-			err = finish(store.StatusFailed, nil, encodeDetail(ErrorDetail{Code: CodeInvalidOutput,
-				NonRetryable: true, Subject: x.run.WorkflowType,
-				Message: "the output cannot be recorded: " + err.Error()}))
-		}
-		if err != nil {
-			x.logger.Error("kagzi: cannot record the end of the run", "error", err)
-		}
-	}()
-	<-finished
+	finish := func(status string, output, detail []byte) error {
+		return x.write(func(ctx context.Context) error {
+			_, err := store.FinishRun(ctx, w.client.pool, x.run.RunID, x.run.LeaseEpoch, status, output, detail)
+			return err
+		})
+	}
+	err := finish(status, output, detail)
+	if err != nil && !errors.Is(err, errLeaseLost) && status == store.StatusCompleted {
+		// The database rejects the output itself (jsonb cannot hold a NUL character,
+		// say): record that, or the run would be retried forever.
+		x.logger.Error("kagzi: the run's output cannot be recorded", "error", err)
+		status = store.StatusFailed
+		err = finish(status, nil, encodeDetail(ErrorDetail{Code: CodeInvalidOutput,
+			NonRetryable: true, Subject: x.run.WorkflowType,
+			Message: "the output cannot be recorded: " + err.Error()}))
+	}
+	switch {
+	case errors.Is(err, errLeaseLost):
+		x.logger.Info("kagzi: the run's lease was lost before its end was recorded; another worker takes it over")
+	case err != nil:
+		x.logger.Error("kagzi: cannot record the end of the run", "error", err)
+	case status == store.StatusCompleted:
+		w.completed.Add(1)
+	case status == store.StatusFailed:
+		w.failed.Add(1)
+	}
 }
 
 // retryRun schedules the next attempt of a run whose workflow function failed, if its
@@ -525,16 +521,11 @@ func (w *Worker) retryRun(x *execution, err error) bool {
 	if !retry {
 		return false
 	}
-	done := make(chan struct{})
-	go func() { // write stops its goroutine when the lease is lost
-		defer close(done)
-		if err := x.write(func(ctx context.Context) error {
-			return store.RetryRun(ctx, w.client.pool, x.run.RunID, x.run.LeaseEpoch, encodeDetail(d), delay)
-		}); err != nil {
-			x.logger.Error("kagzi: cannot schedule the run's next attempt", "error", err)
-		}
-	}()
-	<-done
+	if err := x.write(func(ctx context.Context) error {
+		return store.RetryRun(ctx, w.client.pool, x.run.RunID, x.run.LeaseEpoch, encodeDetail(d), delay)
+	}); err != nil && !errors.Is(err, errLeaseLost) {
+		x.logger.Error("kagzi: cannot schedule the run's next attempt", "error", err)
+	}
 	x.logger.Info("kagzi: run attempt failed; retrying", "attempt", x.run.Attempt, "retry_in", delay, "error", d.Message)
 	return true
 }
