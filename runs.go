@@ -57,6 +57,10 @@ type RunInfo struct {
 	StartedAt       *time.Time
 	FinishedAt      *time.Time
 	UpdatedAt       time.Time
+	// ScheduleID and ScheduleTick name the schedule and the tick that fired the run
+	// (see CreateSchedule, TriggerSchedule); empty and nil for a run started by Start.
+	ScheduleID   string
+	ScheduleTick *time.Time
 }
 
 func runInfo(r store.Run) RunInfo {
@@ -65,7 +69,10 @@ func runInfo(r store.Run) RunInfo {
 		WorkflowType: r.WorkflowType, Status: RunStatus(r.Status), Input: r.Input, Output: r.Output,
 		Error: decodeDetail(r.Error), Attempt: r.Attempt, AvailableAt: r.AvailableAt,
 		CancelRequested: r.CancelRequested, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt,
-		FinishedAt: r.FinishedAt, UpdatedAt: r.UpdatedAt,
+		FinishedAt: r.FinishedAt, UpdatedAt: r.UpdatedAt, ScheduleTick: r.ScheduleTick,
+	}
+	if r.ScheduleID != nil {
+		info.ScheduleID = *r.ScheduleID
 	}
 	if r.LockedBy != nil {
 		info.LockedBy = *r.LockedBy
@@ -117,6 +124,8 @@ type RunFilter struct {
 	WorkflowID    string
 	CreatedAfter  time.Time // inclusive
 	CreatedBefore time.Time // exclusive
+	// ScheduleID selects the runs a schedule fired.
+	ScheduleID string
 	// PageSize is the most runs a page holds: default 50, at most 1000.
 	PageSize int
 	// PageToken continues a listing: pass the NextPageToken of the previous page.
@@ -134,7 +143,8 @@ type RunPage struct {
 // by keyset: a page token names the last run of the page before, so pages stay
 // consistent while runs are added.
 func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
-	p := store.ListRunsParams{Namespace: c.ns, WorkflowType: f.WorkflowType, WorkflowID: f.WorkflowID, Limit: f.PageSize}
+	p := store.ListRunsParams{Namespace: c.ns, WorkflowType: f.WorkflowType, WorkflowID: f.WorkflowID,
+		ScheduleID: f.ScheduleID, Limit: f.PageSize}
 	switch {
 	case p.Limit == 0:
 		p.Limit = 50

@@ -1,8 +1,699 @@
 package kagzi
 
-import "context"
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"time"
 
-// runScheduler fires the cron schedules that are due, until ctx is done.
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kagzi/kagzi/internal/cronspec"
+	"github.com/kagzi/kagzi/internal/notifier"
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// MaxScheduleIDLength is the longest schedule id, in bytes. The workflow ids of the
+// runs a schedule fires append the tick time to it, and must fit in 255 bytes.
+const MaxScheduleIDLength = 200
+
+// MaxCatchupLimit is the largest Schedule.MaxCatchup.
+const MaxCatchupLimit = 1000
+
+// OverlapPolicy says what a schedule does when a tick comes due while a run it fired
+// earlier is still active (PENDING, RUNNING or SLEEPING).
+type OverlapPolicy int
+
+const (
+	// OverlapAllow (the default) fires every tick, whatever the schedule's other runs
+	// are doing.
+	OverlapAllow OverlapPolicy = iota
+	// OverlapSkip does not fire a tick while a run of the schedule is active; the tick
+	// is skipped for good and counted (ScheduleInfo.OverlapSkipped).
+	OverlapSkip
+	// OverlapBufferOne holds back one tick that came due while a run of the schedule
+	// was active, and fires it (with its own tick time) as soon as none is. Further
+	// ticks that come due while one is held back are skipped and counted.
+	OverlapBufferOne
+)
+
+// String returns the policy's name: ALLOW, SKIP or BUFFER_ONE.
+func (p OverlapPolicy) String() string {
+	switch p {
+	case OverlapAllow:
+		return store.OverlapAllow
+	case OverlapSkip:
+		return store.OverlapSkip
+	case OverlapBufferOne:
+		return store.OverlapBufferOne
+	}
+	return "OverlapPolicy(" + strconv.Itoa(int(p)) + ")"
+}
+
+func parseOverlap(s string) OverlapPolicy {
+	switch s {
+	case store.OverlapSkip:
+		return OverlapSkip
+	case store.OverlapBufferOne:
+		return OverlapBufferOne
+	}
+	return OverlapAllow
+}
+
+// Schedule defines a cron schedule: a workflow that Kagzi starts at every tick of a
+// cron expression. Create one with Client.CreateSchedule. Every worker takes part
+// in firing schedules (unless WorkerConfig.DisableScheduler); the database makes sure
+// each tick fires exactly once, however many processes run.
+type Schedule struct {
+	// ID names the schedule, unique in the client's namespace: 1 to
+	// MaxScheduleIDLength bytes of UTF-8 without control characters.
+	ID string
+	// Workflow is the workflow type to start. No worker needs to have registered it
+	// yet: its runs wait PENDING until one does.
+	Workflow string
+	// Cron is the cron expression (github.com/robfig/cron/v3): 5 fields, minute hour
+	// day-of-month month day-of-week ("0 6 * * *", "*/15 9-17 * * MON-FRI"); a
+	// descriptor (@yearly, @monthly, @weekly, @daily, @hourly); or "@every <duration>"
+	// with a whole number of seconds ("@every 90s").
+	Cron string
+	// Seconds makes Cron a 6-field expression whose first field is the second
+	// ("*/10 * * * * *": every ten seconds).
+	Seconds bool
+	// TimeZone is the IANA zone Cron is read in, such as "America/New_York". Default
+	// UTC. On daylight-saving days every scheduled local time fires exactly once: a
+	// time skipped by spring-forward fires at the first instant after the gap, a time
+	// repeated by fall-back fires at its first occurrence. "@every" intervals are
+	// absolute time.
+	TimeZone string
+	// Input is every run's input, encoded with encoding/json (a json.RawMessage is
+	// stored as it is, once checked to be valid JSON).
+	Input any
+	// MaxCatchup is how many due ticks one firing may start, at most MaxCatchupLimit.
+	// After downtime (no worker ran, or the schedule's ticks came faster than they
+	// could be fired) the most recent MaxCatchup due ticks fire, in chronological
+	// order; older ones are skipped and counted (ScheduleInfo.CatchupSkipped).
+	// 0 (the default) is 1: only the most recent due tick fires.
+	MaxCatchup int
+	// Overlap says what a tick does while a run of the schedule is still active.
+	// Default OverlapAllow.
+	Overlap OverlapPolicy
+	// Paused creates the schedule paused (see PauseSchedule); in UpdateSchedule, it
+	// pauses or resumes it.
+	Paused bool
+}
+
+// ScheduleInfo is a schedule as the database holds it, for CreateSchedule,
+// GetSchedule, ListSchedules and UpdateSchedule.
+type ScheduleInfo struct {
+	ID         string
+	Namespace  string
+	Workflow   string
+	Cron       string
+	Seconds    bool
+	TimeZone   string
+	Input      json.RawMessage
+	Paused     bool
+	MaxCatchup int
+	Overlap    OverlapPolicy
+	// NextFireAt is the next tick to fire; nil while paused. A tick that is due but
+	// not fired yet (no worker is running the scheduler) stays here, in the past.
+	NextFireAt *time.Time
+	// LastFiredAt is the tick time of the newest run the schedule fired (for a
+	// TriggerSchedule, when it was asked for), and LastRunID that run's id.
+	LastFiredAt *time.Time
+	LastRunID   string
+	// BufferedTick is the tick OverlapBufferOne holds back until the schedule's active
+	// run finishes.
+	BufferedTick *time.Time
+	// CatchupSkipped counts due ticks skipped because they were older than the most
+	// recent MaxCatchup; OverlapSkipped counts ticks skipped by the overlap policy.
+	CatchupSkipped int64
+	OverlapSkipped int64
+	CreatedAt      time.Time
+	UpdatedAt      time.Time
+}
+
+// Schedule returns the definition of the schedule, ready to change and pass to
+// UpdateSchedule.
+func (s *ScheduleInfo) Schedule() Schedule {
+	return Schedule{ID: s.ID, Workflow: s.Workflow, Cron: s.Cron, Seconds: s.Seconds, TimeZone: s.TimeZone,
+		Input: s.Input, MaxCatchup: s.MaxCatchup, Overlap: s.Overlap, Paused: s.Paused}
+}
+
+func scheduleInfo(s store.Schedule) *ScheduleInfo {
+	info := &ScheduleInfo{ID: s.ScheduleID, Namespace: s.Namespace, Workflow: s.WorkflowType, Cron: s.Cron,
+		Seconds: s.CronSeconds, TimeZone: s.TimeZone, Input: s.Input, Paused: s.Paused,
+		MaxCatchup: s.MaxCatchup, Overlap: parseOverlap(s.Overlap), NextFireAt: s.NextFireAt,
+		LastFiredAt: s.LastFiredAt, BufferedTick: s.BufferedTick, CatchupSkipped: s.CatchupSkipped,
+		OverlapSkipped: s.OverlapSkipped, CreatedAt: s.CreatedAt, UpdatedAt: s.UpdatedAt}
+	if s.LastRunID != nil {
+		info.LastRunID = s.LastRunID.String()
+	}
+	return info
+}
+
+// validSchedule checks a schedule definition and returns it as stored, with its
+// parsed cron expression. Its errors wrap ErrInvalidArgument and say what is wrong.
+func (c *Client) validSchedule(s Schedule) (store.ScheduleDefinition, *cronspec.Spec, error) {
+	var d store.ScheduleDefinition
+	if err := validScheduleID(s.ID); err != nil {
+		return d, nil, err
+	}
+	if err := validName("workflow type", s.Workflow); err != nil {
+		return d, nil, fmt.Errorf("schedule %q: %w", s.ID, err)
+	}
+	spec, err := cronspec.Parse(s.Cron, s.Seconds, s.TimeZone)
+	if err != nil {
+		return d, nil, invalidArgument("schedule %q: %v", s.ID, err)
+	}
+	if s.MaxCatchup < 0 || s.MaxCatchup > MaxCatchupLimit {
+		return d, nil, invalidArgument("schedule %q: MaxCatchup %d is not within 0..%d", s.ID, s.MaxCatchup, MaxCatchupLimit)
+	}
+	if s.Overlap < OverlapAllow || s.Overlap > OverlapBufferOne {
+		return d, nil, invalidArgument("schedule %q: unknown overlap policy %d", s.ID, int(s.Overlap))
+	}
+	var input []byte
+	if raw, ok := s.Input.(json.RawMessage); ok {
+		if !json.Valid(raw) {
+			return d, nil, invalidArgument("schedule %q: input is not valid JSON", s.ID)
+		}
+		input = raw
+	} else if input, err = json.Marshal(s.Input); err != nil {
+		return d, nil, invalidArgument("schedule %q: input does not encode as JSON: %v", s.ID, err)
+	}
+	if len(input) > c.maxBytes {
+		return d, nil, invalidArgument("schedule %q: input is %d bytes, over the limit of %d", s.ID, len(input), c.maxBytes)
+	}
+	zone := s.TimeZone
+	if zone == "" {
+		zone = "UTC"
+	}
+	return store.ScheduleDefinition{WorkflowType: s.Workflow, Cron: spec.String(), CronSeconds: s.Seconds,
+		TimeZone: zone, Input: input, MaxCatchup: s.MaxCatchup, Overlap: s.Overlap.String()}, spec, nil
+}
+
+func validScheduleID(id string) error {
+	if err := validName("schedule id", id); err != nil {
+		return err
+	}
+	if len(id) > MaxScheduleIDLength {
+		return invalidArgument("schedule id longer than %d bytes", MaxScheduleIDLength)
+	}
+	return nil
+}
+
+// CreateSchedule creates a schedule in the client's namespace. Its first tick is the
+// first time the cron expression names after now; nothing is back-filled. An invalid
+// definition (a bad cron expression or time zone, say) returns ErrInvalidArgument
+// with what is wrong, and an id that is taken ErrAlreadyExists; neither writes
+// anything. Schedulers hear of the new schedule at once.
+func (c *Client) CreateSchedule(ctx context.Context, s Schedule) (*ScheduleInfo, error) {
+	d, spec, err := c.validSchedule(s)
+	if err != nil {
+		return nil, err
+	}
+	var next *time.Time
+	if !s.Paused {
+		t := spec.Next(time.Now())
+		next = &t
+	}
+	row, inserted, err := store.InsertSchedule(ctx, c.pool, c.ns, s.ID, d, next)
+	if err != nil {
+		return nil, dbError("kagzi: create schedule "+s.ID, err)
+	}
+	if !inserted {
+		return nil, fmt.Errorf("%w: schedule %q already exists in namespace %q", ErrAlreadyExists, s.ID, c.ns)
+	}
+	return scheduleInfo(row), nil
+}
+
+// GetSchedule reads a schedule of the client's namespace; ErrNotFound if there is none.
+func (c *Client) GetSchedule(ctx context.Context, id string) (*ScheduleInfo, error) {
+	if err := validScheduleID(id); err != nil {
+		return nil, err
+	}
+	row, err := store.GetSchedule(ctx, c.pool, c.ns, id)
+	if err != nil {
+		return nil, wrapStoreErr("kagzi: get schedule "+id, err)
+	}
+	return scheduleInfo(row), nil
+}
+
+// ScheduleFilter selects schedules for ListSchedules. Zero fields select everything.
+type ScheduleFilter struct {
+	// Workflow selects the schedules of one workflow type.
+	Workflow string
+	// Paused, when set, selects paused (true) or active (false) schedules only.
+	Paused *bool
+	// PageSize is the most schedules a page holds: default 50, at most 1000.
+	PageSize int
+	// PageToken continues a listing: pass the NextPageToken of the previous page.
+	PageToken string
+}
+
+// SchedulePage is one page of ListSchedules, ordered by schedule id.
+type SchedulePage struct {
+	Schedules []ScheduleInfo
+	// NextPageToken fetches the next page; empty on the last page.
+	NextPageToken string
+}
+
+// ListSchedules lists the namespace's schedules by id, a page at a time.
+func (c *Client) ListSchedules(ctx context.Context, f ScheduleFilter) (*SchedulePage, error) {
+	p := store.ListSchedulesParams{Namespace: c.ns, WorkflowType: f.Workflow, Paused: f.Paused, Limit: f.PageSize}
+	switch {
+	case p.Limit == 0:
+		p.Limit = 50
+	case p.Limit < 0 || p.Limit > 1000:
+		return nil, invalidArgument("page size %d is not within 1..1000", f.PageSize)
+	}
+	if f.PageToken != "" {
+		raw, err := base64.RawURLEncoding.DecodeString(f.PageToken)
+		if err != nil || len(raw) < 2 || string(raw[:2]) != "s/" {
+			return nil, invalidArgument("malformed page token %q", f.PageToken)
+		}
+		p.AfterID = string(raw[2:])
+	}
+	want := p.Limit
+	p.Limit++ // one more tells whether there is a next page
+	rows, err := store.ListSchedules(ctx, c.pool, p)
+	if err != nil {
+		return nil, dbError("kagzi: list schedules", err)
+	}
+	page := &SchedulePage{Schedules: make([]ScheduleInfo, 0, min(len(rows), want))}
+	if len(rows) > want {
+		rows = rows[:want]
+		page.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte("s/" + rows[want-1].ScheduleID))
+	}
+	for _, r := range rows {
+		page.Schedules = append(page.Schedules, *scheduleInfo(r))
+	}
+	return page, nil
+}
+
+// UpdateSchedule replaces the definition of the schedule s.ID with s: every field,
+// so start from ScheduleInfo.Schedule to change one. A changed cron expression,
+// Seconds or time zone takes effect from now (its next tick is the first after now);
+// otherwise the next tick stays. Setting Paused pauses the schedule, clearing it
+// resumes it without back-fill (as ResumeSchedule). Invalid input returns
+// ErrInvalidArgument and changes nothing; an unknown id returns ErrNotFound.
+func (c *Client) UpdateSchedule(ctx context.Context, s Schedule) (*ScheduleInfo, error) {
+	d, spec, err := c.validSchedule(s)
+	if err != nil {
+		return nil, err
+	}
+	var info *ScheduleInfo
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		cur, err := store.LockSchedule(ctx, tx, c.ns, s.ID)
+		if err != nil {
+			return err
+		}
+		next := cur.NextFireAt
+		switch {
+		case s.Paused:
+			next = nil
+		case cur.Paused || cur.Cron != d.Cron || cur.CronSeconds != d.CronSeconds || cur.TimeZone != d.TimeZone:
+			t := spec.Next(time.Now())
+			next = &t
+		}
+		row, err := store.UpdateSchedule(ctx, tx, c.ns, s.ID, d, next)
+		info = scheduleInfo(row)
+		return err
+	})
+	if err != nil {
+		return nil, wrapStoreErr("kagzi: update schedule "+s.ID, err)
+	}
+	return info, nil
+}
+
+// DeleteSchedule deletes a schedule: it fires no more. The runs it fired are left
+// alone (they keep its id, see RunFilter.ScheduleID). An unknown id returns
+// ErrNotFound.
+func (c *Client) DeleteSchedule(ctx context.Context, id string) error {
+	if err := validScheduleID(id); err != nil {
+		return err
+	}
+	return wrapStoreErr("kagzi: delete schedule "+id, store.DeleteSchedule(ctx, c.pool, c.ns, id))
+}
+
+// PauseSchedule stops a schedule from firing until ResumeSchedule; a tick held back
+// by OverlapBufferOne is dropped. Pausing a paused schedule changes nothing; an
+// unknown id returns ErrNotFound.
+func (c *Client) PauseSchedule(ctx context.Context, id string) error {
+	if err := validScheduleID(id); err != nil {
+		return err
+	}
+	return wrapStoreErr("kagzi: pause schedule "+id, store.PauseSchedule(ctx, c.pool, c.ns, id))
+}
+
+// ResumeSchedule resumes a paused schedule without back-fill: its next tick is the
+// first one after now; the ticks it missed while paused never fire. Resuming an
+// active schedule changes nothing; an unknown id returns ErrNotFound.
+func (c *Client) ResumeSchedule(ctx context.Context, id string) error {
+	if err := validScheduleID(id); err != nil {
+		return err
+	}
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		cur, err := store.LockSchedule(ctx, tx, c.ns, id)
+		if err != nil || !cur.Paused {
+			return err
+		}
+		spec, err := cronspec.Parse(cur.Cron, cur.CronSeconds, cur.TimeZone)
+		if err != nil {
+			return invalidArgument("schedule %q: %v", id, err)
+		}
+		return store.ResumeSchedule(ctx, tx, c.ns, id, spec.Next(time.Now()))
+	})
+	if errors.Is(err, ErrInvalidArgument) {
+		return err
+	}
+	return wrapStoreErr("kagzi: resume schedule "+id, err)
+}
+
+// TriggerSchedule fires an extra run of the schedule at once, with the schedule's
+// input, whatever its cron expression, pause state and overlap policy say. The run
+// records the schedule and the time of the trigger as its tick (RunInfo.ScheduleID,
+// ScheduleTick); its workflow id is "<schedule id>@trigger/<run id>". The schedule's
+// next tick does not move. An unknown id returns ErrNotFound.
+func (c *Client) TriggerSchedule(ctx context.Context, id string) (*Run[json.RawMessage], error) {
+	if err := validScheduleID(id); err != nil {
+		return nil, err
+	}
+	var run store.Run
+	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		sc, err := store.LockSchedule(ctx, tx, c.ns, id)
+		if err != nil {
+			return err
+		}
+		runID, err := uuid.NewV7()
+		if err != nil {
+			return err
+		}
+		tick := time.Now().UTC()
+		run, _, err = store.InsertRun(ctx, tx, store.NewRun{RunID: runID, Namespace: c.ns,
+			WorkflowID: id + "@trigger/" + runID.String(), WorkflowType: sc.WorkflowType, Input: sc.Input,
+			ReuseNever: true, ScheduleID: id, ScheduleTick: &tick})
+		if err != nil {
+			return err
+		}
+		return store.RecordTrigger(ctx, tx, c.ns, id, tick, run.RunID)
+	})
+	if err != nil {
+		return nil, wrapStoreErr("kagzi: trigger schedule "+id, err)
+	}
+	return &Run[json.RawMessage]{RunID: run.RunID.String(), WorkflowID: run.WorkflowID,
+		WorkflowType: run.WorkflowType, client: c}, nil
+}
+
+// TickWorkflowID is the workflow id of the run a schedule fires for a tick:
+// "<schedule id>@<tick in UTC, RFC 3339>", for example
+// "daily-report@2026-11-21T06:00:00Z". Kagzi never reuses it: once a tick's run
+// exists, firing the tick again (it cannot happen, but if it did) returns that run
+// even after it finished. Workflow ids of this form are the schedule's; do not start
+// runs with them.
+func TickWorkflowID(scheduleID string, tick time.Time) string {
+	return scheduleID + "@" + tick.UTC().Format(time.RFC3339Nano)
+}
+
+// Scheduler settings.
+const (
+	// scheduleBatch is how many due schedules one transaction claims.
+	scheduleBatch = 10
+	// scheduleIdleCheck bounds the sleep of an idle scheduler: the fallback for a lost
+	// notification. Schedule changes arrive by NOTIFY, and the next tick by a timer.
+	scheduleIdleCheck = 30 * time.Second
+	// scheduleInjectedClockCheck bounds the sleep when WorkerConfig.Clock is not
+	// time.Now: the scheduler cannot know how an injected clock moves.
+	scheduleInjectedClockCheck = 100 * time.Millisecond
+	// scheduleMaxBlockers is how many runs holding back buffered ticks a scheduler
+	// listens for at once; it notices the others at its next look.
+	scheduleMaxBlockers = 100
+)
+
+// scheduler fires the due ticks of the namespace's schedules; see runScheduler.
+type scheduler struct {
+	w        *Worker
+	c        *Client
+	clock    func() time.Time
+	injected bool
+	specs    map[string]*cronspec.Spec
+}
+
+// runScheduler fires the cron schedules that are due, until ctx is done. Every worker
+// runs one: a pass claims due schedules with FOR UPDATE SKIP LOCKED, inserts the runs
+// of their due ticks and advances their next fire time in one transaction, so a tick
+// fires once however many schedulers race for it. Between passes it sleeps until the
+// earliest next tick, a schedule change (NOTIFY), the end of a run that holds back a
+// buffered tick (NOTIFY), or scheduleIdleCheck. It logs errors and backs off; it never
+// stops before ctx is done.
 func (w *Worker) runScheduler(ctx context.Context) {
-	<-ctx.Done()
+	s := &scheduler{w: w, c: w.client, clock: w.cfg.Clock, specs: map[string]*cronspec.Spec{},
+		injected: reflect.ValueOf(w.cfg.Clock).Pointer() != reflect.ValueOf(time.Now).Pointer()}
+	s.run(ctx)
+}
+
+func (s *scheduler) run(ctx context.Context) {
+	sub := s.c.notifier.Subscribe(store.ScheduleTopic(s.c.ns))
+	defer sub.Close()
+	var blockSub *notifier.Subscription // the runs holding back buffered ticks
+	var blocking map[uuid.UUID]bool
+	defer func() {
+		if blockSub != nil {
+			blockSub.Close()
+		}
+	}()
+	var backoff, contended time.Duration
+	for ctx.Err() == nil {
+		wait, blockers, err := s.pass(ctx)
+		switch {
+		case err != nil:
+			if ctx.Err() != nil {
+				return
+			}
+			backoff = min(max(backoff*2, 100*time.Millisecond), scheduleIdleCheck)
+			s.w.logger.Warn("kagzi: scheduler pass failed; retrying", "error", err, "retry_in", backoff)
+			wait = backoff
+		case wait < 0: // a due schedule is locked by another scheduler: let it commit
+			backoff = 0
+			contended = min(max(contended*2, 20*time.Millisecond), time.Second)
+			wait = contended
+		default:
+			backoff, contended = 0, 0
+		}
+		if err == nil && !sameRuns(blocking, blockers) {
+			// Listen for the new blockers before looking again, so that none of their
+			// completions is missed.
+			var next *notifier.Subscription
+			blocking = map[uuid.UUID]bool{}
+			if len(blockers) > 0 {
+				topics := make([]string, len(blockers))
+				for i, id := range blockers {
+					topics[i] = store.DoneTopic(id)
+					blocking[id] = true
+				}
+				next = s.c.notifier.Subscribe(topics...)
+			}
+			if blockSub != nil {
+				blockSub.Close()
+			}
+			blockSub = next
+			if len(blockers) > 0 {
+				continue
+			}
+		}
+		var done <-chan notifier.Notification
+		if blockSub != nil {
+			done = blockSub.C
+		}
+		if wait > 0 {
+			timer := time.NewTimer(wait)
+			select {
+			case <-ctx.Done():
+			case <-timer.C:
+			case <-sub.C:
+			case <-done:
+			}
+			timer.Stop()
+		}
+	}
+}
+
+func sameRuns(a map[uuid.UUID]bool, b []uuid.UUID) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, id := range b {
+		if !a[id] {
+			return false
+		}
+	}
+	return true
+}
+
+// pass fires everything that is due and tells how long to sleep: zero to look again
+// at once, negative when a due schedule is being fired by another scheduler.
+func (s *scheduler) pass(ctx context.Context) (wait time.Duration, blockers []uuid.UUID, err error) {
+	claimed := 0
+	for {
+		n, err := s.fireBatch(ctx, s.clock())
+		if err != nil {
+			return 0, nil, err
+		}
+		claimed += n
+		if n < scheduleBatch {
+			break
+		}
+	}
+	next, blockers, err := store.NextScheduleWake(ctx, s.c.pool, s.c.ns, scheduleMaxBlockers)
+	if err != nil {
+		return 0, nil, dbError("kagzi: scheduler", err)
+	}
+	limit := scheduleIdleCheck
+	if s.injected {
+		limit = scheduleInjectedClockCheck
+	}
+	if next == nil {
+		return limit, blockers, nil
+	}
+	wait = next.Sub(s.clock())
+	switch {
+	case wait <= 0 && claimed > 0:
+		return 0, blockers, nil // more to do (a long catch-up, or more than a batch due)
+	case wait <= 0:
+		return -1, blockers, nil
+	}
+	return min(wait, limit), blockers, nil
+}
+
+// fireBatch claims up to scheduleBatch schedules with something due at now, fires
+// them and advances them, in one transaction. It returns how many it claimed.
+func (s *scheduler) fireBatch(ctx context.Context, now time.Time) (int, error) {
+	claimed := 0
+	err := pgx.BeginFunc(ctx, s.c.pool, func(tx pgx.Tx) error {
+		due, err := store.ClaimDueSchedules(ctx, tx, s.c.ns, now, scheduleBatch)
+		if err != nil || len(due) == 0 {
+			return err
+		}
+		claimed = len(due)
+		ids := make([]string, len(due))
+		for i, sc := range due {
+			ids[i] = sc.ScheduleID
+		}
+		active, err := store.ActiveScheduleRuns(ctx, tx, s.c.ns, ids)
+		if err != nil {
+			return err
+		}
+		for _, sc := range due {
+			if err := s.fire(ctx, tx, sc, now, active[sc.ScheduleID]); err != nil {
+				return fmt.Errorf("schedule %q: %w", sc.ScheduleID, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, dbError("kagzi: fire schedules", err)
+	}
+	return claimed, nil
+}
+
+// spec returns the parsed cron expression of a schedule, from a cache.
+func (s *scheduler) spec(sc store.Schedule) (*cronspec.Spec, error) {
+	key := strconv.FormatBool(sc.CronSeconds) + "\x00" + sc.TimeZone + "\x00" + sc.Cron
+	if spec := s.specs[key]; spec != nil {
+		return spec, nil
+	}
+	spec, err := cronspec.Parse(sc.Cron, sc.CronSeconds, sc.TimeZone)
+	if err != nil {
+		return nil, err
+	}
+	if len(s.specs) >= 1000 {
+		clear(s.specs)
+	}
+	s.specs[key] = spec
+	return spec, nil
+}
+
+// firePlan is what a pass does to one schedule.
+type firePlan struct {
+	ticks []time.Time // to fire, in order
+	store.Fired
+}
+
+// plan decides which ticks of schedule sc fire at now: the most recent MaxCatchup
+// due ticks (older ones skipped and counted), then the overlap policy, given whether
+// a run of the schedule is active; a buffered tick goes first.
+func plan(sc store.Schedule, spec *cronspec.Spec, now time.Time, active bool) firePlan {
+	p := firePlan{Fired: store.Fired{NextFireAt: sc.NextFireAt, BufferedTick: sc.BufferedTick}}
+	var due []time.Time
+	if sc.NextFireAt != nil && !sc.NextFireAt.After(now) {
+		var next time.Time
+		due, p.CatchupSkipped, next = spec.Due(*sc.NextFireAt, now, sc.MaxCatchup)
+		p.NextFireAt = nil // never fires again
+		if !next.IsZero() {
+			p.NextFireAt = &next
+		}
+	}
+	overlap := parseOverlap(sc.Overlap)
+	if p.BufferedTick != nil && (!active || overlap == OverlapAllow) {
+		p.ticks = append(p.ticks, *p.BufferedTick)
+		p.BufferedTick = nil
+		active = true
+	}
+	for _, tick := range due {
+		switch {
+		case overlap == OverlapAllow || !active:
+			p.ticks = append(p.ticks, tick)
+			active = true
+		case overlap == OverlapBufferOne && p.BufferedTick == nil:
+			t := tick
+			p.BufferedTick = &t
+		default:
+			p.OverlapSkipped++
+		}
+	}
+	return p
+}
+
+// fire fires the due ticks of one claimed schedule and advances it, in tx.
+func (s *scheduler) fire(ctx context.Context, tx pgx.Tx, sc store.Schedule, now time.Time, active bool) error {
+	spec, err := s.spec(sc)
+	if err != nil {
+		return err // this process cannot read it (a time zone its tzdata lacks?); others may
+	}
+	p := plan(sc, spec, now, active)
+	log := s.w.logger.With("schedule_id", sc.ScheduleID, "workflow_type", sc.WorkflowType)
+	for _, tick := range p.ticks {
+		runID, err := uuid.NewV7()
+		if err != nil {
+			return err
+		}
+		tick := tick.UTC()
+		wfID := TickWorkflowID(sc.ScheduleID, tick)
+		run, inserted, err := store.InsertRun(ctx, tx, store.NewRun{RunID: runID, Namespace: sc.Namespace,
+			WorkflowID: wfID, WorkflowType: sc.WorkflowType, Input: sc.Input, ReuseNever: true,
+			ScheduleID: sc.ScheduleID, ScheduleTick: &tick})
+		if err != nil {
+			return err
+		}
+		if !inserted {
+			log.Warn("kagzi: the workflow id of a schedule tick is already taken; the tick does not fire again",
+				"workflow_id", wfID, "run_id", run.RunID, "run_workflow_type", run.WorkflowType)
+			continue
+		}
+		log.Debug("kagzi: schedule fired", "tick", tick, "run_id", run.RunID)
+		p.LastFiredAt, p.LastRunID = &tick, &run.RunID
+	}
+	if p.CatchupSkipped > 0 {
+		log.Info("kagzi: schedule skipped missed ticks older than its MaxCatchup", "skipped", p.CatchupSkipped,
+			"max_catchup", sc.MaxCatchup)
+	}
+	if p.NextFireAt == nil {
+		log.Warn("kagzi: schedule has no further tick; it is paused", "cron", sc.Cron)
+	}
+	return store.RecordFired(ctx, tx, sc.Namespace, sc.ScheduleID, p.Fired)
 }

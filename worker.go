@@ -74,7 +74,7 @@ type Worker struct {
 	lastBeat  atomic.Int64
 	status    atomic.Value // string: ONLINE, DRAINING, OFFLINE
 	startedAt time.Time    // when Run began
-	mu       sync.Mutex
+	mu        sync.Mutex
 	active    map[uuid.UUID]*execution
 	// handBack holds runs whose executions stopped for the shutdown.
 	handBack []store.HeldRun
@@ -373,7 +373,7 @@ func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
 	}
 	x := &execution{w: w, def: w.defs[run.WorkflowType], run: run, cancel: cancel, ctx: ctx,
 		dbOffset: run.DBNow.Sub(claimedAt),
-		logger: w.logger.With("run_id", run.RunID, "workflow_id", run.WorkflowID, "workflow_type", run.WorkflowType)}
+		logger:   w.logger.With("run_id", run.RunID, "workflow_id", run.WorkflowID, "workflow_type", run.WorkflowType)}
 	x.leaseUntil.Store(claimedAt.Add(w.cfg.LeaseDuration).UnixNano())
 	switch {
 	case run.CancelRequested:

@@ -75,17 +75,22 @@ type Run struct {
 	StartedAt       *time.Time
 	FinishedAt      *time.Time
 	UpdatedAt       time.Time
+	// ScheduleID and ScheduleTick name the schedule and tick that fired the run; nil
+	// for runs started by Start.
+	ScheduleID   *string
+	ScheduleTick *time.Time
 }
 
 const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input, output, error,
 	attempt, available_at, locked_by, lease_epoch, cancel_requested, deadline_at, created_at,
-	started_at, finished_at, updated_at`
+	started_at, finished_at, updated_at, schedule_id, schedule_tick`
 
 func scanRun(row pgx.Row) (Run, error) {
 	var r Run
 	err := row.Scan(&r.RunID, &r.Namespace, &r.WorkflowID, &r.WorkflowType, &r.Status, &r.Input,
 		&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
-		&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt)
+		&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
+		&r.ScheduleID, &r.ScheduleTick)
 	return r, err
 }
 
@@ -102,6 +107,9 @@ type NewRun struct {
 	ReuseNever bool
 	// Deadline, when set, ends the run FAILED once it passes.
 	Deadline *time.Time
+	// ScheduleID and ScheduleTick, when set, record the schedule tick that fired the run.
+	ScheduleID   string
+	ScheduleTick *time.Time
 }
 
 // insertRunSQL starts a run in one statement and notifies the workers of its type in the
@@ -121,8 +129,8 @@ WITH prev AS (
 	LIMIT 1
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
-		available_at, id_reuse_never, deadline_at)
-	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now()), $8), $7, $8
+		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick)
+	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now()), $8), $7, $8, nullif($9::text, ''), $10::timestamptz
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
 	RETURNING ` + runColumns + `
@@ -141,13 +149,13 @@ func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, 
 	}
 	for range 5 {
 		row := db.QueryRow(ctx, insertRunSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
-			n.Input, startAt, n.ReuseNever, n.Deadline)
+			n.Input, startAt, n.ReuseNever, n.Deadline, n.ScheduleID, n.ScheduleTick)
 		var r Run
 		var notified string
 		err = row.Scan(&r.RunID, &r.Namespace, &r.WorkflowID, &r.WorkflowType, &r.Status, &r.Input,
 			&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
 			&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
-			&inserted, &notified)
+			&r.ScheduleID, &r.ScheduleTick, &inserted, &notified)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // lost a race with a concurrent start of the same id: look again
 		}
@@ -184,6 +192,7 @@ type ListRunsParams struct {
 	Statuses      []string
 	WorkflowType  string
 	WorkflowID    string
+	ScheduleID    string
 	CreatedAfter  *time.Time
 	CreatedBefore *time.Time
 	// After is the keyset cursor: the (created_at, run_id) of the last row of the
@@ -210,6 +219,9 @@ func ListRuns(ctx context.Context, db DBTX, p ListRunsParams) ([]Run, error) {
 	}
 	if p.WorkflowID != "" {
 		add("workflow_id = ", p.WorkflowID)
+	}
+	if p.ScheduleID != "" {
+		add("schedule_id = ", p.ScheduleID)
 	}
 	if p.CreatedAfter != nil {
 		add("created_at >= ", *p.CreatedAfter)
