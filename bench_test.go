@@ -2,6 +2,7 @@ package kagzi_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -248,5 +249,53 @@ func BenchmarkSequentialSteps(b *testing.B) {
 			b.StopTimer()
 			b.ReportMetric(float64(rt.count("INSERT INTO kagzi.steps AS s"))/float64(b.N), "writes/step")
 		})
+	}
+}
+
+// BenchmarkFanOut runs n steps that each wait 100ms in process, in parallel (Map with
+// the default limits) and one after another: compare the ns/op of the pairs.
+func BenchmarkFanOut(b *testing.B) {
+	for _, n := range []int{3, 100} {
+		for _, mode := range []string{"parallel", "sequential"} {
+			if mode == "sequential" && n == 100 && testing.Short() {
+				continue
+			}
+			b.Run(fmt.Sprintf("%d-%s", n, mode), func(b *testing.B) {
+				c, _, _ := benchEnv(b)
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				work := func(context.Context) (int, error) { time.Sleep(100 * time.Millisecond); return 1, nil }
+				wf := kagzi.Define("fan", func(ctx *kagzi.Context, n int) (int, error) {
+					items := make([]int, n)
+					if mode == "parallel" {
+						outs, err := kagzi.Map(ctx, "item", items, func(ctx *kagzi.Context, _ int) (int, error) {
+							return kagzi.Step(ctx, "work", work)
+						})
+						return len(outs), err
+					}
+					for range items {
+						if _, err := kagzi.Step(ctx, "work", work); err != nil {
+							return 0, err
+						}
+					}
+					return n, nil
+				})
+				w, err := kagzi.NewWorker(c, kagzi.WorkerConfig{}, wf)
+				if err != nil {
+					b.Fatal(err)
+				}
+				go w.Run(ctx)
+				b.ResetTimer()
+				for range b.N {
+					run, err := kagzi.Start(ctx, c, wf, n)
+					if err != nil {
+						b.Fatal(err)
+					}
+					if _, err := run.Wait(ctx); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+		}
 	}
 }

@@ -78,8 +78,9 @@ func runCrashWorker() int {
 	cfg := fastWorker()
 	cfg.MaxConcurrent = 20
 	cfg.DisableScheduler = true
-	w, err := kagzi.NewWorker(client, cfg, crashyWorkflow(pool, os.Getenv(crashBlockEnv) == "1"),
-		chaoticWorkflow(pool), stallingWorkflow(pool))
+	block := os.Getenv(crashBlockEnv) == "1"
+	w, err := kagzi.NewWorker(client, cfg, crashyWorkflow(pool, block),
+		chaoticWorkflow(pool), stallingWorkflow(pool), fanOutWorkflow(pool, block))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -202,5 +203,62 @@ func TestGracefulShutdownOfAWorkerProcessHandsItsRunsBackAtOnce(t *testing.T) {
 	runWorker(t, e.client, fastWorker(), wf)
 	if out, err := run.Wait(ctx); err != nil || out != 112 {
 		t.Fatalf("got %d, %v", out, err)
+	}
+}
+
+// fanOutWorkflow maps over 10 items; items 5..9 hang in processes started with
+// crashBlockEnv, so a kill lands in the middle of the fan-out.
+func fanOutWorkflow(pool *pgxpool.Pool, block bool) *kagzi.Workflow[int, []int] {
+	return kagzi.Define("fan-out-crash", func(ctx *kagzi.Context, _ int) ([]int, error) {
+		items := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9}
+		return kagzi.Map(ctx, "item", items, func(ctx *kagzi.Context, i int) (int, error) {
+			return kagzi.Step(ctx, "work", func(c context.Context) (int, error) {
+				if _, err := pool.Exec(c, `INSERT INTO effects (run_id, step, pid) VALUES ($1, $2, $3)`,
+					ctx.RunID(), fmt.Sprint(i), os.Getpid()); err != nil {
+					return 0, err
+				}
+				if block && i >= 5 {
+					<-c.Done()
+					return 0, c.Err()
+				}
+				return i * 2, nil
+			})
+		})
+	})
+}
+
+func TestCrashInTheMiddleOfAFanOutResumesOnlyTheUnfinishedItems(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects (run_id text, step text, pid int)`); err != nil {
+		t.Fatal(err)
+	}
+	wf := fanOutWorkflow(e.pool, false)
+	run, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := startWorkerProcess(t, e.url, true)
+	eventually(t, "all 10 items to start and the first 5 to be recorded", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM effects`) == 10 &&
+			countRows(t, e.pool, `SELECT count(*) FROM kagzi.steps WHERE status = 'COMPLETED'`) == 5
+	})
+	if err := first.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = first.Wait()
+	startWorkerProcess(t, e.url, false)
+	out, err := run.Wait(ctx)
+	if err != nil || fmt.Sprint(out) != "[0 2 4 6 8 10 12 14 16 18]" {
+		t.Fatalf("got %v, %v", out, err)
+	}
+	for i := range 10 {
+		want := 1
+		if i >= 5 {
+			want = 2 // interrupted by the kill, run again
+		}
+		if n := countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = $1`, fmt.Sprint(i)); n != want {
+			t.Errorf("item %d ran %d times, want %d", i, n, want)
+		}
 	}
 }
