@@ -110,12 +110,16 @@ type Schedule struct {
 // ScheduleInfo is a schedule as the database holds it, for CreateSchedule,
 // GetSchedule, ListSchedules and UpdateSchedule.
 type ScheduleInfo struct {
-	ID         string
-	Namespace  string
-	Workflow   string
-	Cron       string
-	Seconds    bool
-	TimeZone   string
+	// ID, Workflow, Cron, Seconds, MaxCatchup and Overlap are as defined (see
+	// Schedule); Namespace is the client's.
+	ID        string
+	Namespace string
+	Workflow  string
+	Cron      string
+	Seconds   bool
+	// TimeZone is the IANA zone of Cron, "UTC" when none was given.
+	TimeZone string
+	// Input is every run's input, JSON-encoded.
 	Input      json.RawMessage
 	Paused     bool
 	MaxCatchup int
@@ -135,7 +139,9 @@ type ScheduleInfo struct {
 	CatchupSkipped int64
 	OverlapSkipped int64
 	CreatedAt      time.Time
-	UpdatedAt      time.Time
+	// UpdatedAt is when the definition or pause state last changed; fires do not
+	// change it.
+	UpdatedAt time.Time
 }
 
 // Schedule returns the definition of the schedule, ready to change and pass to
@@ -165,7 +171,7 @@ func (c *Client) validSchedule(s Schedule) (store.ScheduleDefinition, *cronspec.
 		return d, nil, err
 	}
 	if err := validName("workflow type", s.Workflow); err != nil {
-		return d, nil, fmt.Errorf("schedule %q: %w", s.ID, err)
+		return d, nil, err
 	}
 	spec, err := cronspec.Parse(s.Cron, s.Seconds, s.TimeZone)
 	if err != nil {
@@ -468,6 +474,7 @@ func (s *scheduler) run(ctx context.Context) {
 		}
 	}()
 	var backoff, contended time.Duration
+	relooked := false
 	for ctx.Err() == nil {
 		wait, blockers, err := s.pass(ctx)
 		switch {
@@ -502,10 +509,12 @@ func (s *scheduler) run(ctx context.Context) {
 				blockSub.Close()
 			}
 			blockSub = next
-			if len(blockers) > 0 {
+			if len(blockers) > 0 && !relooked {
+				relooked = true
 				continue
 			}
 		}
+		relooked = false
 		var done <-chan notifier.Notification
 		if blockSub != nil {
 			done = blockSub.C
