@@ -61,6 +61,10 @@ type RunInfo struct {
 	// (see CreateSchedule, TriggerSchedule); empty and nil for a run started by Start.
 	ScheduleID   string
 	ScheduleTick *time.Time
+	// ParentRunID and ParentStepKey name the run and step that started this run as a
+	// child (see StartChild); empty for other runs.
+	ParentRunID   string
+	ParentStepKey string
 }
 
 func runInfo(r store.Run) RunInfo {
@@ -76,6 +80,12 @@ func runInfo(r store.Run) RunInfo {
 	}
 	if r.LockedBy != nil {
 		info.LockedBy = *r.LockedBy
+	}
+	if r.ParentRunID != nil {
+		info.ParentRunID = r.ParentRunID.String()
+	}
+	if r.ParentStepKey != nil {
+		info.ParentStepKey = *r.ParentStepKey
 	}
 	return info
 }
@@ -126,6 +136,8 @@ type RunFilter struct {
 	CreatedBefore time.Time // exclusive
 	// ScheduleID selects the runs a schedule fired.
 	ScheduleID string
+	// ParentRunID selects the children of a run.
+	ParentRunID string
 	// PageSize is the most runs a page holds: default 50, at most 1000.
 	PageSize int
 	// PageToken continues a listing: pass the NextPageToken of the previous page.
@@ -145,6 +157,13 @@ type RunPage struct {
 func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
 	p := store.ListRunsParams{Namespace: c.ns, WorkflowType: f.WorkflowType, WorkflowID: f.WorkflowID,
 		ScheduleID: f.ScheduleID, Limit: f.PageSize}
+	if f.ParentRunID != "" {
+		id, err := parseRunID(f.ParentRunID)
+		if err != nil {
+			return nil, err
+		}
+		p.ParentRunID = &id
+	}
 	switch {
 	case p.Limit == 0:
 		p.Limit = 50
@@ -232,8 +251,11 @@ type StepKind string
 
 // Step kinds.
 const (
-	KindStep  StepKind = "STEP"  // a memoized function, see Step
-	KindSleep StepKind = "SLEEP" // a durable sleep, see Context.Sleep
+	KindStep   StepKind = "STEP"   // a memoized function, see Step
+	KindSleep  StepKind = "SLEEP"  // a durable sleep, see Context.Sleep
+	KindChild  StepKind = "CHILD"  // a child run's start or result, see StartChild
+	KindSignal StepKind = "SIGNAL" // a signal wait, see WaitSignal
+	KindEvent  StepKind = "EVENT"  // an event published, see Context.SetEvent
 )
 
 // StepStatus is the state of a recorded step or attempt.
@@ -245,6 +267,7 @@ const (
 	StepRetrying  StepStatus = "RETRYING"  // the last attempt failed; another will run (steps only)
 	StepFailed    StepStatus = "FAILED"    // failed for good (steps); the attempt failed (attempts)
 	StepTimedOut  StepStatus = "TIMED_OUT" // the attempt passed its timeout (attempts only)
+	StepWaiting   StepStatus = "WAITING"   // a signal wait with no signal yet (steps only)
 )
 
 // StepInfo is a recorded step of a run with its attempts, for ListSteps.

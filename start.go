@@ -148,6 +148,13 @@ func (c *Client) startByName(ctx context.Context, tx pgx.Tx, workflowType string
 }
 
 func (c *Client) start(ctx context.Context, tx pgx.Tx, workflowType string, input []byte, opts []StartOption) (*Run[json.RawMessage], error) {
+	return c.startRun(ctx, tx, workflowType, input, opts, nil)
+}
+
+// startRun validates the options and inserts the run; link, when set, adds what only
+// the library sets (a parent, a schedule tick).
+func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, input []byte, opts []StartOption,
+	link func(*store.NewRun)) (*Run[json.RawMessage], error) {
 	var o startOptions
 	for _, opt := range opts {
 		opt(&o)
@@ -199,10 +206,14 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, workflowType string, inpu
 	if tx != nil {
 		db = tx
 	}
-	r, inserted, err := store.InsertRun(ctx, db, store.NewRun{
+	n := store.NewRun{
 		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType,
 		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
-	})
+	}
+	if link != nil {
+		link(&n)
+	}
+	r, inserted, err := store.InsertRun(ctx, db, n)
 	if err != nil {
 		return nil, dbError("kagzi: start "+workflowType, err)
 	}

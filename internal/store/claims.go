@@ -57,6 +57,7 @@ UPDATE kagzi.runs r SET
 	lease_epoch = r.lease_epoch + 1,
 	available_at = now() + $5 * interval '1 millisecond',
 	started_at = coalesce(r.started_at, now()),
+	waiting_signal = NULL,
 	updated_at = now()
 FROM locked
 WHERE r.run_id = locked.run_id

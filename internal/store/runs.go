@@ -79,18 +79,22 @@ type Run struct {
 	// for runs started by Start.
 	ScheduleID   *string
 	ScheduleTick *time.Time
+	// ParentRunID and ParentStepKey name the run and step that started this child run.
+	ParentRunID   *uuid.UUID
+	ParentStepKey *string
 }
 
 const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input, output, error,
 	attempt, available_at, locked_by, lease_epoch, cancel_requested, deadline_at, created_at,
-	started_at, finished_at, updated_at, schedule_id, schedule_tick`
+	started_at, finished_at, updated_at, schedule_id, schedule_tick, parent_run_id, parent_step_key`
 
-func scanRun(row pgx.Row) (Run, error) {
+// scanRun scans runColumns, then the extra destinations.
+func scanRun(row pgx.Row, extra ...any) (Run, error) {
 	var r Run
-	err := row.Scan(&r.RunID, &r.Namespace, &r.WorkflowID, &r.WorkflowType, &r.Status, &r.Input,
+	err := row.Scan(append([]any{&r.RunID, &r.Namespace, &r.WorkflowID, &r.WorkflowType, &r.Status, &r.Input,
 		&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
 		&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
-		&r.ScheduleID, &r.ScheduleTick)
+		&r.ScheduleID, &r.ScheduleTick, &r.ParentRunID, &r.ParentStepKey}, extra...)...)
 	return r, err
 }
 
@@ -110,6 +114,9 @@ type NewRun struct {
 	// ScheduleID and ScheduleTick, when set, record the schedule tick that fired the run.
 	ScheduleID   string
 	ScheduleTick *time.Time
+	// ParentRunID and ParentStepKey, when set, make the run a child of that run's step.
+	ParentRunID   *uuid.UUID
+	ParentStepKey string
 }
 
 // insertRunSQL starts a run in one statement and notifies the workers of its type in the
@@ -129,8 +136,9 @@ WITH prev AS (
 	LIMIT 1
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
-		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick)
-	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now()), $8), $7, $8, nullif($9::text, ''), $10::timestamptz
+		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key)
+	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now()), $8), $7, $8, nullif($9::text, ''), $10::timestamptz,
+		$11::uuid, nullif($12::text, '')
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
 	RETURNING ` + runColumns + `
@@ -149,13 +157,9 @@ func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, 
 	}
 	for range 5 {
 		row := db.QueryRow(ctx, insertRunSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
-			n.Input, startAt, n.ReuseNever, n.Deadline, n.ScheduleID, n.ScheduleTick)
-		var r Run
+			n.Input, startAt, n.ReuseNever, n.Deadline, n.ScheduleID, n.ScheduleTick, n.ParentRunID, n.ParentStepKey)
 		var notified string
-		err = row.Scan(&r.RunID, &r.Namespace, &r.WorkflowID, &r.WorkflowType, &r.Status, &r.Input,
-			&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
-			&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
-			&r.ScheduleID, &r.ScheduleTick, &inserted, &notified)
+		r, err := scanRun(row, &inserted, &notified)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // lost a race with a concurrent start of the same id: look again
 		}
@@ -193,6 +197,7 @@ type ListRunsParams struct {
 	WorkflowType  string
 	WorkflowID    string
 	ScheduleID    string
+	ParentRunID   *uuid.UUID
 	CreatedAfter  *time.Time
 	CreatedBefore *time.Time
 	// After is the keyset cursor: the (created_at, run_id) of the last row of the
@@ -222,6 +227,9 @@ func ListRuns(ctx context.Context, db DBTX, p ListRunsParams) ([]Run, error) {
 	}
 	if p.ScheduleID != "" {
 		add("schedule_id = ", p.ScheduleID)
+	}
+	if p.ParentRunID != nil {
+		add("parent_run_id = ", *p.ParentRunID)
 	}
 	if p.CreatedAfter != nil {
 		add("created_at >= ", *p.CreatedAfter)

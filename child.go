@@ -1,0 +1,178 @@
+package kagzi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// ChildRun is a handle on a child run started by StartChild.
+type ChildRun[Out any] struct {
+	// RunID and WorkflowID identify the child run.
+	RunID      string
+	WorkflowID string
+
+	parent *Context
+	key    string
+}
+
+type childRef struct {
+	RunID      string `json:"run_id"`
+	WorkflowID string `json:"workflow_id"`
+}
+
+// StartChild starts a run of wf as a child of the running workflow and returns a
+// handle on it. The start is memoized as a step: a replay of the parent, even one
+// after the child finished, reattaches to the same child and never starts a second.
+// The child's workflow id derives from the parent run and the step key
+// ("<parent run id>/<key>"), and is never reused.
+//
+// Await the child's result with Get, or do not, and the child runs on its own
+// (fire-and-forget). Cancelling the parent, or its failing on its deadline, cancels
+// its active children. WithID is not allowed (the id is derived); the other start
+// options are.
+func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], input In, opts ...StartOption) (*ChildRun[Out], error) {
+	if wf == nil {
+		return nil, invalidArgument("child %q: nil workflow", name)
+	}
+	if wf.err != nil {
+		return nil, wf.err
+	}
+	var o startOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.id != "" {
+		return nil, invalidArgument("child %q: WithID is not allowed; a child's workflow id derives from its parent", name)
+	}
+	key, err := ctx.nextKey(name)
+	if err != nil {
+		return nil, err
+	}
+	ctx.checkAlive()
+	x := ctx.x
+	if rec, ok := x.step(key); ok && rec.Status == string(StepCompleted) {
+		var ref childRef
+		if err := json.Unmarshal(rec.Output, &ref); err != nil {
+			return nil, NonRetryable(fmt.Errorf("kagzi: recorded child of step %s does not decode: %w", key, err))
+		}
+		return &ChildRun[Out]{RunID: ref.RunID, WorkflowID: ref.WorkflowID, parent: ctx, key: key}, nil
+	}
+	b, err := json.Marshal(input)
+	if err != nil {
+		return nil, NonRetryable(fmt.Errorf("kagzi: input of child %s (%s) does not encode as JSON: %w", key, wf.name, err))
+	}
+	parentID := x.run.RunID
+	opts = append(opts, WithID(parentID.String()+"/"+key), WithIDReuse(IDReuseNever))
+	var run *Run[json.RawMessage]
+	err = ctx.write(func(c context.Context) (err error) {
+		run, err = x.w.client.startChild(c, wf.name, b, opts, parentID, key)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	ref, _ := json.Marshal(childRef{RunID: run.RunID, WorkflowID: run.WorkflowID})
+	ctx.write(func(c context.Context) error {
+		return store.RecordChildStep(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name, ref)
+	})
+	x.setStep(key, store.StepRecord{Kind: string(KindChild), Status: string(StepCompleted), Output: ref})
+	return &ChildRun[Out]{RunID: run.RunID, WorkflowID: run.WorkflowID, parent: ctx, key: key}, nil
+}
+
+// Get waits for the child to end and returns its output; a child that FAILED returns
+// a *WorkflowError (with the child's run id and detail), a CANCELLED one ErrCancelled.
+// The result is memoized as a step of the parent. While the child runs, the parent is
+// released (SLEEPING, no slot held) and woken when the child ends; from a branch (see
+// Go), Get waits in process instead. Call Get from the goroutine that started the
+// child.
+func (c *ChildRun[Out]) Get() (Out, error) {
+	var zero Out
+	ctx, x := c.parent, c.parent.x
+	key := c.key + "/result"
+	ctx.checkAlive()
+	if rec, ok := x.step(key); ok && rec.Status != string(StepWaiting) {
+		return childResult[Out](c, rec.Status, rec.Output, rec.Error)
+	}
+	childID, err := uuid.Parse(c.RunID)
+	if err != nil {
+		return zero, NonRetryable(fmt.Errorf("kagzi: child run id %q: %w", c.RunID, err))
+	}
+	poll := 50 * time.Millisecond
+	for {
+		var o store.RunOutcome
+		ctx.write(func(cc context.Context) (err error) {
+			o, err = store.GetRunOutcome(cc, x.w.client.pool, childID)
+			return err
+		})
+		if RunStatus(o.Status).Terminal() {
+			status, errDetail := string(StepCompleted), []byte(nil)
+			if o.Status != store.StatusCompleted {
+				status = string(StepFailed)
+				errDetail = o.Error
+				if o.Status == store.StatusCancelled {
+					errDetail = encodeDetail(ErrorDetail{Code: CodeCancelled, Message: "the child run was cancelled", Subject: c.RunID})
+				}
+			}
+			ctx.write(func(cc context.Context) error {
+				return store.RecordResultStep(cc, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, key,
+					string(KindChild), status, o.Output, errDetail)
+			})
+			x.setStep(key, store.StepRecord{Kind: string(KindChild), Status: status, Output: o.Output, Error: errDetail})
+			return childResult[Out](c, status, o.Output, errDetail)
+		}
+		if ctx.canSuspend() {
+			// Sleep until the child ends (its end wakes this run), re-checking hourly.
+			ctx.write(func(cc context.Context) error {
+				_, err := store.SuspendForWait(cc, x.w.client.pool, store.WaitWrite{RunID: x.run.RunID,
+					Epoch: x.run.LeaseEpoch, WakeAt: x.dbNow().Add(time.Hour)})
+				return err
+			})
+			// The child may have ended between the read and the suspension.
+			_ = x.write(func(cc context.Context) error {
+				return store.WakeIfChildEnded(cc, x.w.client.pool, x.run.RunID, childID)
+			})
+			ctx.stop(exitSuspended)
+		}
+		ctx.waitInProcess(poll)
+		poll = min(poll*2, time.Second)
+	}
+}
+
+func childResult[Out any](c *ChildRun[Out], status string, output, errDetail []byte) (Out, error) {
+	var out Out
+	if status == string(StepCompleted) {
+		if err := json.Unmarshal(output, &out); err != nil {
+			return out, NonRetryable(fmt.Errorf("kagzi: output of child run %s does not decode into %s: %w",
+				c.RunID, typeName[Out](), err))
+		}
+		return out, nil
+	}
+	d := decodeDetail(errDetail)
+	if d != nil && d.Code == CodeCancelled {
+		return out, fmt.Errorf("%w: child run %s (workflow id %q)", ErrCancelled, c.RunID, c.WorkflowID)
+	}
+	we := &WorkflowError{RunID: c.RunID, WorkflowID: c.WorkflowID}
+	if d != nil {
+		we.Detail = *d
+	}
+	return out, we
+}
+
+// startChild inserts a child run (as Start does) linked to its parent's step.
+func (c *Client) startChild(ctx context.Context, workflowType string, input []byte, opts []StartOption,
+	parentID uuid.UUID, parentKey string) (*Run[json.RawMessage], error) {
+	run, err := c.startRun(ctx, nil, workflowType, input, opts, func(n *store.NewRun) {
+		n.ParentRunID, n.ParentStepKey = &parentID, parentKey
+	})
+	if err != nil && errors.Is(err, ErrInvalidArgument) {
+		return nil, NonRetryable(err)
+	}
+	return run, err
+}

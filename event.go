@@ -1,0 +1,107 @@
+package kagzi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// SetEvent publishes a key/value state of the running workflow (progress, a
+// confirmation URL, ...) that callers read with GetEvent or wait for with WaitEvent.
+// A later SetEvent of the same key replaces the value. The call is memoized as a
+// step: a replay does not write again.
+func (c *Context) SetEvent(key string, value any) error {
+	if err := validName("event key", key); err != nil {
+		return err
+	}
+	stepKey, err := c.nextKey(key)
+	if err != nil {
+		return err
+	}
+	c.checkAlive()
+	x := c.x
+	if _, ok := x.step(stepKey); ok {
+		return nil
+	}
+	b, err := json.Marshal(value)
+	if err != nil {
+		return NonRetryable(fmt.Errorf("kagzi: event %q does not encode as JSON: %w", key, err))
+	}
+	if len(b) > x.w.client.maxBytes {
+		return NonRetryable(fmt.Errorf("kagzi: event %q is %d bytes, over the limit of %d", key, len(b), x.w.client.maxBytes))
+	}
+	c.write(func(ctx context.Context) error {
+		return store.SetEvent(ctx, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, stepKey, key, b)
+	})
+	x.setStep(stepKey, store.StepRecord{Kind: string(KindEvent), Status: string(StepCompleted), Output: b})
+	return nil
+}
+
+// GetEvent reads the event key of a run of the client's namespace. It returns
+// ErrNotFound when the run does not exist or has not set the event.
+func GetEvent[T any](ctx context.Context, c *Client, runID, key string) (T, error) {
+	var out T
+	id, err := parseRunID(runID)
+	if err != nil {
+		return out, err
+	}
+	raw, err := store.GetEvent(ctx, c.pool, c.ns, id, key)
+	if err != nil {
+		return out, wrapStoreErr("kagzi: get event "+key+" of run "+runID, err)
+	}
+	if raw == nil {
+		return out, fmt.Errorf("%w: run %s has no event %q", errEventNotSet, runID, key)
+	}
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return out, fmt.Errorf("kagzi: event %q of run %s does not decode into %s: %w", key, runID, typeName[T](), err)
+	}
+	return out, nil
+}
+
+// WaitEvent waits until the run sets the event key and returns its value, or until
+// timeout (ErrDeadlineExceeded) or ctx ends. It listens for the event's notification
+// and looks again every few seconds in case one was missed.
+func WaitEvent[T any](ctx context.Context, c *Client, runID, key string, timeout time.Duration) (T, error) {
+	var zero T
+	id, err := parseRunID(runID)
+	if err != nil {
+		return zero, err
+	}
+	if timeout <= 0 {
+		return zero, invalidArgument("WaitEvent needs a positive timeout, got %v", timeout)
+	}
+	sub := c.notifier.Subscribe(store.EventTopic(id))
+	defer sub.Close()
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	poll := 250 * time.Millisecond
+	for {
+		out, err := GetEvent[T](ctx, c, runID, key)
+		if err == nil || !isNotSet(err) {
+			return out, err
+		}
+		t := time.NewTimer(poll)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return zero, ctx.Err()
+		case <-deadline.C:
+			t.Stop()
+			return zero, fmt.Errorf("%w: run %s did not set event %q within %v", ErrDeadlineExceeded, runID, key, timeout)
+		case <-sub.C:
+		case <-t.C:
+			poll = min(poll*2, 5*time.Second)
+		}
+		t.Stop()
+	}
+}
+
+// errEventNotSet is the ErrNotFound of a run that exists but has not set the event.
+var errEventNotSet = fmt.Errorf("%w: event not set", ErrNotFound)
+
+// isNotSet tells "the event is not set yet" from "no such run".
+func isNotSet(err error) bool { return errors.Is(err, errEventNotSet) }

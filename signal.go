@@ -1,0 +1,145 @@
+package kagzi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// ErrSignalTimeout is returned by WaitSignal when its timeout passes first.
+var ErrSignalTimeout = errors.New("kagzi: signal wait timed out")
+
+// Signal sends a named signal with a payload (JSON-encoded) to a run of the client's
+// namespace. Signals are kept until the run waits for them (WaitSignal) and each is
+// delivered once, in the order sent; a run sleeping in WaitSignal for that name
+// wakes at once. Signalling a finished run returns ErrRunFinished and stores nothing.
+func (c *Client) Signal(ctx context.Context, runID, name string, payload any) error {
+	return c.signal(ctx, c.pool, runID, name, payload)
+}
+
+// SignalTx is Signal inside the caller's transaction: the signal exists only if tx commits.
+func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, runID, name string, payload any) error {
+	if tx == nil {
+		return invalidArgument("nil transaction")
+	}
+	return c.signal(ctx, tx, runID, name, payload)
+}
+
+// SignalWorkflow is Signal to the run of a workflow id (its active run, else its newest).
+func (c *Client) SignalWorkflow(ctx context.Context, workflowID, name string, payload any) error {
+	if err := validName("workflow id", workflowID); err != nil {
+		return err
+	}
+	id, err := store.ActiveRunID(ctx, c.pool, c.ns, workflowID)
+	if err != nil {
+		return wrapStoreErr("kagzi: signal workflow id "+workflowID, err)
+	}
+	return c.signal(ctx, c.pool, id.String(), name, payload)
+}
+
+func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, payload any) error {
+	id, err := parseRunID(runID)
+	if err != nil {
+		return err
+	}
+	if err := validName("signal name", name); err != nil {
+		return err
+	}
+	b, err := json.Marshal(payload)
+	if err != nil {
+		return invalidArgument("payload of signal %q does not encode as JSON: %v", name, err)
+	}
+	if len(b) > c.maxBytes {
+		return invalidArgument("payload of signal %q is %d bytes, over the limit of %d", name, len(b), c.maxBytes)
+	}
+	status, err := store.SendSignal(ctx, db, c.ns, id, name, b)
+	if err != nil {
+		return wrapStoreErr("kagzi: signal run "+runID, err)
+	}
+	if RunStatus(status).Terminal() {
+		return fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, status)
+	}
+	return nil
+}
+
+// WaitSignal waits durably for the next signal of the name sent to this run and
+// returns its payload. A signal sent before the wait is received at once. With a
+// positive timeout, fixed when the wait first runs (a restart does not extend it),
+// WaitSignal returns ErrSignalTimeout when it passes first; with 0 it waits for ever.
+//
+// While it waits, the run is released (SLEEPING, no slot held) and woken by the
+// signal's NOTIFY; from a branch (see Go) it waits in process. The outcome is
+// memoized as a step: a replay returns the same payload (or timeout).
+func WaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, error) {
+	var zero T
+	if timeout < 0 {
+		return zero, invalidArgument("signal %q: negative timeout %v", name, timeout)
+	}
+	key, err := ctx.nextKey(name)
+	if err != nil {
+		return zero, err
+	}
+	ctx.checkAlive()
+	x := ctx.x
+	if rec, ok := x.step(key); ok && rec.Status != string(StepWaiting) {
+		return signalResult[T](x, key, rec.Status, rec.Output)
+	}
+	poll := 50 * time.Millisecond
+	for {
+		var w store.SignalWait
+		ctx.write(func(c context.Context) (err error) {
+			w, err = store.TakeSignal(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name, timeout)
+			return err
+		})
+		if w.Received {
+			x.setStep(key, store.StepRecord{Kind: string(KindSignal), Status: string(StepCompleted), Output: w.Payload})
+			return signalResult[T](x, key, string(StepCompleted), w.Payload)
+		}
+		if w.TimeoutAt != nil && !w.DBNow.Before(*w.TimeoutAt) {
+			d := encodeDetail(ErrorDetail{Code: CodeDeadlineExceeded, Message: "signal wait timed out", Subject: key})
+			ctx.write(func(c context.Context) error {
+				return store.RecordResultStep(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name,
+					string(KindSignal), string(StepFailed), nil, d)
+			})
+			x.setStep(key, store.StepRecord{Kind: string(KindSignal), Status: string(StepFailed), Error: d})
+			return zero, fmt.Errorf("%w: %s", ErrSignalTimeout, key)
+		}
+		wake := w.DBNow.Add(time.Hour) // a safety re-check; the signal itself wakes the run
+		if w.TimeoutAt != nil && w.TimeoutAt.Before(wake) {
+			wake = *w.TimeoutAt
+		}
+		remaining := wake.Sub(w.DBNow)
+		if ctx.canSuspend() && remaining > x.w.cfg.MaxInProcessSleep {
+			ctx.write(func(c context.Context) error {
+				_, err := store.SuspendForWait(c, x.w.client.pool, store.WaitWrite{RunID: x.run.RunID,
+					Epoch: x.run.LeaseEpoch, WakeAt: wake, Signal: name})
+				return err
+			})
+			// A signal may have arrived between the take and the suspension.
+			_ = x.write(func(c context.Context) error {
+				return store.WakeIfSignalPending(c, x.w.client.pool, x.run.RunID, name)
+			})
+			ctx.stop(exitSuspended)
+		}
+		ctx.waitInProcess(min(poll, remaining))
+		poll = min(poll*2, time.Second)
+	}
+}
+
+func signalResult[T any](x *execution, key, status string, payload []byte) (T, error) {
+	var out T
+	if status != string(StepCompleted) {
+		return out, fmt.Errorf("%w: %s", ErrSignalTimeout, key)
+	}
+	if err := json.Unmarshal(payload, &out); err != nil {
+		return out, NonRetryable(fmt.Errorf("kagzi: signal %s of run %s does not decode into %s: %w",
+			key, x.run.RunID, typeName[T](), err))
+	}
+	return out, nil
+}
