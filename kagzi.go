@@ -31,7 +31,8 @@
 //     process died (or lost its lease) before the output was recorded.
 //  3. A worker whose lease was taken over records nothing more for that run: every
 //     write is fenced by the lease epoch it claimed the run with.
-//  4. Nothing crosses namespaces.
+//  4. A schedule fires exactly once per due time, however many processes run it.
+//  5. Nothing crosses namespaces.
 //
 // # Determinism
 //

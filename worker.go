@@ -45,7 +45,8 @@ type WorkerConfig struct {
 	// CreateSchedule). By default every worker takes part; the database makes sure
 	// each tick fires once however many do.
 	DisableScheduler bool
-	// Clock tells the scheduler the time. Default time.Now; tests inject their own.
+	// Clock tells the scheduler the time. Default time.Now; tests inject their own
+	// (with an injected clock the scheduler looks for due ticks every 100ms).
 	Clock func() time.Time
 	// DefaultRetry is the retry policy of the worker's steps and runs whose workflow
 	// and step name none. Default: the library's DefaultRetry.
