@@ -1,0 +1,280 @@
+// Command kagzi is the operators' tool for Kagzi: it migrates the schema, lists and
+// shows runs with their step timelines, cancels runs, lists workers, manages cron
+// schedules and serves the read-only admin gRPC API.
+//
+//	kagzi migrate [up|status]
+//	kagzi runs list [--status S,...] [--type T] [--workflow-id ID] [--schedule ID] [--limit N] [--page-token T] [--all]
+//	kagzi runs show RUN_ID | --workflow-id ID
+//	kagzi runs cancel RUN_ID
+//	kagzi workers list [--status S,...] [--type T] [--limit N] [--page-token T]
+//	kagzi schedules list [--type T] [--paused|--active] [--limit N] [--page-token T]
+//	kagzi schedules show|pause|resume|trigger SCHEDULE_ID
+//	kagzi serve-admin [--addr HOST:PORT] [--all-namespaces | --namespaces A,B] [--tls-cert F --tls-key F] [--client-ca F]
+//	kagzi version
+//
+// Every command takes --dsn (default: $KAGZI_DATABASE_URL, then $DATABASE_URL),
+// --namespace / -n (default: $KAGZI_NAMESPACE, then "default") and --json, which
+// prints JSON instead of human tables. Flags may come before or after arguments.
+//
+// Exit status: 0 on success, 1 when the command failed (a run that does not exist, a
+// database error), 2 for a usage error.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi"
+)
+
+const usage = `kagzi - operate Kagzi durable workflows
+
+Usage:
+  kagzi migrate [up|status]             apply the schema migrations (default: up), or show the version
+  kagzi runs list [filters]             list runs, newest first
+        --status S,...  --type T  --workflow-id ID  --schedule ID  --limit N  --page-token T  --all
+  kagzi runs show RUN_ID                show a run and its step timeline (attempts, errors)
+  kagzi runs show --workflow-id ID      ... of a workflow id (its active run, else its newest)
+  kagzi runs cancel RUN_ID              cancel a run
+  kagzi workers list [filters]          list the worker registry
+        --status S,...  --type T  --limit N  --page-token T
+  kagzi schedules list [filters]        list cron schedules
+        --type T  --paused | --active  --limit N  --page-token T
+  kagzi schedules show ID               show a schedule
+  kagzi schedules pause ID              stop a schedule from firing
+  kagzi schedules resume ID             resume it (no back-fill of missed ticks)
+  kagzi schedules trigger ID            fire one extra run of it now
+  kagzi serve-admin [options]           serve the read-only admin gRPC API (kagzi.v1.AdminService)
+        --addr HOST:PORT (default 127.0.0.1:50051)
+        --all-namespaces | --namespaces A,B   namespaces served besides --namespace
+        --tls-cert FILE --tls-key FILE        serve TLS
+        --client-ca FILE                      accept client certificates signed by this CA (mTLS)
+        bearer token: $KAGZI_ADMIN_TOKEN (or --token)
+  kagzi version                         print the versions
+
+Flags of every command:
+  --dsn URL          PostgreSQL URL (default $KAGZI_DATABASE_URL, then $DATABASE_URL)
+  -n, --namespace NS namespace (default $KAGZI_NAMESPACE, then "default")
+  --json             print JSON instead of tables
+`
+
+// usageError is a mistake in the command line: exit status 2.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error {
+	return &usageError{msg: fmt.Sprintf(format, args...)}
+}
+
+// common holds the flags every command takes.
+type common struct {
+	dsn       string
+	namespace string
+	json      bool
+}
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.dsn, "dsn", c.dsn, "PostgreSQL URL")
+	fs.StringVar(&c.namespace, "namespace", c.namespace, "namespace")
+	fs.StringVar(&c.namespace, "n", c.namespace, "namespace (shorthand)")
+	fs.BoolVar(&c.json, "json", c.json, "print JSON")
+}
+
+// app is one invocation of the tool.
+type app struct {
+	common
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr, os.Getenv)
+	stop()
+	os.Exit(code)
+}
+
+// run executes the command line args and returns the exit status.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
+	a.namespace = getenv("KAGZI_NAMESPACE")
+	if a.namespace == "" {
+		a.namespace = kagzi.DefaultNamespace
+	}
+	err := a.dispatch(ctx, args)
+	var ue *usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "kagzi: %v\n\nRun 'kagzi help' for usage.\n", err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "kagzi: %s\n", strings.TrimPrefix(err.Error(), "kagzi: "))
+		return 1
+	}
+}
+
+func (a *app) dispatch(ctx context.Context, args []string) error {
+	// Flags before the command.
+	fs := a.flagSet("kagzi")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	args = fs.Args()
+	if len(args) == 0 {
+		fmt.Fprint(a.stderr, usage)
+		return usagef("no command")
+	}
+	cmd, args := args[0], args[1:]
+	sub := ""
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		sub = args[0]
+	}
+	switch cmd {
+	case "help", "-h", "--help":
+		fmt.Fprint(a.stdout, usage)
+		return nil
+	case "version":
+		return a.version()
+	case "migrate":
+		if sub != "" {
+			args = args[1:]
+		}
+		return a.migrate(ctx, sub, args)
+	case "runs":
+		args = dropFirst(args, sub)
+		switch sub {
+		case "list":
+			return a.runsList(ctx, args)
+		case "show":
+			return a.runsShow(ctx, args)
+		case "cancel":
+			return a.runsCancel(ctx, args)
+		}
+		return usagef("runs: want list, show or cancel, got %q", sub)
+	case "workers":
+		args = dropFirst(args, sub)
+		if sub == "list" {
+			return a.workersList(ctx, args)
+		}
+		return usagef("workers: want list, got %q", sub)
+	case "schedules":
+		args = dropFirst(args, sub)
+		switch sub {
+		case "list":
+			return a.schedulesList(ctx, args)
+		case "show", "pause", "resume", "trigger":
+			return a.scheduleAction(ctx, sub, args)
+		}
+		return usagef("schedules: want list, show, pause, resume or trigger, got %q", sub)
+	case "serve-admin":
+		return a.serveAdmin(ctx, args)
+	}
+	return usagef("unknown command %q", cmd)
+}
+
+func dropFirst(args []string, sub string) []string {
+	if sub != "" {
+		return args[1:]
+	}
+	return args
+}
+
+// flagSet returns a flag set with the common flags; its errors are returned, not
+// printed and exited on.
+func (a *app) flagSet(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	a.register(fs)
+	return fs
+}
+
+// parse parses flags and positional arguments in any order and checks the number of
+// positional arguments is within min..max.
+func (a *app) parse(fs *flag.FlagSet, args []string, minArgs, maxArgs int) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				fmt.Fprint(a.stdout, usage)
+				return nil, err
+			}
+			return nil, usagef("%s: %v", fs.Name(), err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	if len(pos) < minArgs || len(pos) > maxArgs {
+		switch {
+		case maxArgs == 0:
+			return nil, usagef("%s takes no arguments, got %q", fs.Name(), pos)
+		case minArgs == maxArgs:
+			return nil, usagef("%s takes %d argument(s), got %d", fs.Name(), minArgs, len(pos))
+		}
+		return nil, usagef("%s takes %d to %d arguments, got %d", fs.Name(), minArgs, maxArgs, len(pos))
+	}
+	return pos, nil
+}
+
+// dsnURL returns the database URL: --dsn, else $KAGZI_DATABASE_URL, else $DATABASE_URL.
+func (a *app) dsnURL() (string, error) {
+	if a.dsn != "" {
+		return a.dsn, nil
+	}
+	for _, v := range []string{"KAGZI_DATABASE_URL", "DATABASE_URL"} {
+		if u := a.getenv(v); u != "" {
+			return u, nil
+		}
+	}
+	return "", errors.New("no database: pass --dsn or set KAGZI_DATABASE_URL (or DATABASE_URL)")
+}
+
+// connect opens a pool on the database and a client in the namespace.
+func (a *app) connect(ctx context.Context) (*pgxpool.Pool, *kagzi.Client, error) {
+	u, err := a.dsnURL()
+	if err != nil {
+		return nil, nil, err
+	}
+	pool, err := pgxpool.New(ctx, u)
+	if err != nil {
+		return nil, nil, fmt.Errorf("database: %w", err)
+	}
+	client, err := kagzi.NewClient(pool, kagzi.Config{Namespace: a.namespace, Logger: a.logger()})
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, client, nil
+}
+
+// logger writes warnings and errors to stderr.
+func (a *app) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+func (a *app) version() error {
+	v := map[string]string{"kagzi": kagzi.Version, "api": "kagzi.v1"}
+	if a.json {
+		return a.printJSON(v)
+	}
+	fmt.Fprintf(a.stdout, "kagzi %s (admin API %s)\n", v["kagzi"], v["api"])
+	return nil
+}

@@ -1,0 +1,561 @@
+package main_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/admin/adminpb"
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+// binary is the kagzi command, built once for the package's tests.
+var binary string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "kagzi-cli-test")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "kagzi")
+	if out, err := exec.Command("go", "build", "-o", binary, ".").CombinedOutput(); err != nil {
+		fmt.Fprintf(os.Stderr, "go build: %v\n%s", err, out)
+		os.RemoveAll(dir)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// result is what a run of the command produced.
+type result struct {
+	stdout, stderr string
+	code           int
+}
+
+// kagziCmd runs the built command with KAGZI_DATABASE_URL set to dbURL ("" for none).
+func kagziCmd(t *testing.T, dbURL string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, args...)
+	cmd.Env = env(dbURL)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	r := result{stdout: stdout.String(), stderr: stderr.String()}
+	var exit *exec.ExitError
+	switch {
+	case errors.As(err, &exit):
+		r.code = exit.ExitCode()
+	case err != nil:
+		t.Fatalf("kagzi %v: %v", args, err)
+	}
+	return r
+}
+
+// env is the test's environment without database or namespace settings, plus dbURL.
+func env(dbURL string) []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		switch name {
+		case "DATABASE_URL", "KAGZI_DATABASE_URL", "KAGZI_NAMESPACE", "KAGZI_ADMIN_TOKEN":
+			continue
+		}
+		out = append(out, kv)
+	}
+	if dbURL != "" {
+		out = append(out, "KAGZI_DATABASE_URL="+dbURL)
+	}
+	return out
+}
+
+// ok runs the command and fails the test unless it exits 0.
+func ok(t *testing.T, dbURL string, args ...string) string {
+	t.Helper()
+	r := kagziCmd(t, dbURL, args...)
+	if r.code != 0 {
+		t.Fatalf("kagzi %s: exit %d\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+	}
+	return r.stdout
+}
+
+func decode[T any](t *testing.T, out string) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal([]byte(out), &v); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	return v
+}
+
+func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+type greetIn struct {
+	Name string `json:"name"`
+}
+
+var flakySeen sync.Map
+
+// Greet records "compose", and "flaky", whose first attempt fails.
+var Greet = kagzi.Define("greet", func(ctx *kagzi.Context, in greetIn) (string, error) {
+	msg, err := kagzi.Step(ctx, "compose", func(context.Context) (string, error) { return "hello " + in.Name, nil })
+	if err != nil {
+		return "", err
+	}
+	runID := ctx.RunID()
+	return kagzi.Step(ctx, "flaky", func(context.Context) (string, error) {
+		if _, failedBefore := flakySeen.LoadOrStore(runID, true); !failedBefore {
+			return "", &kagzi.Error{Code: "FLAKY", Message: "try again"}
+		}
+		return msg + "!", nil
+	}, kagzi.WithRetry(kagzi.Linear(3, 10*time.Millisecond)))
+})
+
+// Boom fails for good.
+var Boom = kagzi.Define("boom", func(ctx *kagzi.Context, _ struct{}) (string, error) {
+	return kagzi.Step(ctx, "explode", func(context.Context) (string, error) {
+		return "", &kagzi.Error{Code: "KABOOM", Message: "it exploded", NonRetryable: true}
+	})
+})
+
+type fixture struct {
+	url     string
+	pool    *pgxpool.Pool
+	client  *kagzi.Client
+	greets  []string // completed, oldest first
+	failed  string
+	pending string // PENDING run of a type no worker registered
+	other   string // a run in namespace "other"
+}
+
+// newFixture fills a fresh database through the public API, in namespace "default"
+// (and one run in "other").
+func newFixture(t *testing.T) *fixture {
+	t.Helper()
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pool, url := testdb.NewPool(t)
+	client, err := kagzi.NewClient(pool, kagzi.Config{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{url: url, pool: pool, client: client}
+	w, err := kagzi.NewWorker(client, kagzi.WorkerConfig{ID: "worker-1", DisableScheduler: true,
+		Labels: map[string]string{"region": "eu"}, DrainTimeout: 2 * time.Second}, Greet, Boom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	for _, name := range []string{"ada", "bob", "cy"} {
+		run, err := kagzi.Start(ctx, client, Greet, greetIn{Name: name}, kagzi.WithID("greet-"+name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		f.greets = append(f.greets, run.RunID)
+	}
+	boom, err := kagzi.Start(ctx, client, Boom, struct{}{}, kagzi.WithID("boom-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := boom.Wait(ctx); !errors.Is(err, kagzi.ErrWorkflowFailed) {
+		t.Fatalf("boom: %v", err)
+	}
+	f.failed = boom.RunID
+	later, err := client.StartByName(ctx, "later", map[string]int{"n": 1}, kagzi.WithID("later-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.pending = later.RunID
+	other, err := kagzi.NewClient(pool, kagzi.Config{Namespace: "other", Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o, err := other.StartByName(ctx, "greet", greetIn{Name: "o"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.other = o.RunID
+	return f
+}
+
+func TestMigrateUpMigratesAnEmptyDatabaseAndStatusReportsIt(t *testing.T) {
+	t.Parallel()
+	url := testdb.NewEmpty(t)
+	if out := ok(t, url, "migrate", "status"); !strings.Contains(out, "schema not migrated") {
+		t.Fatalf("status before: %q", out)
+	}
+	if out := ok(t, url, "migrate", "up"); !regexp.MustCompile(`migrated schema from version 0 to \d+`).MatchString(out) {
+		t.Fatalf("migrate up: %q", out)
+	}
+	if out := ok(t, url, "migrate"); !strings.Contains(out, "already current") {
+		t.Fatalf("second migrate: %q", out)
+	}
+	st := decode[map[string]any](t, ok(t, url, "migrate", "status", "--json"))
+	if st["current"] != true || st["schema_version"] != st["latest_schema_version"] {
+		t.Fatalf("status --json: %v", st)
+	}
+}
+
+func TestRunsListPrintsATableAndJSONWithFiltersAndPages(t *testing.T) {
+	f := newFixture(t)
+	out := ok(t, f.url, "runs", "list")
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if len(lines) != 6 || !regexp.MustCompile(`^RUN ID\s+WORKFLOW ID\s+TYPE\s+STATUS\s+ATTEMPT\s+CREATED\s+FINISHED\s+ERROR$`).MatchString(lines[0]) {
+		t.Fatalf("table:\n%s", out)
+	}
+	if !regexp.MustCompile(f.pending + `\s+later-1\s+later\s+PENDING\s+1\s`).MatchString(lines[1]) {
+		t.Fatalf("newest row is not the pending run:\n%s", out)
+	}
+	if !regexp.MustCompile(f.failed + `\s+boom-1\s+boom\s+FAILED\s.*KABOOM: `).MatchString(lines[2]) {
+		t.Fatalf("failed run row:\n%s", out)
+	}
+	if strings.Contains(out, f.other) {
+		t.Fatalf("namespace default lists a run of namespace other:\n%s", out)
+	}
+
+	type runsJSON struct {
+		Runs []struct {
+			RunID      string          `json:"run_id"`
+			WorkflowID string          `json:"workflow_id"`
+			Status     string          `json:"status"`
+			Output     json.RawMessage `json:"output"`
+			Error      *struct {
+				Code string `json:"code"`
+			} `json:"error"`
+		} `json:"runs"`
+		NextPageToken string `json:"next_page_token"`
+	}
+	failed := decode[runsJSON](t, ok(t, f.url, "runs", "list", "--status", "failed", "--json"))
+	if len(failed.Runs) != 1 || failed.Runs[0].RunID != f.failed || failed.Runs[0].Error == nil ||
+		failed.Runs[0].Error.Code != "KABOOM" {
+		t.Fatalf("--status failed --json: %+v", failed)
+	}
+	greets := decode[runsJSON](t, ok(t, f.url, "runs", "list", "--type", "greet", "--json"))
+	if len(greets.Runs) != 3 || string(greets.Runs[0].Output) != `"hello cy!"` {
+		t.Fatalf("--type greet: %+v", greets)
+	}
+
+	// Pages: two runs, then the rest with the token printed on stderr.
+	r := kagziCmd(t, f.url, "runs", "list", "--limit", "2")
+	m := regexp.MustCompile(`--page-token (\S+)`).FindStringSubmatch(r.stderr)
+	if r.code != 0 || m == nil || strings.Count(strings.TrimSpace(r.stdout), "\n") != 2 {
+		t.Fatalf("--limit 2: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
+	}
+	page2 := decode[runsJSON](t, ok(t, f.url, "runs", "list", "--limit", "2", "--page-token", m[1], "--json"))
+	if len(page2.Runs) != 2 || page2.Runs[0].RunID != f.greets[2] || page2.NextPageToken == "" {
+		t.Fatalf("page 2: %+v", page2)
+	}
+	all := decode[runsJSON](t, ok(t, f.url, "runs", "list", "--limit", "2", "--all", "--json"))
+	if len(all.Runs) != 5 || all.NextPageToken != "" {
+		t.Fatalf("--all: %d runs, token %q", len(all.Runs), all.NextPageToken)
+	}
+	other := decode[runsJSON](t, ok(t, f.url, "-n", "other", "runs", "list", "--json"))
+	if len(other.Runs) != 1 || other.Runs[0].RunID != f.other {
+		t.Fatalf("-n other: %+v", other)
+	}
+}
+
+func TestRunsShowPrintsTheStepTimelineWithAttemptsAndErrors(t *testing.T) {
+	f := newFixture(t)
+	out := ok(t, f.url, "runs", "show", f.greets[0])
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`Run:\s+` + f.greets[0]),
+		regexp.MustCompile(`Workflow ID:\s+greet-ada`),
+		regexp.MustCompile(`Status:\s+COMPLETED`),
+		regexp.MustCompile(`Output:\s+"hello ada!"`),
+		regexp.MustCompile(`Steps \(2\):`),
+		regexp.MustCompile(`compose#1\s+STEP\s+COMPLETED\s+\d{4}-\d\d-\d\d `),
+		regexp.MustCompile(`flaky#1\s+STEP\s+COMPLETED`),
+		regexp.MustCompile(`attempt 1\s+FAILED\s+\S+ \S+\s+\S+\s+FLAKY: try again`),
+		regexp.MustCompile(`attempt 2\s+COMPLETED`),
+	} {
+		if !want.MatchString(out) {
+			t.Fatalf("runs show lacks %s:\n%s", want, out)
+		}
+	}
+	if strings.Index(out, "compose#1") > strings.Index(out, "flaky#1") {
+		t.Fatalf("steps out of order:\n%s", out)
+	}
+
+	failed := ok(t, f.url, "runs", "show", "--workflow-id", "boom-1")
+	if !regexp.MustCompile(`Status:\s+FAILED`).MatchString(failed) {
+		t.Fatalf("runs show of the failed run:\n%s", failed)
+	}
+	for _, want := range []string{"Error:", "KABOOM in explode#1", "explode#1",
+		"attempt 1", "KABOOM: ", "(non-retryable)"} {
+		if !strings.Contains(failed, want) {
+			t.Fatalf("runs show of the failed run lacks %q:\n%s", want, failed)
+		}
+	}
+
+	type showJSON struct {
+		Run struct {
+			RunID  string `json:"run_id"`
+			Status string `json:"status"`
+		} `json:"run"`
+		Steps []struct {
+			Key      string `json:"key"`
+			Status   string `json:"status"`
+			Attempts []struct {
+				Number int    `json:"number"`
+				Status string `json:"status"`
+				Error  *struct {
+					Code    string `json:"code"`
+					Message string `json:"message"`
+				} `json:"error"`
+			} `json:"attempts"`
+		} `json:"steps"`
+	}
+	js := decode[showJSON](t, ok(t, f.url, "runs", "show", f.greets[1], "--json"))
+	if js.Run.RunID != f.greets[1] || js.Run.Status != "COMPLETED" || len(js.Steps) != 2 ||
+		js.Steps[1].Key != "flaky#1" || len(js.Steps[1].Attempts) != 2 ||
+		js.Steps[1].Attempts[0].Status != "FAILED" || js.Steps[1].Attempts[0].Error.Message != "try again" {
+		t.Fatalf("runs show --json: %+v", js)
+	}
+
+	pending := ok(t, f.url, "runs", "show", f.pending)
+	if !regexp.MustCompile(`Status:\s+PENDING`).MatchString(pending) || !strings.Contains(pending, "none recorded") {
+		t.Fatalf("pending run:\n%s", pending)
+	}
+}
+
+func TestRunsShowOfAnUnknownOrForeignRunFailsWithNotFound(t *testing.T) {
+	f := newFixture(t)
+	for _, id := range []string{"01890000-0000-7000-8000-000000000000", f.other} {
+		r := kagziCmd(t, f.url, "runs", "show", id)
+		if r.code != 1 || !strings.Contains(r.stderr, "no such run in namespace default") {
+			t.Fatalf("runs show %s: exit %d, stderr %q", id, r.code, r.stderr)
+		}
+	}
+	r := kagziCmd(t, f.url, "runs", "show", "not-a-uuid")
+	if r.code != 1 || !strings.Contains(r.stderr, "not a UUID") {
+		t.Fatalf("runs show not-a-uuid: exit %d, stderr %q", r.code, r.stderr)
+	}
+}
+
+func TestRunsCancelCancelsAPendingRunAndRefusesAFinishedOne(t *testing.T) {
+	f := newFixture(t)
+	out := ok(t, f.url, "runs", "cancel", f.pending)
+	if !strings.Contains(out, "run "+f.pending+" CANCELLED") {
+		t.Fatalf("cancel: %q", out)
+	}
+	info, err := f.client.GetRun(context.Background(), f.pending)
+	if err != nil || info.Status != kagzi.StatusCancelled {
+		t.Fatalf("after cancel: %v, %v", info, err)
+	}
+	again := decode[map[string]any](t, ok(t, f.url, "runs", "cancel", f.pending, "--json"))
+	if again["status"] != "CANCELLED" {
+		t.Fatalf("cancelling again: %v", again)
+	}
+	r := kagziCmd(t, f.url, "runs", "cancel", f.greets[0])
+	if r.code != 1 || !strings.Contains(r.stderr, "already finished") {
+		t.Fatalf("cancel of a completed run: exit %d, %q", r.code, r.stderr)
+	}
+	if info, _ := f.client.GetRun(context.Background(), f.greets[0]); info.Status != kagzi.StatusCompleted {
+		t.Fatalf("the completed run changed: %v", info.Status)
+	}
+}
+
+func TestWorkersListShowsTheRegistry(t *testing.T) {
+	f := newFixture(t)
+	out := ok(t, f.url, "workers", "list")
+	if !regexp.MustCompile(`(?m)^WORKER ID\s+STATUS\s+HOST\s+PID\s+VERSION\s+TYPES\s+ACTIVE\s+COMPLETED\s+FAILED\s+LAST HEARTBEAT\s+LABELS$`).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^worker-1\s+ONLINE\s+\S+\s+\d+\s+`+regexp.QuoteMeta(kagzi.Version)+`\s+greet,boom\s+0/10\s+\d+\s+\d+\s+.*region=eu$`).MatchString(out) {
+		t.Fatalf("workers list:\n%s", out)
+	}
+	type workersJSON struct {
+		Workers []struct {
+			WorkerID       string            `json:"worker_id"`
+			Status         string            `json:"status"`
+			WorkflowTypes  []string          `json:"workflow_types"`
+			CompletedTotal int               `json:"completed_total"`
+			Labels         map[string]string `json:"labels"`
+		} `json:"workers"`
+	}
+	js := decode[workersJSON](t, ok(t, f.url, "workers", "list", "--status", "online", "--json"))
+	if len(js.Workers) != 1 || js.Workers[0].WorkerID != "worker-1" || js.Workers[0].Labels["region"] != "eu" {
+		t.Fatalf("workers list --json: %+v", js)
+	}
+	none := decode[workersJSON](t, ok(t, f.url, "workers", "list", "--status", "OFFLINE", "--json"))
+	if len(none.Workers) != 0 {
+		t.Fatalf("offline workers: %+v", none)
+	}
+}
+
+func TestSchedulesListShowPauseResumeAndTrigger(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	if _, err := f.client.CreateSchedule(ctx, kagzi.Schedule{ID: "nightly", Workflow: "greet", Cron: "0 3 * * *",
+		TimeZone: "Europe/Paris", Input: greetIn{Name: "night"}, Overlap: kagzi.OverlapSkip}); err != nil {
+		t.Fatal(err)
+	}
+	out := ok(t, f.url, "schedules", "list")
+	if !regexp.MustCompile(`(?m)^nightly\s+greet\s+0 3 \* \* \*\s+Europe/Paris\s+ACTIVE\s+SKIP\s+\d{4}-`).MatchString(out) {
+		t.Fatalf("schedules list:\n%s", out)
+	}
+	if out := ok(t, f.url, "schedules", "pause", "nightly"); strings.TrimSpace(out) != "schedule nightly PAUSED" {
+		t.Fatalf("pause: %q", out)
+	}
+	show := ok(t, f.url, "schedules", "show", "nightly")
+	for _, want := range []string{"Schedule:", "nightly", "State:", "PAUSED", "Next fire:", "Europe/Paris", `"night"`} {
+		if !strings.Contains(show, want) {
+			t.Fatalf("schedules show lacks %q:\n%s", want, show)
+		}
+	}
+	paused := decode[struct {
+		Schedules []struct {
+			ScheduleID string `json:"schedule_id"`
+			Paused     bool   `json:"paused"`
+		} `json:"schedules"`
+	}](t, ok(t, f.url, "schedules", "list", "--paused", "--json"))
+	if len(paused.Schedules) != 1 || !paused.Schedules[0].Paused {
+		t.Fatalf("--paused: %+v", paused)
+	}
+	resumed := decode[map[string]any](t, ok(t, f.url, "schedules", "resume", "nightly", "--json"))
+	if resumed["paused"] != false || resumed["next_fire_at"] == nil {
+		t.Fatalf("resume --json: %v", resumed)
+	}
+	trig := decode[map[string]string](t, ok(t, f.url, "schedules", "trigger", "nightly", "--json"))
+	if trig["run_id"] == "" || !strings.HasPrefix(trig["workflow_id"], "nightly@") {
+		t.Fatalf("trigger: %v", trig)
+	}
+	fired := ok(t, f.url, "runs", "list", "--schedule", "nightly")
+	if !strings.Contains(fired, trig["run_id"]) {
+		t.Fatalf("the triggered run is not listed by its schedule:\n%s", fired)
+	}
+	r := kagziCmd(t, f.url, "schedules", "show", "nope")
+	if r.code != 1 || !strings.Contains(r.stderr, "no such schedule") {
+		t.Fatalf("unknown schedule: exit %d, %q", r.code, r.stderr)
+	}
+}
+
+func TestServeAdminServesTheGRPCFacadeUntilInterrupted(t *testing.T) {
+	f := newFixture(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, "serve-admin", "--addr", "127.0.0.1:0", "--all-namespaces")
+	cmd.Env = append(env(f.url), "KAGZI_ADMIN_TOKEN=cli-token")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waited := false
+	t.Cleanup(func() {
+		if !waited {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	lines := bufio.NewScanner(stderr)
+	addr := ""
+	for addr == "" && lines.Scan() {
+		if m := regexp.MustCompile(`listening on (\S+)`).FindStringSubmatch(lines.Text()); m != nil {
+			addr = m[1]
+		}
+	}
+	if addr == "" {
+		t.Fatal("serve-admin printed no address")
+	}
+	rest := make(chan string, 1)
+	go func() {
+		var b strings.Builder
+		for lines.Scan() {
+			b.WriteString(lines.Text() + "\n")
+		}
+		rest <- b.String()
+	}()
+
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := adminpb.NewAdminServiceClient(conn)
+	_, err = c.ListWorkflows(ctx, &adminpb.ListWorkflowsRequest{Namespace: "default"})
+	if status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("without the token: %v", err)
+	}
+	authed := metadataCtx(ctx, "cli-token")
+	list, err := c.ListWorkflows(authed, &adminpb.ListWorkflowsRequest{Namespace: "default"})
+	if err != nil || len(list.Workflows) != 5 {
+		t.Fatalf("ListWorkflows: %v, %v", list, err)
+	}
+	other, err := c.ListWorkflows(authed, &adminpb.ListWorkflowsRequest{Namespace: "other"})
+	if err != nil || len(other.Workflows) != 1 || other.Workflows[0].RunId != f.other {
+		t.Fatalf("ListWorkflows in other: %v, %v", other, err)
+	}
+	info, err := c.GetServerInfo(authed, &adminpb.GetServerInfoRequest{})
+	if err != nil || info.Version != kagzi.Version {
+		t.Fatalf("GetServerInfo: %v, %v", info, err)
+	}
+
+	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	err = cmd.Wait()
+	waited = true
+	if err != nil {
+		t.Fatalf("serve-admin after SIGINT: %v\n%s", err, <-rest)
+	}
+	if tail := <-rest; !strings.Contains(tail, "admin API stopped") {
+		t.Fatalf("serve-admin's last words: %q", tail)
+	}
+}
+
+func TestMissingDatabaseAndBadUsageAreClearErrors(t *testing.T) {
+	t.Parallel()
+	r := kagziCmd(t, "", "runs", "list")
+	if r.code != 1 || !strings.Contains(r.stderr, "KAGZI_DATABASE_URL") {
+		t.Fatalf("no database: exit %d, %q", r.code, r.stderr)
+	}
+	for _, args := range [][]string{{}, {"nope"}, {"runs"}, {"runs", "show"}, {"runs", "list", "--bogus"},
+		{"schedules", "pause"}, {"migrate", "sideways"}} {
+		if r := kagziCmd(t, "", args...); r.code != 2 || !strings.Contains(r.stderr, "kagzi help") {
+			t.Fatalf("kagzi %q: exit %d, %q", args, r.code, r.stderr)
+		}
+	}
+	if out := ok(t, "", "help"); !strings.Contains(out, "kagzi runs show RUN_ID") {
+		t.Fatalf("help: %q", out)
+	}
+}
+
+// metadataCtx sends a bearer token with the calls made with the returned context.
+func metadataCtx(ctx context.Context, token string) context.Context {
+	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+}

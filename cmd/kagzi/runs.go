@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/kagzi/kagzi"
+)
+
+// maxAllPages bounds --all: at most this many pages of the given size.
+const maxAllPages = 1000
+
+// splitList splits a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (a *app) runsList(ctx context.Context, args []string) error {
+	fs := a.flagSet("runs list")
+	statuses := fs.String("status", "", "statuses, comma-separated (PENDING,RUNNING,SLEEPING,COMPLETED,FAILED,CANCELLED)")
+	typ := fs.String("type", "", "workflow type")
+	wfID := fs.String("workflow-id", "", "workflow id")
+	schedule := fs.String("schedule", "", "schedule id")
+	after := fs.String("created-after", "", "RFC 3339 time")
+	before := fs.String("created-before", "", "RFC 3339 time")
+	limit := fs.Int("limit", 50, "runs per page (1..1000)")
+	token := fs.String("page-token", "", "continue a listing")
+	all := fs.Bool("all", false, "follow every page")
+	if _, err := a.parse(fs, args, 0, 0); err != nil {
+		return err
+	}
+	f := kagzi.RunFilter{WorkflowType: *typ, WorkflowID: *wfID, ScheduleID: *schedule, PageSize: *limit, PageToken: *token}
+	for _, s := range splitList(*statuses) {
+		f.Statuses = append(f.Statuses, kagzi.RunStatus(strings.ToUpper(s)))
+	}
+	for _, tf := range []struct {
+		flag, val string
+		dst       *time.Time
+	}{{"--created-after", *after, &f.CreatedAfter}, {"--created-before", *before, &f.CreatedBefore}} {
+		if tf.val == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, tf.val)
+		if err != nil {
+			return usagef("%s: %v", tf.flag, err)
+		}
+		*tf.dst = t
+	}
+	pool, client, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+
+	var runs []kagzi.RunInfo
+	next := ""
+	for range maxAllPages {
+		page, err := client.ListRuns(ctx, f)
+		if err != nil {
+			return err
+		}
+		runs = append(runs, page.Runs...)
+		next = page.NextPageToken
+		if !*all || next == "" {
+			break
+		}
+		f.PageToken = next
+	}
+	if a.json {
+		out := struct {
+			Runs          []runJSON `json:"runs"`
+			NextPageToken string    `json:"next_page_token,omitempty"`
+		}{Runs: []runJSON{}, NextPageToken: next}
+		for i := range runs {
+			out.Runs = append(out.Runs, runOf(&runs[i]))
+		}
+		return a.printJSON(out)
+	}
+	t := newTable(a.stdout, "RUN ID", "WORKFLOW ID", "TYPE", "STATUS", "ATTEMPT", "CREATED", "FINISHED", "ERROR")
+	for _, r := range runs {
+		t.row(r.RunID, short(r.WorkflowID, 40), r.WorkflowType, string(r.Status), fmt.Sprint(r.Attempt),
+			when(r.CreatedAt), whenp(r.FinishedAt), short(detail(r.Error), 60))
+	}
+	t.flush()
+	if next != "" {
+		fmt.Fprintf(a.stderr, "more runs: --page-token %s\n", next)
+	}
+	return nil
+}
+
+func (a *app) runsShow(ctx context.Context, args []string) error {
+	fs := a.flagSet("runs show")
+	wfID := fs.String("workflow-id", "", "show the run of this workflow id instead")
+	pos, err := a.parse(fs, args, 0, 1)
+	if err != nil {
+		return err
+	}
+	if (len(pos) == 1) == (*wfID != "") {
+		return usagef("runs show takes a run id or --workflow-id, one of them")
+	}
+	pool, client, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	var run *kagzi.RunInfo
+	if *wfID != "" {
+		run, err = client.GetRunByWorkflowID(ctx, *wfID)
+	} else {
+		run, err = client.GetRun(ctx, pos[0])
+	}
+	if err != nil {
+		return notFound(err, "no such run in namespace "+a.namespace)
+	}
+	steps, err := client.ListSteps(ctx, run.RunID)
+	if err != nil {
+		return err
+	}
+	if a.json {
+		out := struct {
+			Run   runJSON    `json:"run"`
+			Steps []stepJSON `json:"steps"`
+		}{Run: runOf(run), Steps: []stepJSON{}}
+		for i := range steps {
+			out.Steps = append(out.Steps, stepOf(&steps[i]))
+		}
+		return a.printJSON(out)
+	}
+
+	w := a.stdout
+	kv := newTable(w)
+	kv.row("Run:", run.RunID)
+	kv.row("Workflow ID:", run.WorkflowID)
+	kv.row("Type:", run.WorkflowType)
+	kv.row("Namespace:", run.Namespace)
+	status := string(run.Status)
+	if run.CancelRequested && !run.Status.Terminal() {
+		status += " (cancel requested)"
+	}
+	kv.row("Status:", status)
+	kv.row("Attempt:", fmt.Sprint(run.Attempt))
+	kv.row("Created:", when(run.CreatedAt))
+	kv.row("Started:", whenp(run.StartedAt))
+	kv.row("Finished:", whenp(run.FinishedAt))
+	switch run.Status {
+	case kagzi.StatusPending, kagzi.StatusSleeping:
+		kv.row("Next claim:", when(run.AvailableAt))
+	case kagzi.StatusRunning:
+		kv.row("Worker:", run.LockedBy+" (lease until "+when(run.AvailableAt)+")")
+	}
+	if run.ScheduleID != "" {
+		kv.row("Schedule:", run.ScheduleID+" (tick "+whenp(run.ScheduleTick)+")")
+	}
+	kv.row("Input:", short(string(run.Input), 200))
+	if len(run.Output) > 0 {
+		kv.row("Output:", short(string(run.Output), 200))
+	}
+	if run.Error != nil {
+		kv.row("Error:", run.Error.String())
+	}
+	kv.flush()
+
+	fmt.Fprintf(w, "\nSteps (%d):\n", len(steps))
+	if len(steps) == 0 {
+		fmt.Fprintln(w, "  none recorded")
+		return nil
+	}
+	t := newTable(w, "  STEP", "KIND", "STATUS", "STARTED", "DURATION", "DETAIL")
+	for _, s := range steps {
+		var started string
+		var took string
+		if n := len(s.Attempts); n > 0 {
+			started = whenMilli(s.Attempts[0].StartedAt)
+			took = duration(s.Attempts[n-1].FinishedAt.Sub(s.Attempts[0].StartedAt))
+		} else {
+			started = whenMilli(s.CreatedAt)
+		}
+		var info string
+		switch {
+		case s.Kind == kagzi.KindSleep && s.WakeAt != nil:
+			info = "wakes " + whenMilli(*s.WakeAt)
+		case s.Error != nil:
+			info = detail(s.Error)
+		case len(s.Output) > 0:
+			info = "output " + short(string(s.Output), 60)
+		}
+		t.row("  "+s.Key, string(s.Kind), string(s.Status), started, orDash(took), info)
+		if len(s.Attempts) > 1 || (len(s.Attempts) == 1 && s.Attempts[0].Status != kagzi.StepCompleted) {
+			for _, at := range s.Attempts {
+				t.row(fmt.Sprintf("    attempt %d", at.Number), "", string(at.Status), whenMilli(at.StartedAt),
+					duration(at.FinishedAt.Sub(at.StartedAt)), detail(at.Error))
+			}
+		}
+	}
+	t.flush()
+	return nil
+}
+
+func (a *app) runsCancel(ctx context.Context, args []string) error {
+	fs := a.flagSet("runs cancel")
+	pos, err := a.parse(fs, args, 1, 1)
+	if err != nil {
+		return err
+	}
+	pool, client, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := client.Cancel(ctx, pos[0]); err != nil {
+		if errors.Is(err, kagzi.ErrRunFinished) {
+			return fmt.Errorf("run %s already finished; nothing changed", pos[0])
+		}
+		return notFound(err, "no such run in namespace "+a.namespace)
+	}
+	run, err := client.GetRun(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return a.printJSON(runOf(run))
+	}
+	if run.Status == kagzi.StatusCancelled {
+		fmt.Fprintf(a.stdout, "run %s CANCELLED\n", run.RunID)
+	} else {
+		fmt.Fprintf(a.stdout, "run %s is %s: cancel requested; its worker will end it CANCELLED\n", run.RunID, run.Status)
+	}
+	return nil
+}
+
+// notFound rewords ErrNotFound for people; other errors pass.
+func notFound(err error, msg string) error {
+	if errors.Is(err, kagzi.ErrNotFound) {
+		return fmt.Errorf("%s (%w)", msg, err)
+	}
+	return err
+}
