@@ -51,7 +51,7 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	if o.id != "" {
 		return nil, invalidArgument("child %q: WithID is not allowed; a child's workflow id derives from its parent", name)
 	}
-	key, err := ctx.nextKey(name)
+	key, pos, err := ctx.nextKey(name, KindChild)
 	if err != nil {
 		return nil, err
 	}
@@ -69,10 +69,11 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 		return nil, NonRetryable(fmt.Errorf("kagzi: input of child %s (%s) does not encode as JSON: %w", key, wf.name, err))
 	}
 	parentID := x.run.RunID
+	opts = append([]StartOption{AtVersion(wf.version)}, opts...)
 	opts = append(opts, WithID(parentID.String()+"/"+key), WithIDReuse(IDReuseNever))
 	var run *Run[json.RawMessage]
 	err = ctx.write(func(c context.Context) (err error) {
-		run, err = x.w.client.startChild(c, wf.name, b, opts, parentID, key)
+		run, err = x.w.client.startChild(withValuesOf(c, ctx), wf.name, b, opts, parentID, key)
 		return err
 	})
 	if err != nil {
@@ -80,7 +81,7 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	}
 	ref, _ := json.Marshal(childRef{RunID: run.RunID, WorkflowID: run.WorkflowID})
 	ctx.write(func(c context.Context) error {
-		return store.RecordChildStep(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name, ref)
+		return store.RecordChildStep(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name, pos, ref)
 	})
 	x.setStep(key, store.StepRecord{Kind: string(KindChild), Status: string(StepCompleted), Output: ref})
 	return &ChildRun[Out]{RunID: run.RunID, WorkflowID: run.WorkflowID, parent: ctx, key: key}, nil
@@ -122,7 +123,7 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 			}
 			ctx.write(func(cc context.Context) error {
 				return store.RecordResultStep(cc, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, key,
-					string(KindChild), status, o.Output, errDetail)
+					string(KindChild), status, nil, o.Output, errDetail)
 			})
 			x.setStep(key, store.StepRecord{Kind: string(KindChild), Status: status, Output: o.Output, Error: errDetail})
 			return childResult[Out](c, status, o.Output, errDetail)
@@ -134,10 +135,6 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 					Epoch: x.run.LeaseEpoch, WakeAt: x.dbNow().Add(time.Hour)})
 				return err
 			})
-			// The child may have ended between the read and the suspension.
-			_ = x.write(func(cc context.Context) error {
-				return store.WakeIfChildEnded(cc, x.w.client.pool, x.run.RunID, childID)
-			})
 			ctx.stop(exitSuspended)
 		}
 		ctx.waitInProcess(poll)
@@ -148,7 +145,7 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 func childResult[Out any](c *ChildRun[Out], status string, output, errDetail []byte) (Out, error) {
 	var out Out
 	if status == string(StepCompleted) {
-		if err := json.Unmarshal(output, &out); err != nil {
+		if err := c.parent.x.w.client.unmarshalPayload(output, &out); err != nil {
 			return out, NonRetryable(fmt.Errorf("kagzi: output of child run %s does not decode into %s: %w",
 				c.RunID, typeName[Out](), err))
 		}

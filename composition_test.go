@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -336,4 +337,44 @@ func TestEventsArePublishedForCallersToReadAndAwait(t *testing.T) {
 	}
 	_, err = kagzi.WaitEvent[progress](ctx, e.client, run.RunID, "never-set", 200*time.Millisecond)
 	mustErrorIs(t, err, kagzi.ErrDeadlineExceeded)
+}
+
+// signalOnWait sends the awaited signal from inside the worker, after the wait found no
+// signal and right before it suspends: the window a missed wake-up would fall into.
+type signalOnWait struct {
+	kagzi.NopHooks
+	sender *kagzi.Client
+	sent   sync.Map
+}
+
+func (h *signalOnWait) Signal(ctx context.Context, e *kagzi.SignalEvent) {
+	if e.Action != kagzi.SignalWaiting {
+		return
+	}
+	if _, done := h.sent.LoadOrStore(e.RunID, true); !done {
+		_ = h.sender.Signal(context.Background(), e.RunID, e.Name, 42)
+	}
+}
+
+func TestASignalSentJustAsTheRunSuspendsStillWakesIt(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("racing-signal", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.WaitSignal[int](ctx, "go", time.Hour) // a missed wake-up would sleep for an hour
+	})
+	workerClient, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(),
+		Hooks: &signalOnWait{sender: e.client}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, workerClient, fastWorker(), wf)
+	for range 5 {
+		run, err := kagzi.Start(ctx, e.client, wf, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := run.Wait(ctx); err != nil || out != 42 {
+			t.Fatalf("got %d, %v", out, err)
+		}
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +39,8 @@ type scope struct {
 	branch bool
 	mu     sync.Mutex
 	counts map[string]int
+	// pos counts the calls of the scope that take a position (all but Patched).
+	pos int
 	// cancel ends a branch's context (a sibling failed); nil for the root.
 	cancel context.CancelCauseFunc
 }
@@ -83,7 +86,7 @@ func (c *Context) SleepUntil(name string, t time.Time) error {
 
 func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
 	x := c.x
-	key, err := c.nextKey(name)
+	key, pos, err := c.nextKey(name, KindSleep)
 	if err != nil {
 		return err
 	}
@@ -109,7 +112,9 @@ func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
 	if until != nil {
 		remaining = until.Sub(x.dbNow())
 	}
-	w := store.SleepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, Key: key, Name: name, WakeAt: until, Duration: d}
+	w := store.SleepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, Key: key, Name: name, Position: pos,
+		WakeAt: until, Duration: d}
+	c.hookSleep(key, name, remaining, remaining > threshold)
 	if remaining > threshold {
 		c.suspend(w)
 	}
@@ -129,12 +134,13 @@ func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
 type exitReason int
 
 const (
-	exitNone      exitReason = iota
-	exitSuspended            // the run is asleep (or was cancelled) in the database; nothing to write
-	exitCancelled            // the run was cancelled; end it CANCELLED
-	exitLeaseLost            // another worker holds the run; write nothing
-	exitShutdown             // the worker is shutting down; hand the run back
-	exitDeadline             // the run passed its deadline; end it FAILED
+	exitNone             exitReason = iota
+	exitSuspended                   // the run is asleep (or was cancelled) in the database; nothing to write
+	exitCancelled                   // the run was cancelled; end it CANCELLED
+	exitLeaseLost                   // another worker holds the run; write nothing
+	exitShutdown                    // the worker is shutting down; hand the run back
+	exitDeadline                    // the run passed its deadline; end it FAILED
+	exitNonDeterministic            // a replay asked for another step than its history holds; end it FAILED
 )
 
 // Causes of the cancellation of a run's context.
@@ -163,6 +169,12 @@ type execution struct {
 
 	mu   sync.Mutex
 	exit exitReason
+	// nondeterminism is the detail of the failure when exit is exitNonDeterministic.
+	nondeterminism *ErrorDetail
+	// positions indexes the recorded steps by scope prefix + "@" + position, and
+	// maxPosition holds the highest recorded position of each scope prefix.
+	positions   map[string]store.StepRecord
+	maxPosition map[string]int
 	// stepsMu guards run.Steps, which branches read and write concurrently.
 	stepsMu sync.Mutex
 }
@@ -188,16 +200,84 @@ func (x *execution) exitReason() exitReason {
 	return x.exit
 }
 
-// nextKey returns the key of the next step (or sleep, or branch) called name in
-// this scope: prefix + name#occurrence.
-func (c *Context) nextKey(name string) (string, error) {
+// nextKey returns the key of the next step (or sleep, or branch...) called name in
+// this scope, prefix + name#occurrence, and its position among the scope's calls. When
+// the run's history has another step at that position, the code changed under the
+// run: the execution stops and the run fails (non-deterministic).
+func (c *Context) nextKey(name string, kind StepKind) (key string, pos int, err error) {
 	if err := validName("step name", name); err != nil {
-		return "", err
+		return "", 0, err
 	}
 	c.sc.mu.Lock()
-	defer c.sc.mu.Unlock()
 	c.sc.counts[name]++
-	return c.sc.prefix + name + "#" + strconv.Itoa(c.sc.counts[name]), nil
+	c.sc.pos++
+	key, pos = c.sc.prefix+name+"#"+strconv.Itoa(c.sc.counts[name]), c.sc.pos
+	c.sc.mu.Unlock()
+	if rec, ok := c.x.positions[c.sc.prefix+"@"+strconv.Itoa(pos)]; ok && (rec.Name != name || rec.Kind != string(kind)) {
+		c.x.mu.Lock()
+		c.x.nondeterminism = &ErrorDetail{Code: CodeNonDeterministic, NonRetryable: true, Subject: key,
+			Message: fmt.Sprintf("run %s is not deterministic: at position %d of scope %q its history has step %q (%s), "+
+				"but the code now asks for %q (%s)", c.x.run.RunID, pos, strings.TrimSuffix(c.sc.prefix, "/"),
+				rec.Name, rec.Kind, name, kind)}
+		c.x.mu.Unlock()
+		c.stop(exitNonDeterministic)
+	}
+	return key, pos, nil
+}
+
+// indexPositions builds positions and maxPosition from the claimed steps.
+func (x *execution) indexPositions() {
+	x.positions, x.maxPosition = map[string]store.StepRecord{}, map[string]int{}
+	for key, rec := range x.run.Steps {
+		if rec.Position == nil {
+			continue
+		}
+		base := key[:strings.LastIndexByte(key, '#')]
+		prefix := strings.TrimSuffix(base, rec.Name)
+		x.positions[prefix+"@"+strconv.Itoa(*rec.Position)] = rec
+		x.maxPosition[prefix] = max(x.maxPosition[prefix], *rec.Position)
+	}
+}
+
+// Patched reports whether this run reached this point under code that has the
+// change changeID: true for a run executing it for the first time, false for a run
+// whose history already went past this point under older code. The answer is
+// recorded, so every replay gets the same one. Use it to change a workflow without
+// breaking runs in flight:
+//
+//	if ctx.Patched("charge-before-reserve") {
+//		// new order of steps
+//	} else {
+//		// the old order, for runs that started before the deploy
+//	}
+//
+// Patched takes no position among the workflow's calls, so adding it does not shift
+// the steps recorded after it.
+func (c *Context) Patched(changeID string) bool {
+	if err := validName("change id", changeID); err != nil {
+		c.x.logger.Error("kagzi: invalid change id; Patched answers false", "error", err)
+		return false
+	}
+	c.sc.mu.Lock()
+	c.sc.counts["\x00patch:"+changeID]++
+	key := c.sc.prefix + changeID + "#patch" + strconv.Itoa(c.sc.counts["\x00patch:"+changeID])
+	replaying := c.x.maxPosition[c.sc.prefix] > c.sc.pos
+	c.sc.mu.Unlock()
+	c.checkAlive()
+	x := c.x
+	if rec, ok := x.step(key); ok {
+		return string(rec.Output) == "true"
+	}
+	answer := []byte("true")
+	if replaying {
+		answer = []byte("false")
+	}
+	c.write(func(ctx context.Context) error {
+		return store.RecordResultStep(ctx, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, changeID,
+			string(KindPatch), string(StepCompleted), nil, answer, nil)
+	})
+	x.setStep(key, store.StepRecord{Name: changeID, Kind: string(KindPatch), Status: string(StepCompleted), Output: answer})
+	return !replaying
 }
 
 // canSuspend reports whether the run may be released here: only from the workflow

@@ -28,6 +28,9 @@ var (
 	ErrWorkflowFailed = errors.New("kagzi: workflow failed")
 	// ErrNonRetryable marks an error that must not be retried; see NonRetryable.
 	ErrNonRetryable = errors.New("kagzi: non-retryable")
+	// ErrNonDeterministic: the workflow code asked for another step than the run's
+	// history holds at that position (the code changed under a run in flight).
+	ErrNonDeterministic = errors.New("kagzi: non-deterministic workflow")
 	// ErrDeadlineExceeded: a step attempt passed its timeout, or a run its deadline.
 	ErrDeadlineExceeded = errors.New("kagzi: deadline exceeded")
 	// ErrSchemaNotMigrated: Kagzi's tables are missing; run kagzi.Migrate first.
@@ -47,6 +50,7 @@ const (
 	CodeNonRetryable     = "NON_RETRYABLE"     // the error was marked non-retryable
 	CodeCancelled        = "CANCELLED"         // the run was cancelled
 	CodeInternal         = "INTERNAL"          // a fault in Kagzi itself
+	CodeNonDeterministic = "NON_DETERMINISTIC" // a replay asked for another step than the run's history holds
 )
 
 // ErrorDetail is the error recorded for a failed run or step attempt.
@@ -94,6 +98,9 @@ func (e *WorkflowError) Unwrap() []error {
 	}
 	if e.Detail.Code == CodeDeadlineExceeded {
 		errs = append(errs, ErrDeadlineExceeded)
+	}
+	if e.Detail.Code == CodeNonDeterministic {
+		errs = append(errs, ErrNonDeterministic)
 	}
 	return errs
 }

@@ -18,7 +18,7 @@ func (c *Context) SetEvent(key string, value any) error {
 	if err := validName("event key", key); err != nil {
 		return err
 	}
-	stepKey, err := c.nextKey(key)
+	stepKey, pos, err := c.nextKey(key, KindEvent)
 	if err != nil {
 		return err
 	}
@@ -31,11 +31,11 @@ func (c *Context) SetEvent(key string, value any) error {
 	if err != nil {
 		return NonRetryable(fmt.Errorf("kagzi: event %q does not encode as JSON: %w", key, err))
 	}
-	if len(b) > x.w.client.maxBytes {
-		return NonRetryable(fmt.Errorf("kagzi: event %q is %d bytes, over the limit of %d", key, len(b), x.w.client.maxBytes))
+	if b, err = x.w.client.encodePayload(fmt.Sprintf("kagzi: event %q", key), b); err != nil {
+		return NonRetryable(err)
 	}
 	c.write(func(ctx context.Context) error {
-		return store.SetEvent(ctx, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, stepKey, key, b)
+		return store.SetEvent(ctx, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, stepKey, key, pos, b)
 	})
 	x.setStep(stepKey, store.StepRecord{Kind: string(KindEvent), Status: string(StepCompleted), Output: b})
 	return nil
@@ -56,7 +56,7 @@ func GetEvent[T any](ctx context.Context, c *Client, runID, key string) (T, erro
 	if raw == nil {
 		return out, fmt.Errorf("%w: run %s has no event %q", errEventNotSet, runID, key)
 	}
-	if err := json.Unmarshal(raw, &out); err != nil {
+	if err := c.unmarshalPayload(raw, &out); err != nil {
 		return out, fmt.Errorf("kagzi: event %q of run %s does not decode into %s: %w", key, runID, typeName[T](), err)
 	}
 	return out, nil

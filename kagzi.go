@@ -54,6 +54,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -80,19 +81,39 @@ type Config struct {
 	Namespace string
 	// Logger receives Kagzi's logs. Default slog.Default(). Payloads are never logged.
 	Logger *slog.Logger
-	// MaxPayloadSize is the largest JSON-encoded input or output, in bytes. Larger ones
-	// are rejected with ErrInvalidArgument. Default DefaultMaxPayloadSize.
+	// MaxPayloadSize is the largest JSON-encoded input or output, in bytes (with a
+	// Codec, once encoded). Larger ones are rejected with ErrInvalidArgument. Default
+	// DefaultMaxPayloadSize.
 	MaxPayloadSize int
+	// Retention is how long finished runs (COMPLETED, FAILED, CANCELLED) of the
+	// namespace are kept, with their steps, attempts, signals and events; the workers
+	// of this client prune older ones in small batches. Default DefaultRetention; a
+	// negative value keeps them for ever. Each namespace (client) has its own.
+	Retention time.Duration
+	// Hooks observe starts, executions, step attempts, sleeps, signals and claims of
+	// the client and its workers, for tracing and metrics (see the kagziotel package)
+	// or tests (kagzitest). Default none; see Hooks.
+	Hooks Hooks
+	// Codec transforms payloads (inputs, outputs, signals, events) before they reach
+	// PostgreSQL: compression, encryption. MaxPayloadSize then applies to the encoded
+	// payload. Default none: payloads are stored as JSON. See Codec.
+	Codec Codec
 }
+
+// DefaultRetention is how long finished runs are kept unless Config.Retention says otherwise.
+const DefaultRetention = 30 * 24 * time.Hour
 
 // Client starts, reads and cancels runs in one namespace. It is safe for concurrent
 // use; create one per namespace and share it.
 type Client struct {
-	pool     *pgxpool.Pool
-	ns       string
-	logger   *slog.Logger
-	maxBytes int
-	notifier *notifier.Notifier
+	pool      *pgxpool.Pool
+	ns        string
+	logger    *slog.Logger
+	maxBytes  int
+	retention time.Duration
+	notifier  *notifier.Notifier
+	hooks     Hooks // nil: none (Config.Hooks)
+	codec     Codec // nil: payloads stored as JSON (Config.Codec)
 
 	mu      sync.Mutex
 	workers map[*Worker]struct{} // this process's running workers, for Health
@@ -135,10 +156,14 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	if cfg.MaxPayloadSize == 0 {
 		cfg.MaxPayloadSize = DefaultMaxPayloadSize
 	}
-	c := &Client{pool: pool, ns: cfg.Namespace, logger: cfg.Logger, maxBytes: cfg.MaxPayloadSize}
+	if cfg.Retention == 0 {
+		cfg.Retention = DefaultRetention
+	}
+	c := &Client{pool: pool, ns: cfg.Namespace, logger: cfg.Logger, maxBytes: cfg.MaxPayloadSize, retention: cfg.Retention}
 	c.notifier = notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	}, store.Channel, cfg.Logger)
+	c.hooks, c.codec = cfg.Hooks, cfg.Codec
 	return c, nil
 }
 

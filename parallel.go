@@ -11,6 +11,10 @@ import (
 	"sync"
 )
 
+// kindBranch is the kind of a Go or Map item's call: it takes a position, but records
+// no step of its own.
+const kindBranch StepKind = "BRANCH"
+
 // Future is the result of a branch started with Go. Get waits for it.
 type Future[T any] struct {
 	parent *Context
@@ -35,7 +39,7 @@ type Future[T any] struct {
 // function's goroutine or from a branch's, like Step.
 func Go[T any](ctx *Context, name string, fn func(ctx *Context) (T, error)) *Future[T] {
 	f := &Future[T]{parent: ctx, done: make(chan struct{})}
-	key, err := ctx.nextKey(name)
+	key, _, err := ctx.nextKey(name, kindBranch)
 	if err == nil && fn == nil {
 		err = invalidArgument("branch %q: nil function", name)
 	}
@@ -157,7 +161,7 @@ func Map[In, Out any](ctx *Context, name string, items []In, fn func(ctx *Contex
 	}
 	keys := make([]string, len(items))
 	for i := range items {
-		key, err := ctx.nextKey(name)
+		key, _, err := ctx.nextKey(name, kindBranch)
 		if err != nil {
 			return nil, err
 		}

@@ -65,6 +65,13 @@ type RunInfo struct {
 	// child (see StartChild); empty for other runs.
 	ParentRunID   string
 	ParentStepKey string
+	// Version is the workflow version the run started with (see WithVersion); empty
+	// until a worker pins it for a run started without one.
+	Version string
+	// ForkedFromRunID and ForkedFromStep name the run and step this run was forked
+	// from (see Client.Fork).
+	ForkedFromRunID string
+	ForkedFromStep  string
 }
 
 func runInfo(r store.Run) RunInfo {
@@ -86,6 +93,15 @@ func runInfo(r store.Run) RunInfo {
 	}
 	if r.ParentStepKey != nil {
 		info.ParentStepKey = *r.ParentStepKey
+	}
+	if r.Version != nil {
+		info.Version = *r.Version
+	}
+	if r.ForkedFromRunID != nil {
+		info.ForkedFromRunID = r.ForkedFromRunID.String()
+	}
+	if r.ForkedFromStep != nil {
+		info.ForkedFromStep = *r.ForkedFromStep
 	}
 	return info
 }
@@ -109,7 +125,7 @@ func (c *Client) GetRun(ctx context.Context, runID string) (*RunInfo, error) {
 	if err != nil {
 		return nil, wrapStoreErr("kagzi: get run "+runID, err)
 	}
-	info := runInfo(r)
+	info := c.decodeRunInfo(runInfo(r))
 	return &info, nil
 }
 
@@ -123,7 +139,7 @@ func (c *Client) GetRunByWorkflowID(ctx context.Context, workflowID string) (*Ru
 	if err != nil {
 		return nil, wrapStoreErr("kagzi: get run of workflow id "+workflowID, err)
 	}
-	info := runInfo(r)
+	info := c.decodeRunInfo(runInfo(r))
 	return &info, nil
 }
 
@@ -138,6 +154,8 @@ type RunFilter struct {
 	ScheduleID string
 	// ParentRunID selects the children of a run.
 	ParentRunID string
+	// Version selects the runs of a workflow version (nil: any).
+	Version *string
 	// PageSize is the most runs a page holds: default 50, at most 1000.
 	PageSize int
 	// PageToken continues a listing: pass the NextPageToken of the previous page.
@@ -157,6 +175,7 @@ type RunPage struct {
 func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
 	p := store.ListRunsParams{Namespace: c.ns, WorkflowType: f.WorkflowType, WorkflowID: f.WorkflowID,
 		ScheduleID: f.ScheduleID, Limit: f.PageSize}
+	p.Version = f.Version
 	if f.ParentRunID != "" {
 		id, err := parseRunID(f.ParentRunID)
 		if err != nil {
@@ -204,7 +223,7 @@ func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
 		page.NextPageToken = encodePageToken(last.CreatedAt, last.RunID)
 	}
 	for _, r := range runs {
-		page.Runs = append(page.Runs, runInfo(r))
+		page.Runs = append(page.Runs, c.decodeRunInfo(runInfo(r)))
 	}
 	return page, nil
 }
@@ -256,6 +275,7 @@ const (
 	KindChild  StepKind = "CHILD"  // a child run's start or result, see StartChild
 	KindSignal StepKind = "SIGNAL" // a signal wait, see WaitSignal
 	KindEvent  StepKind = "EVENT"  // an event published, see Context.SetEvent
+	KindPatch  StepKind = "PATCH"  // a Patched answer, see Context.Patched
 )
 
 // StepStatus is the state of a recorded step or attempt.
@@ -313,7 +333,7 @@ func (c *Client) ListSteps(ctx context.Context, runID string) ([]StepInfo, error
 	out := make([]StepInfo, 0, len(steps))
 	for _, s := range steps {
 		si := StepInfo{Key: s.Key, Name: s.Name, Kind: StepKind(s.Kind), Status: StepStatus(s.Status),
-			Output: s.Output, Error: decodeDetail(s.Error), WakeAt: s.WakeAt, CreatedAt: s.CreatedAt,
+			Output: c.readPayload(s.Output), Error: decodeDetail(s.Error), WakeAt: s.WakeAt, CreatedAt: s.CreatedAt,
 			UpdatedAt: s.UpdatedAt}
 		for _, a := range s.Attempts {
 			si.Attempts = append(si.Attempts, AttemptInfo{Number: a.Number, Status: StepStatus(a.Status),

@@ -192,8 +192,8 @@ func (c *Client) validSchedule(s Schedule) (store.ScheduleDefinition, *cronspec.
 	} else if input, err = json.Marshal(s.Input); err != nil {
 		return d, nil, invalidArgument("schedule %q: input does not encode as JSON: %v", s.ID, err)
 	}
-	if len(input) > c.maxBytes {
-		return d, nil, invalidArgument("schedule %q: input is %d bytes, over the limit of %d", s.ID, len(input), c.maxBytes)
+	if input, err = c.encodePayload(fmt.Sprintf("schedule %q: input", s.ID), input); err != nil {
+		return d, nil, err
 	}
 	zone := s.TimeZone
 	if zone == "" {
@@ -235,7 +235,7 @@ func (c *Client) CreateSchedule(ctx context.Context, s Schedule) (*ScheduleInfo,
 	if !inserted {
 		return nil, fmt.Errorf("%w: schedule %q already exists in namespace %q", ErrAlreadyExists, s.ID, c.ns)
 	}
-	return scheduleInfo(row), nil
+	return c.decodeScheduleInfo(scheduleInfo(row)), nil
 }
 
 // GetSchedule reads a schedule of the client's namespace; ErrNotFound if there is none.
@@ -247,7 +247,7 @@ func (c *Client) GetSchedule(ctx context.Context, id string) (*ScheduleInfo, err
 	if err != nil {
 		return nil, wrapStoreErr("kagzi: get schedule "+id, err)
 	}
-	return scheduleInfo(row), nil
+	return c.decodeScheduleInfo(scheduleInfo(row)), nil
 }
 
 // ScheduleFilter selects schedules for ListSchedules. Zero fields select everything.
@@ -297,7 +297,7 @@ func (c *Client) ListSchedules(ctx context.Context, f ScheduleFilter) (*Schedule
 		page.NextPageToken = base64.RawURLEncoding.EncodeToString([]byte("s/" + rows[want-1].ScheduleID))
 	}
 	for _, r := range rows {
-		page.Schedules = append(page.Schedules, *scheduleInfo(r))
+		page.Schedules = append(page.Schedules, *c.decodeScheduleInfo(scheduleInfo(r)))
 	}
 	return page, nil
 }
@@ -328,7 +328,7 @@ func (c *Client) UpdateSchedule(ctx context.Context, s Schedule) (*ScheduleInfo,
 			next = &t
 		}
 		row, err := store.UpdateSchedule(ctx, tx, c.ns, s.ID, d, next)
-		info = scheduleInfo(row)
+		info = c.decodeScheduleInfo(scheduleInfo(row))
 		return err
 	})
 	if err != nil {

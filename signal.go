@@ -55,10 +55,12 @@ func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, 
 	if err != nil {
 		return invalidArgument("payload of signal %q does not encode as JSON: %v", name, err)
 	}
-	if len(b) > c.maxBytes {
-		return invalidArgument("payload of signal %q is %d bytes, over the limit of %d", name, len(b), c.maxBytes)
+	if b, err = c.encodePayload(fmt.Sprintf("payload of signal %q", name), b); err != nil {
+		return err
 	}
+	began := time.Now()
 	status, err := store.SendSignal(ctx, db, c.ns, id, name, b)
+	c.hookSignalSent(ctx, id, name, began, err)
 	if err != nil {
 		return wrapStoreErr("kagzi: signal run "+runID, err)
 	}
@@ -81,7 +83,7 @@ func WaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, err
 	if timeout < 0 {
 		return zero, invalidArgument("signal %q: negative timeout %v", name, timeout)
 	}
-	key, err := ctx.nextKey(name)
+	key, pos, err := ctx.nextKey(name, KindSignal)
 	if err != nil {
 		return zero, err
 	}
@@ -94,20 +96,22 @@ func WaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, err
 	for {
 		var w store.SignalWait
 		ctx.write(func(c context.Context) (err error) {
-			w, err = store.TakeSignal(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name, timeout)
+			w, err = store.TakeSignal(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name, pos, timeout)
 			return err
 		})
 		if w.Received {
 			x.setStep(key, store.StepRecord{Kind: string(KindSignal), Status: string(StepCompleted), Output: w.Payload})
+			ctx.hookSignalWait(key, name, SignalReceived)
 			return signalResult[T](x, key, string(StepCompleted), w.Payload)
 		}
 		if w.TimeoutAt != nil && !w.DBNow.Before(*w.TimeoutAt) {
 			d := encodeDetail(ErrorDetail{Code: CodeDeadlineExceeded, Message: "signal wait timed out", Subject: key})
 			ctx.write(func(c context.Context) error {
 				return store.RecordResultStep(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name,
-					string(KindSignal), string(StepFailed), nil, d)
+					string(KindSignal), string(StepFailed), &pos, nil, d)
 			})
 			x.setStep(key, store.StepRecord{Kind: string(KindSignal), Status: string(StepFailed), Error: d})
+			ctx.hookSignalWait(key, name, SignalTimedOut)
 			return zero, fmt.Errorf("%w: %s", ErrSignalTimeout, key)
 		}
 		wake := w.DBNow.Add(time.Hour) // a safety re-check; the signal itself wakes the run
@@ -116,14 +120,11 @@ func WaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, err
 		}
 		remaining := wake.Sub(w.DBNow)
 		if ctx.canSuspend() && remaining > x.w.cfg.MaxInProcessSleep {
+			ctx.hookSignalWait(key, name, SignalWaiting)
 			ctx.write(func(c context.Context) error {
 				_, err := store.SuspendForWait(c, x.w.client.pool, store.WaitWrite{RunID: x.run.RunID,
 					Epoch: x.run.LeaseEpoch, WakeAt: wake, Signal: name})
 				return err
-			})
-			// A signal may have arrived between the take and the suspension.
-			_ = x.write(func(c context.Context) error {
-				return store.WakeIfSignalPending(c, x.w.client.pool, x.run.RunID, name)
 			})
 			ctx.stop(exitSuspended)
 		}
@@ -137,7 +138,7 @@ func signalResult[T any](x *execution, key, status string, payload []byte) (T, e
 	if status != string(StepCompleted) {
 		return out, fmt.Errorf("%w: %s", ErrSignalTimeout, key)
 	}
-	if err := json.Unmarshal(payload, &out); err != nil {
+	if err := x.w.client.unmarshalPayload(payload, &out); err != nil {
 		return out, NonRetryable(fmt.Errorf("kagzi: signal %s of run %s does not decode into %s: %w",
 			key, x.run.RunID, typeName[T](), err))
 	}

@@ -31,6 +31,7 @@ const (
 type StartOption func(*startOptions)
 
 type startOptions struct {
+	version  *string
 	id       string
 	delay    time.Duration
 	startAt  time.Time
@@ -57,6 +58,11 @@ func WithDeadline(t time.Time) StartOption { return func(o *startOptions) { o.de
 
 // WithRunTimeout is WithDeadline(the start time + d): the clock starts at Start.
 func WithRunTimeout(d time.Duration) StartOption { return func(o *startOptions) { o.timeout = d } }
+
+// AtVersion starts the run at a version of its workflow (see WithVersion): only
+// workers that registered that version claim it. Start of a typed workflow uses the
+// definition's version unless this is given.
+func AtVersion(v string) StartOption { return func(o *startOptions) { o.version = &v } }
 
 // WithIDReuse sets what happens when the workflow id's run already finished; see IDReuse.
 func WithIDReuse(r IDReuse) StartOption { return func(o *startOptions) { o.reuse = r } }
@@ -104,6 +110,7 @@ func startTyped[In, Out any](ctx context.Context, c *Client, tx pgx.Tx, wf *Work
 	if err != nil {
 		return nil, invalidArgument("input of %s does not encode as JSON: %v", wf.name, err)
 	}
+	opts = append([]StartOption{AtVersion(wf.version)}, opts...)
 	r, err := c.start(ctx, tx, wf.name, b, opts)
 	if err != nil {
 		return nil, err
@@ -168,8 +175,8 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	} else if err := validName("workflow id", o.id); err != nil {
 		return nil, err
 	}
-	if len(input) > c.maxBytes {
-		return nil, invalidArgument("input of %s is %d bytes, over the limit of %d", workflowType, len(input), c.maxBytes)
+	if input, err = c.encodePayload("input of "+workflowType, input); err != nil {
+		return nil, err
 	}
 	if o.delay < 0 {
 		return nil, invalidArgument("negative delay %v", o.delay)
@@ -206,14 +213,22 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	if tx != nil {
 		db = tx
 	}
+	if o.version == nil {
+		// The newest version a live worker registered; none: the first claim pins it.
+		if o.version, err = store.NewestVersion(ctx, db, c.ns, workflowType); err != nil {
+			return nil, dbError("kagzi: start "+workflowType, err)
+		}
+	}
 	n := store.NewRun{
-		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType,
+		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType, Version: o.version,
 		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
 	}
 	if link != nil {
 		link(&n)
 	}
+	ctx, hooked := c.hookStartBegin(ctx, &n)
 	r, inserted, err := store.InsertRun(ctx, db, n)
+	c.hookStartEnd(ctx, hooked, r, inserted, err)
 	if err != nil {
 		return nil, dbError("kagzi: start "+workflowType, err)
 	}
@@ -248,7 +263,7 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 		switch run.Status {
 		case store.StatusCompleted:
 			var out Out
-			if err := json.Unmarshal(run.Output, &out); err != nil {
+			if err := c.unmarshalPayload(run.Output, &out); err != nil {
 				return zero, fmt.Errorf("kagzi: output of run %s does not decode into %s: %w", r.RunID, typeName[Out](), err)
 			}
 			return out, nil

@@ -60,7 +60,7 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		return zero, invalidArgument("step %q: nil function", name)
 	}
 	x := ctx.x
-	key, err := ctx.nextKey(name)
+	key, pos, err := ctx.nextKey(name, KindStep)
 	if err != nil {
 		return zero, err
 	}
@@ -91,7 +91,9 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 	for {
 		attempts++
 		started := time.Now()
-		res := callStep(ctx.Context, fn, o.timeout)
+		att := ctx.beginAttempt(key, name, attempts)
+		res := callStep(att.ctx, stepBody(att, fn), o.timeout)
+		att.end(res.err, res.timedOut)
 		finished := time.Now()
 		if res.abandoned {
 			n := x.w.abandoned.Add(1)
@@ -102,14 +104,20 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 			// Interrupted, not failed: the attempt does not count.
 			ctx.checkAlive()
 		}
-		w := store.StepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, Key: key, Name: name,
+		w := store.StepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, Key: key, Name: name, Position: pos,
 			StartedAt: started, FinishedAt: finished}
 		fnErr := res.err
 		if fnErr == nil {
 			b, err := json.Marshal(res.out)
+			var codecErr error
+			if err == nil {
+				b, codecErr = x.w.client.encode(b)
+			}
 			switch {
 			case err != nil:
 				fnErr = NonRetryable(fmt.Errorf("output of step %s (%s) does not encode as JSON: %w", key, typeName[T](), err))
+			case codecErr != nil:
+				fnErr = NonRetryable(fmt.Errorf("output of step %s: %w", key, codecErr))
 			case len(b) > x.w.client.maxBytes:
 				fnErr = NonRetryable(fmt.Errorf("output of step %s is %d bytes, over the limit of %d", key, len(b), x.w.client.maxBytes))
 			default:
@@ -216,7 +224,7 @@ func stepError(key string, rec store.StepRecord) *StepError {
 
 func decodeStepOutput[T any](x *execution, key string, b []byte) (T, error) {
 	var out T
-	if err := json.Unmarshal(b, &out); err != nil {
+	if err := x.w.client.unmarshalPayload(b, &out); err != nil {
 		return out, NonRetryable(fmt.Errorf("kagzi: recorded output of step %s of run %s does not decode into %s: %w",
 			key, x.run.RunID, typeName[T](), err))
 	}

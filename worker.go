@@ -51,6 +51,9 @@ type WorkerConfig struct {
 	// DefaultRetry is the retry policy of the worker's steps and runs whose workflow
 	// and step name none. Default: the library's DefaultRetry.
 	DefaultRetry Retry
+	// PruneInterval is how often the worker prunes finished runs past the client's
+	// Retention (a few batches of 500 each time). Default 1 minute.
+	PruneInterval time.Duration
 	// Labels are free-form facts about the worker (region, deployment, ...) recorded
 	// in the worker registry.
 	Labels map[string]string
@@ -61,16 +64,18 @@ type WorkerConfig struct {
 // Worker claims and executes runs of the workflow types it registered, in its
 // client's namespace. Start it with Run.
 type Worker struct {
-	client *Client
-	cfg    WorkerConfig
-	defs   map[string]*definition
-	types  []string
-	logger *slog.Logger
+	client   *Client
+	cfg      WorkerConfig
+	defs     map[string]*definition
+	types    []string
+	versions []string // the version of each of types
+	logger   *slog.Logger
 
 	running   atomic.Bool
 	abandoned atomic.Int64
 	completed atomic.Int64
 	failed    atomic.Int64
+	pruned    atomic.Int64
 	// lastBeat is when the last heartbeat succeeded (Unix nanoseconds; 0: none yet).
 	lastBeat  atomic.Int64
 	status    atomic.Value // string: ONLINE, DRAINING, OFFLINE
@@ -122,6 +127,9 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 	if cfg.Clock == nil {
 		cfg.Clock = time.Now
 	}
+	if cfg.PruneInterval == 0 {
+		cfg.PruneInterval = time.Minute
+	}
 	switch {
 	case cfg.MaxConcurrent < 0:
 		return nil, invalidArgument("negative MaxConcurrent %d", cfg.MaxConcurrent)
@@ -151,12 +159,52 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 		}
 		w.defs[d.name] = d
 		w.types = append(w.types, d.name)
+		w.versions = append(w.versions, d.version)
 	}
 	return w, nil
 }
 
 // ID returns the worker's id.
 func (w *Worker) ID() string { return w.cfg.ID }
+
+// PrunedRuns returns how many finished runs this worker deleted under the client's
+// Retention.
+func (w *Worker) PrunedRuns() int64 { return w.pruned.Load() }
+
+// prune deletes finished runs past the retention, a few small batches per interval,
+// so that no statement holds many locks for long.
+func (w *Worker) prune(ctx context.Context) {
+	if w.client.retention < 0 {
+		return
+	}
+	t := time.NewTicker(w.cfg.PruneInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var total int64
+		for range 10 {
+			n, err := store.PruneFinished(ctx, w.client.pool, w.client.ns, w.client.retention, 500)
+			if err != nil {
+				if ctx.Err() == nil {
+					w.logger.Warn("kagzi: pruning finished runs failed", "error", err)
+				}
+				break
+			}
+			total += n
+			if n < 500 {
+				break
+			}
+		}
+		if total > 0 {
+			w.pruned.Add(total)
+			w.logger.Info("kagzi: pruned finished runs", "runs", total, "retention", w.client.retention)
+		}
+	}
+}
 
 // AbandonedSteps returns how many step goroutines this worker abandoned because they
 // ignored their timeout (see WithTimeout). They may still be running.
@@ -200,13 +248,18 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.client.removeWorker(w)
 
 	hbCtx, stopHeartbeat := context.WithCancel(context.Background())
-	hbDone := make(chan struct{})
+	hbDone := make(chan struct{}, 2)
 	go func() {
-		defer close(hbDone)
+		defer func() { hbDone <- struct{}{} }()
 		w.heartbeat(hbCtx)
+	}()
+	go func() {
+		defer func() { hbDone <- struct{}{} }()
+		w.prune(hbCtx)
 	}()
 	defer func() {
 		stopHeartbeat()
+		<-hbDone
 		<-hbDone
 	}()
 
@@ -238,7 +291,7 @@ func (w *Worker) register(ctx context.Context) error {
 	w.status.Store(store.WorkerOnline)
 	return dbError("kagzi: register worker "+w.cfg.ID, store.RegisterWorker(ctx, w.client.pool, store.WorkerRow{
 		Namespace: w.client.ns, WorkerID: w.cfg.ID, Hostname: host, PID: os.Getpid(), Version: Version,
-		Labels: w.cfg.Labels, WorkflowTypes: w.types, MaxConcurrent: w.cfg.MaxConcurrent,
+		Labels: w.cfg.Labels, WorkflowTypes: w.types, WorkflowVersions: w.versions, MaxConcurrent: w.cfg.MaxConcurrent,
 		HeartbeatInterval: w.cfg.HeartbeatInterval,
 	}))
 }
@@ -301,7 +354,7 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 				claimNow = w.freeSlots() > 0 // more work may be waiting
 			default:
 				backoff = 100 * time.Millisecond
-				next, err := store.NextWake(ctx, w.client.pool, w.client.ns, w.types, w.cfg.ID)
+				next, err := store.NextWake(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID)
 				wakeAt = time.Time{}
 				if err != nil || next == nil {
 					setTimer(time.Time{})
@@ -352,7 +405,9 @@ func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 	if free <= 0 {
 		return false, nil
 	}
-	claimed, err := store.ClaimRuns(ctx, w.client.pool, w.client.ns, w.types, w.cfg.ID, w.cfg.LeaseDuration, free)
+	began := time.Now()
+	claimed, err := store.ClaimRuns(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID, w.cfg.LeaseDuration, free)
+	w.hookClaim(ctx, free, len(claimed), began, err)
 	if err != nil {
 		return false, dbError("kagzi: claim", err)
 	}
@@ -365,7 +420,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 
 // start executes a claimed run on its own goroutine.
 func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
-	ctx, cancel := context.WithCancelCause(context.Background())
+	ctx, cancel := context.WithCancelCause(w.beginExecution(run))
 	if run.Deadline != nil {
 		// The deadline is the database's clock; the timer runs on ours.
 		dctx, stop := context.WithDeadlineCause(ctx, run.Deadline.Add(claimedAt.Sub(run.DBNow)), errRunDeadline)
@@ -376,6 +431,7 @@ func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
 		dbOffset: run.DBNow.Sub(claimedAt),
 		logger:   w.logger.With("run_id", run.RunID, "workflow_id", run.WorkflowID, "workflow_type", run.WorkflowType)}
 	x.leaseUntil.Store(claimedAt.Add(w.cfg.LeaseDuration).UnixNano())
+	x.indexPositions()
 	switch {
 	case run.CancelRequested:
 		cancel(ErrCancelled)
@@ -420,7 +476,12 @@ func (w *Worker) execute(x *execution) {
 		wctx := &Context{Context: x.ctx, x: x, sc: &scope{counts: map[string]int{}}}
 		// Cancelled or past its deadline before it started: do not run it at all.
 		wctx.checkAlive()
-		out, err := x.def.run(wctx, x.run.Input)
+		input, err := w.client.decodePayload(x.run.Input)
+		if err != nil {
+			res = &result{err: inputCodecError(x, err)}
+			return
+		}
+		out, err := x.def.run(wctx, input)
 		res = &result{out: out, err: err}
 	}()
 	<-done
@@ -432,24 +493,36 @@ func (w *Worker) execute(x *execution) {
 	}
 	switch reason {
 	case exitSuspended, exitLeaseLost:
+		w.endExecution(x, exitOutcome(reason), nil)
 		return
 	case exitShutdown:
 		w.mu.Lock()
 		w.handBack = append(w.handBack, store.HeldRun{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch})
 		w.mu.Unlock()
+		w.endExecution(x, OutcomeHandedBack, nil)
 		return
 	}
 
 	if reason == exitNone && res.err == nil && x.ctx.Err() != nil && reasonFor(context.Cause(x.ctx)) == exitDeadline {
 		reason = exitDeadline // finished, but too late
 	}
+	if reason == exitNone && res.err == nil {
+		res.out, res.err = w.client.encodeRunOutput(x, res.out)
+	}
 	if reason == exitNone && res.err != nil && w.retryRun(x, res.err) {
+		w.endExecution(x, OutcomeRetrying, encodeDetail(errorOf(res.err, CodeWorkflowError, x.run.WorkflowType)))
 		return
 	}
 	status, output, detail := store.StatusCancelled, []byte(nil), []byte(nil)
-	if reason == exitDeadline {
+	switch reason {
+	case exitDeadline:
 		status, detail = store.StatusFailed, encodeDetail(ErrorDetail{Code: CodeDeadlineExceeded,
 			NonRetryable: true, Subject: x.run.WorkflowType, Message: "the run passed its deadline"})
+	case exitNonDeterministic:
+		x.mu.Lock()
+		status, detail = store.StatusFailed, encodeDetail(*x.nondeterminism)
+		x.mu.Unlock()
+		x.logger.Error("kagzi: " + x.nondeterminism.Message)
 	}
 	if reason == exitNone {
 		switch {
@@ -498,6 +571,7 @@ func (w *Worker) execute(x *execution) {
 	case status == store.StatusFailed:
 		w.failed.Add(1)
 	}
+	w.endExecution(x, outcomeOf(status, err), detail)
 }
 
 // retryRun schedules the next attempt of a run whose workflow function failed, if its

@@ -4,24 +4,36 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"strings"
 )
 
 // Workflow is a workflow definition: a Go function registered under a name, its
 // workflow type. Create one with Define, usually as a package-level variable, then
 // start runs of it with Start and run them with a Worker that registers it.
 type Workflow[In, Out any] struct {
-	name  string
-	fn    func(*Context, In) (Out, error)
-	retry Retry
-	err   error
+	name    string
+	version string
+	fn      func(*Context, In) (Out, error)
+	retry   Retry
+	err     error
 }
 
 // DefineOption configures a workflow definition.
 type DefineOption func(*workflowOptions)
 
 type workflowOptions struct {
-	retry Retry
+	retry   Retry
+	version string
 }
+
+// WithVersion gives the definition a version. A run records the version it started
+// with, and a worker claims only runs of the versions it registered, so old and new
+// code run side by side during a deploy: the old workers finish the old runs. Without
+// it the version is "". Start of a typed workflow records its version; StartByName
+// records the version given by AtVersion, else the version of the most recently
+// started live worker of that type, else none (the first worker to claim the run
+// pins its own).
+func WithVersion(v string) DefineOption { return func(o *workflowOptions) { o.version = v } }
 
 // WithWorkflowRetry sets the workflow's retry policy. It applies to each of its steps
 // that names none, and to the run as a whole: a run whose function returns an error
@@ -42,11 +54,13 @@ func Define[In, Out any](name string, fn func(ctx *Context, input In) (Out, erro
 	for _, opt := range opts {
 		opt(&o)
 	}
-	w := &Workflow[In, Out]{name: name, fn: fn, retry: o.retry}
+	w := &Workflow[In, Out]{name: name, fn: fn, retry: o.retry, version: o.version}
 	if err := validName("workflow type", name); err != nil {
 		w.err = err
 	} else if fn == nil {
 		w.err = invalidArgument("workflow %q has a nil function", name)
+	} else if len(o.version) > 255 || strings.ContainsFunc(o.version, func(r rune) bool { return r < 0x20 }) {
+		w.err = invalidArgument("workflow %q: invalid version %q", name, o.version)
 	} else if err := o.retry.Err(); err != nil {
 		w.err = fmt.Errorf("workflow %q: %w", name, err)
 	}
@@ -55,6 +69,9 @@ func Define[In, Out any](name string, fn func(ctx *Context, input In) (Out, erro
 
 // Name returns the workflow type.
 func (w *Workflow[In, Out]) Name() string { return w.name }
+
+// Version returns the definition's version ("" without WithVersion).
+func (w *Workflow[In, Out]) Version() string { return w.version }
 
 // Definition is any workflow defined with Define, whatever its input and output
 // types. NewWorker takes a list of them.
@@ -66,15 +83,16 @@ type Definition interface {
 
 // definition is a workflow with its types erased, as a worker runs it.
 type definition struct {
-	name  string
-	err   error
-	retry Retry
+	name    string
+	version string
+	err     error
+	retry   Retry
 	// run decodes the input, calls the workflow function and encodes its output.
 	run func(ctx *Context, input []byte) ([]byte, error)
 }
 
 func (w *Workflow[In, Out]) definition() *definition {
-	return &definition{name: w.name, err: w.err, retry: w.retry, run: func(ctx *Context, input []byte) ([]byte, error) {
+	return &definition{name: w.name, version: w.version, err: w.err, retry: w.retry, run: func(ctx *Context, input []byte) ([]byte, error) {
 		var in In
 		if err := json.Unmarshal(input, &in); err != nil {
 			return nil, &detailError{detail: ErrorDetail{

@@ -6,6 +6,8 @@
 //	kagzi runs list [--status S,...] [--type T] [--workflow-id ID] [--schedule ID] [--limit N] [--page-token T] [--all]
 //	kagzi runs show RUN_ID | --workflow-id ID
 //	kagzi runs cancel RUN_ID
+//	kagzi runs retry RUN_ID
+//	kagzi runs fork RUN_ID STEP_KEY [--input JSON]
 //	kagzi workers list [--status S,...] [--type T] [--limit N] [--page-token T]
 //	kagzi schedules list [--type T] [--paused|--active] [--limit N] [--page-token T]
 //	kagzi schedules show|pause|resume|trigger SCHEDULE_ID
@@ -46,6 +48,8 @@ Usage:
   kagzi runs show RUN_ID                show a run and its step timeline (attempts, errors)
   kagzi runs show --workflow-id ID      ... of a workflow id (its active run, else its newest)
   kagzi runs cancel RUN_ID              cancel a run
+  kagzi runs retry RUN_ID               rerun a FAILED or CANCELLED run from its failed step
+  kagzi runs fork RUN_ID STEP_KEY       start a copy of a run from one of its steps [--input JSON]
   kagzi workers list [filters]          list the worker registry
         --status S,...  --type T  --limit N  --page-token T
   kagzi schedules list [filters]        list cron schedules
@@ -164,8 +168,12 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 			return a.runsShow(ctx, args)
 		case "cancel":
 			return a.runsCancel(ctx, args)
+		case "retry":
+			return a.runsRetry(ctx, args)
+		case "fork":
+			return a.runsFork(ctx, args)
 		}
-		return usagef("runs: want list, show or cancel, got %q", sub)
+		return usagef("runs: want list, show, cancel, retry or fork, got %q", sub)
 	case "workers":
 		args = dropFirst(args, sub)
 		if sub == "list" {

@@ -528,12 +528,13 @@ func TestServeAdminServesTheGRPCFacadeUntilInterrupted(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGINT); err != nil {
 		t.Fatal(err)
 	}
+	tail := <-rest // read to EOF before Wait, which closes the pipe
 	err = cmd.Wait()
 	waited = true
 	if err != nil {
-		t.Fatalf("serve-admin after SIGINT: %v\n%s", err, <-rest)
+		t.Fatalf("serve-admin after SIGINT: %v\n%s", err, tail)
 	}
-	if tail := <-rest; !strings.Contains(tail, "admin API stopped") {
+	if !strings.Contains(tail, "admin API stopped") {
 		t.Fatalf("serve-admin's last words: %q", tail)
 	}
 }
@@ -558,4 +559,42 @@ func TestMissingDatabaseAndBadUsageAreClearErrors(t *testing.T) {
 // metadataCtx sends a bearer token with the calls made with the returned context.
 func metadataCtx(ctx context.Context, token string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
+}
+
+func TestRunsRetryAndForkStartTheRunAgainFromAStep(t *testing.T) {
+	f := newFixture(t)
+	out := ok(t, f.url, "runs", "retry", f.failed)
+	if !strings.Contains(out, "run "+f.failed+" retried (attempt 2, now ") {
+		t.Fatalf("retry: %q", out)
+	}
+	info, err := f.client.GetRun(context.Background(), f.failed)
+	if err != nil || info.Attempt != 2 { // the fixture's worker may already run it (and fail it) again
+		t.Fatalf("after retry: %+v, %v", info, err)
+	}
+	r := kagziCmd(t, f.url, "runs", "retry", f.greets[0])
+	if r.code != 1 || !strings.Contains(r.stderr, "only FAILED or CANCELLED") {
+		t.Fatalf("retry of a completed run: exit %d, %q", r.code, r.stderr)
+	}
+	fork := decode[map[string]any](t, ok(t, f.url, "runs", "fork", f.greets[0], "flaky#1", "--input", `{"name":"fork"}`, "--json"))
+	forkID, _ := fork["run_id"].(string)
+	// compose#1 is a copy of the origin's (same record time); flaky#1 was not copied.
+	origin, err := f.client.ListSteps(context.Background(), f.greets[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps, err := f.client.ListSteps(context.Background(), forkID)
+	if err != nil || len(steps) == 0 || steps[0].Key != "compose#1" || !steps[0].CreatedAt.Equal(origin[0].CreatedAt) {
+		t.Fatalf("fork's steps: %+v, %v; want compose#1 copied from the origin", steps, err)
+	}
+	if len(steps) > 1 && steps[1].CreatedAt.Equal(origin[1].CreatedAt) {
+		t.Fatalf("flaky#1 was copied; the fork must start at it")
+	}
+	if info, err := f.client.GetRun(context.Background(), forkID); err != nil || info.ForkedFromRunID != f.greets[0] ||
+		string(info.Input) != `{"name": "fork"}` {
+		t.Fatalf("fork: %+v, %v", info, err)
+	}
+	r = kagziCmd(t, f.url, "runs", "fork", f.greets[0], "no-such-step#1")
+	if r.code != 1 || !strings.Contains(r.stderr, "no step") {
+		t.Fatalf("fork from a missing step: exit %d, %q", r.code, r.stderr)
+	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
@@ -234,6 +235,65 @@ func (a *app) runsCancel(ctx context.Context, args []string) error {
 	} else {
 		fmt.Fprintf(a.stdout, "run %s is %s: cancel requested; its worker will end it CANCELLED\n", run.RunID, run.Status)
 	}
+	return nil
+}
+
+func (a *app) runsRetry(ctx context.Context, args []string) error {
+	fs := a.flagSet("runs retry")
+	pos, err := a.parse(fs, args, 1, 1)
+	if err != nil {
+		return err
+	}
+	pool, client, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := client.Retry(ctx, pos[0]); err != nil {
+		return notFound(err, "no such run in namespace "+a.namespace)
+	}
+	run, err := client.GetRun(ctx, pos[0])
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return a.printJSON(runOf(run))
+	}
+	fmt.Fprintf(a.stdout, "run %s retried (attempt %d, now %s); its completed steps will replay\n", run.RunID, run.Attempt, run.Status)
+	return nil
+}
+
+func (a *app) runsFork(ctx context.Context, args []string) error {
+	fs := a.flagSet("runs fork")
+	input := fs.String("input", "", "the fork's input as JSON (default: the origin's)")
+	pos, err := a.parse(fs, args, 2, 2)
+	if err != nil {
+		return err
+	}
+	var opts kagzi.ForkOptions
+	if *input != "" {
+		if !json.Valid([]byte(*input)) {
+			return usagef("--input is not valid JSON")
+		}
+		opts.Input = json.RawMessage(*input)
+	}
+	pool, client, err := a.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	fork, err := client.Fork(ctx, pos[0], pos[1], opts)
+	if err != nil {
+		return notFound(err, "no such run in namespace "+a.namespace)
+	}
+	run, err := client.GetRun(ctx, fork.RunID)
+	if err != nil {
+		return err
+	}
+	if a.json {
+		return a.printJSON(runOf(run))
+	}
+	fmt.Fprintf(a.stdout, "forked run %s from %s at step %s\n", run.RunID, pos[0], pos[1])
 	return nil
 }
 

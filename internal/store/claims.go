@@ -15,6 +15,7 @@ type ClaimedRun struct {
 	Namespace       string
 	WorkflowID      string
 	WorkflowType    string
+	Version         string
 	Input           []byte
 	Attempt         int
 	LeaseEpoch      int64
@@ -25,10 +26,16 @@ type ClaimedRun struct {
 	// a recorded wake time is without trusting its own clock to agree.
 	DBNow time.Time
 	Steps map[string]StepRecord
+	// AvailableAt is when the run became claimable (before this claim); Carrier the
+	// trace context stored at its start (nil: none).
+	AvailableAt time.Time
+	Carrier     []byte
 }
 
 // StepRecord is a recorded step as replay needs it.
 type StepRecord struct {
+	Name     string
+	Position *int
 	Kind     string
 	Status   string
 	Output   []byte
@@ -41,12 +48,15 @@ type StepRecord struct {
 // PENDING runs whose start time has come, SLEEPING runs whose wake time has come,
 // and RUNNING runs whose lease expired (their worker died or stalled). It reads only
 // the partial index runs_claimable, and SKIP LOCKED lets any number of workers claim
-// side by side without waiting on each other. Each claim bumps the lease epoch.
+// side by side without waiting on each other. Each claim bumps the lease epoch. A
+// worker claims only the versions it registered ($6, parallel to the types $2); a run
+// started without a version is pinned to the claiming worker's.
 const claimSQL = `
 WITH locked AS (
-	SELECT run_id FROM kagzi.runs
+	SELECT run_id, available_at FROM kagzi.runs
 	WHERE namespace = $1 AND workflow_type = ANY($2)
 	  AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at <= now()
+	  AND (version IS NULL OR (workflow_type, version) IN (SELECT * FROM unnest($2::text[], $6::text[])))
 	ORDER BY available_at
 	LIMIT $4
 	FOR UPDATE SKIP LOCKED
@@ -57,12 +67,13 @@ UPDATE kagzi.runs r SET
 	lease_epoch = r.lease_epoch + 1,
 	available_at = now() + $5 * interval '1 millisecond',
 	started_at = coalesce(r.started_at, now()),
-	waiting_signal = NULL,
+	waiting_signal = NULL, wake_pending = false,
+	version = coalesce(r.version, (SELECT v FROM unnest($2::text[], $6::text[]) AS t(ty, v) WHERE ty = r.workflow_type)),
 	updated_at = now()
 FROM locked
 WHERE r.run_id = locked.run_id
-RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.input, r.attempt,
-	r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now()`
+RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.version, r.input, r.attempt,
+	r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now(), locked.available_at, r.trace_carrier`
 
 // claimedStepsSQL loads the recorded steps of the runs this transaction has just
 // claimed. It runs after claimSQL in the same implicit transaction (one pipelined
@@ -70,17 +81,17 @@ RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.input, r.atte
 // recorded before the claim locked the run: a fenced step write holds a lock that
 // the claim's SKIP LOCKED skips, so it either committed before the claim or fails.
 const claimedStepsSQL = `
-SELECT s.run_id, s.step_key, s.kind, s.status, s.output, s.error, s.attempts, s.wake_at
+SELECT s.run_id, s.step_key, s.name, s.position, s.kind, s.status, s.output, s.error, s.attempts, s.wake_at
 FROM kagzi.steps s
 JOIN kagzi.runs r ON r.run_id = s.run_id
 WHERE r.locked_by = $1 AND r.status = 'RUNNING' AND r.xmin = pg_current_xact_id()::xid`
 
 // ClaimRuns claims up to limit runs for the worker and loads their recorded steps,
 // in one round trip.
-func ClaimRuns(ctx context.Context, db DBTX, namespace string, types []string, workerID string,
+func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions []string, workerID string,
 	lease time.Duration, limit int) ([]ClaimedRun, error) {
 	var b pgx.Batch
-	b.Queue(claimSQL, namespace, types, workerID, limit, lease.Milliseconds())
+	b.Queue(claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
 	b.Queue(claimedStepsSQL, workerID)
 	br := sendBatch(ctx, db, &b)
 	defer br.Close()
@@ -91,8 +102,8 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types []string, w
 	}
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ClaimedRun, error) {
 		var c ClaimedRun
-		err := row.Scan(&c.RunID, &c.Namespace, &c.WorkflowID, &c.WorkflowType, &c.Input, &c.Attempt,
-			&c.LeaseEpoch, &c.CancelRequested, &c.Deadline, &c.CreatedAt, &c.DBNow)
+		err := row.Scan(&c.RunID, &c.Namespace, &c.WorkflowID, &c.WorkflowType, &c.Version, &c.Input, &c.Attempt,
+			&c.LeaseEpoch, &c.CancelRequested, &c.Deadline, &c.CreatedAt, &c.DBNow, &c.AvailableAt, &c.Carrier)
 		c.Steps = map[string]StepRecord{}
 		return c, err
 	})
@@ -111,7 +122,7 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types []string, w
 		var runID uuid.UUID
 		var key string
 		var s StepRecord
-		if err := rows.Scan(&runID, &key, &s.Kind, &s.Status, &s.Output, &s.Error, &s.Attempts, &s.WakeAt); err != nil {
+		if err := rows.Scan(&runID, &key, &s.Name, &s.Position, &s.Kind, &s.Status, &s.Output, &s.Error, &s.Attempts, &s.WakeAt); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -137,14 +148,15 @@ func sendBatch(ctx context.Context, db DBTX, b *pgx.Batch) pgx.BatchResults {
 // NextWake returns when the earliest unfinished run of the worker's types becomes
 // claimable (a delayed start, a wake time, a lease that others hold), or nil if there
 // is none. The worker sets a timer for it instead of polling.
-func NextWake(ctx context.Context, db DBTX, namespace string, types []string, workerID string) (*time.Time, error) {
+func NextWake(ctx context.Context, db DBTX, namespace string, types, versions []string, workerID string) (*time.Time, error) {
 	var t *time.Time
 	err := db.QueryRow(ctx, `
 		SELECT min(available_at) FROM kagzi.runs
 		WHERE namespace = $1 AND workflow_type = ANY($2)
 		  AND status IN ('PENDING', 'RUNNING', 'SLEEPING')
-		  AND (status <> 'RUNNING' OR locked_by IS DISTINCT FROM $3)`,
-		namespace, types, workerID).Scan(&t)
+		  AND (status <> 'RUNNING' OR locked_by IS DISTINCT FROM $3)
+		  AND (version IS NULL OR (workflow_type, version) IN (SELECT * FROM unnest($2::text[], $4::text[])))`,
+		namespace, types, workerID, versions).Scan(&t)
 	return t, err
 }
 
@@ -190,6 +202,8 @@ type StepWrite struct {
 	Epoch int64
 	Key   string
 	Name  string
+	// Position is the step's among the calls of its scope.
+	Position int
 	// Status is the attempt's: COMPLETED, FAILED or TIMED_OUT.
 	Status string
 	// StepStatus is the step's after this attempt: COMPLETED, RETRYING or FAILED.
@@ -219,8 +233,8 @@ WITH owner AS (
 	WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
 	FOR KEY SHARE
 ), step AS (
-	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts)
-	SELECT $1, $3, $4, 'STEP', $10, $6, $7, 1
+	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position)
+	SELECT $1, $3, $4, 'STEP', $10, $6, $7, 1, $12
 	FROM owner
 	ON CONFLICT (run_id, step_key) DO UPDATE SET
 		status = excluded.status, output = excluded.output, error = excluded.error,
@@ -263,7 +277,7 @@ func RecordStep(ctx context.Context, db DBTX, w StepWrite) (attempt int, err err
 		retryMS = &ms
 	}
 	err = db.QueryRow(ctx, recordStepSQL, w.RunID, w.Epoch, w.Key, w.Name, w.Status, w.Output,
-		w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, retryMS).Scan(&owned, &att, &notified)
+		w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, retryMS, w.Position).Scan(&owned, &att, &notified)
 	switch {
 	case err != nil:
 		return 0, err
@@ -311,10 +325,11 @@ func GetStepOutput(ctx context.Context, db DBTX, runID uuid.UUID, key string) ([
 
 // SleepWrite records a durable sleep.
 type SleepWrite struct {
-	RunID uuid.UUID
-	Epoch int64
-	Key   string
-	Name  string
+	RunID    uuid.UUID
+	Epoch    int64
+	Key      string
+	Name     string
+	Position int
 	// WakeAt is the absolute wake time; when nil, the wake time is the database's
 	// now() plus Duration.
 	WakeAt   *time.Time
@@ -332,14 +347,14 @@ func RecordSleep(ctx context.Context, db DBTX, w SleepWrite) (wakeAt, dbNow time
 			WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
 			FOR KEY SHARE
 		), step AS (
-			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, wake_at)
-			SELECT $1, $3, $4, 'SLEEP', 'COMPLETED', coalesce($5, now() + $6 * interval '1 millisecond')
+			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, wake_at, position)
+			SELECT $1, $3, $4, 'SLEEP', 'COMPLETED', coalesce($5, now() + $6 * interval '1 millisecond'), $7
 			FROM owner
 			ON CONFLICT (run_id, step_key) DO UPDATE SET updated_at = now()
 			RETURNING wake_at
 		)
 		SELECT (SELECT count(*) FROM owner), (SELECT wake_at FROM step), now()`,
-		w.RunID, w.Epoch, w.Key, w.Name, w.WakeAt, w.Duration.Milliseconds()).Scan(&owned, &wake, &dbNow)
+		w.RunID, w.Epoch, w.Key, w.Name, w.WakeAt, w.Duration.Milliseconds(), w.Position).Scan(&owned, &wake, &dbNow)
 	if err != nil {
 		return time.Time{}, time.Time{}, err
 	}
@@ -360,8 +375,8 @@ WITH owner AS (
 	WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
 	FOR UPDATE
 ), step AS (
-	INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, wake_at)
-	SELECT $1, $3, $4, 'SLEEP', 'COMPLETED', wake_at FROM owner WHERE $3 <> ''
+	INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, wake_at, position)
+	SELECT $1, $3, $4, 'SLEEP', 'COMPLETED', wake_at, $7 FROM owner WHERE $3 <> ''
 	ON CONFLICT (run_id, step_key) DO NOTHING
 ), upd AS (
 	UPDATE kagzi.runs r SET
@@ -380,7 +395,7 @@ SELECT status, (` + notifyRunSQL + `)::text FROM upd`
 func Suspend(ctx context.Context, db DBTX, w SleepWrite) (status string, err error) {
 	var ignored string
 	err = db.QueryRow(ctx, suspendSQL, w.RunID, w.Epoch, w.Key, w.Name, w.WakeAt,
-		w.Duration.Milliseconds()).Scan(&status, &ignored)
+		w.Duration.Milliseconds(), w.Position).Scan(&status, &ignored)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrLeaseLost
 	}

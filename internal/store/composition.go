@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -13,7 +12,7 @@ import (
 
 // RecordChildStep records the step that started a child run: its output names the
 // child. Fenced like RecordStep.
-func RecordChildStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key, name string, output []byte) error {
+func RecordChildStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key, name string, position int, output []byte) error {
 	var owned int
 	err := db.QueryRow(ctx, `
 		WITH owner AS (
@@ -21,11 +20,11 @@ func RecordChildStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64,
 			WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
 			FOR KEY SHARE
 		), step AS (
-			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, attempts)
-			SELECT $1, $3, $4, 'CHILD', 'COMPLETED', $5, 1 FROM owner
+			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, attempts, position)
+			SELECT $1, $3, $4, 'CHILD', 'COMPLETED', $5, 1, $6 FROM owner
 			ON CONFLICT (run_id, step_key) DO NOTHING
 		)
-		SELECT count(*) FROM owner`, runID, epoch, key, name, output).Scan(&owned)
+		SELECT count(*) FROM owner`, runID, epoch, key, name, output, position).Scan(&owned)
 	if err != nil {
 		return err
 	}
@@ -39,7 +38,7 @@ func RecordChildStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64,
 // result, a signal wait that timed out): COMPLETED with an output, or FAILED with an
 // error. Fenced.
 func RecordResultStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key, name, kind, status string,
-	output, errDetail []byte) error {
+	position *int, output, errDetail []byte) error {
 	var owned int
 	err := db.QueryRow(ctx, `
 		WITH owner AS (
@@ -47,13 +46,13 @@ func RecordResultStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64
 			WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
 			FOR KEY SHARE
 		), step AS (
-			INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts)
-			SELECT $1, $3, $4, $5, $6, $7, $8, 1 FROM owner
+			INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position)
+			SELECT $1, $3, $4, $5, $6, $7, $8, 1, $9 FROM owner
 			ON CONFLICT (run_id, step_key) DO UPDATE SET status = excluded.status, output = excluded.output,
 				error = excluded.error, updated_at = now()
 			WHERE s.status = 'WAITING'
 		)
-		SELECT count(*) FROM owner`, runID, epoch, key, name, kind, status, output, errDetail).Scan(&owned)
+		SELECT count(*) FROM owner`, runID, epoch, key, name, kind, status, output, errDetail, position).Scan(&owned)
 	if err != nil {
 		return err
 	}
@@ -105,7 +104,11 @@ func SuspendForWait(ctx context.Context, db DBTX, w WaitWrite) (string, error) {
 			UPDATE kagzi.runs r SET
 				status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'SLEEPING' END,
 				finished_at = CASE WHEN r.cancel_requested THEN now() END,
-				available_at = least($3, r.deadline_at), waiting_signal = $4,
+				-- A signal or a child's end that came while the run was deciding to wait
+				-- set wake_pending: this UPDATE sees it (it re-reads the row it waited
+				-- for), and the run stays claimable.
+				available_at = CASE WHEN r.wake_pending THEN now() ELSE least($3, r.deadline_at) END,
+				waiting_signal = $4, wake_pending = false,
 				locked_by = NULL, updated_at = now()
 			WHERE r.run_id = $1 AND r.lease_epoch = $2 AND r.status = 'RUNNING'
 			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
@@ -115,32 +118,6 @@ func SuspendForWait(ctx context.Context, db DBTX, w WaitWrite) (string, error) {
 		return "", ErrLeaseLost
 	}
 	return status, err
-}
-
-// wakeIfSQL makes a SLEEPING run claimable now when $2 (a condition) holds, unless it
-// already is, and tells the workers of its type. Waits use it to close the race
-// between deciding to wait and the awaited thing happening just before the wait was
-// recorded (its own wake-up then found the run still RUNNING).
-const wakeIfSQL = `
-WITH upd AS (
-	UPDATE kagzi.runs SET available_at = now()
-	WHERE run_id = $1 AND status = 'SLEEPING' AND available_at > now() AND %s
-	RETURNING run_id, namespace, workflow_type, status, available_at
-)
-SELECT ` + notifyRunSQL + ` FROM upd`
-
-// WakeIfChildEnded wakes a sleeping run if the child has ended.
-func WakeIfChildEnded(ctx context.Context, db DBTX, runID, childID uuid.UUID) error {
-	_, err := db.Exec(ctx, fmt.Sprintf(wakeIfSQL, `EXISTS (SELECT 1 FROM kagzi.runs c
-		WHERE c.run_id = $2 AND c.status IN ('COMPLETED', 'FAILED', 'CANCELLED'))`), runID, childID)
-	return err
-}
-
-// WakeIfSignalPending wakes a sleeping run if a signal of the name waits for it.
-func WakeIfSignalPending(ctx context.Context, db DBTX, runID uuid.UUID, name string) error {
-	_, err := db.Exec(ctx, fmt.Sprintf(wakeIfSQL, `EXISTS (SELECT 1 FROM kagzi.signals s
-		WHERE s.run_id = $1 AND s.name = $2 AND s.consumed_by IS NULL)`), runID, name)
-	return err
 }
 
 // SendSignal stores a signal for an active run of the namespace and wakes the run if
@@ -157,12 +134,17 @@ func SendSignal(ctx context.Context, db DBTX, namespace string, runID uuid.UUID,
 			SELECT run_id, $3, $4 FROM target WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING')
 			RETURNING run_id
 		), wake AS (
-			UPDATE kagzi.runs r SET available_at = now()
+			-- Always touch the run row: a run about to wait reads wake_pending under the
+			-- same row lock (see SuspendForWait).
+			UPDATE kagzi.runs r SET wake_pending = true,
+				available_at = CASE WHEN r.status = 'SLEEPING' AND r.waiting_signal = $3 THEN now()
+					ELSE r.available_at END
 			FROM ins
-			WHERE r.run_id = ins.run_id AND r.status = 'SLEEPING' AND r.waiting_signal = $3
-			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
+			WHERE r.run_id = ins.run_id
+			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at,
+				r.status = 'SLEEPING' AND r.available_at <= now() AS woken
 		)
-		SELECT t.status, (SELECT (`+notifyRunSQL+`)::text FROM wake) FROM target t`,
+		SELECT t.status, (SELECT (`+notifyRunSQL+`)::text FROM wake WHERE woken) FROM target t`,
 		namespace, runID, name, payload).Scan(&status, &ignored)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrNotFound
@@ -196,7 +178,7 @@ type SignalWait struct {
 // step, in one fenced statement: it marks the signal consumed by the step and
 // records the step COMPLETED with its payload; with no signal pending, it records the
 // step WAITING with its timeout (fixed the first time: a restart does not extend it).
-func TakeSignal(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key, name string, timeout time.Duration) (SignalWait, error) {
+func TakeSignal(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key, name string, position int, timeout time.Duration) (SignalWait, error) {
 	var (
 		w      SignalWait
 		owned  int
@@ -221,10 +203,10 @@ func TakeSignal(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key,
 				FOR UPDATE)
 			RETURNING payload
 		), step AS (
-			INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, wake_at, attempts)
+			INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, wake_at, attempts, position)
 			SELECT $1, $3, $4, 'SIGNAL',
 				CASE WHEN EXISTS (SELECT 1 FROM sig) THEN 'COMPLETED' ELSE 'WAITING' END,
-				(SELECT payload FROM sig), now() + $5 * interval '1 millisecond', 0
+				(SELECT payload FROM sig), now() + $5 * interval '1 millisecond', 0, $6
 			FROM owner
 			ON CONFLICT (run_id, step_key) DO UPDATE SET
 				status = excluded.status, output = excluded.output, updated_at = now()
@@ -234,7 +216,7 @@ func TakeSignal(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key,
 		SELECT (SELECT count(*) FROM owner), (SELECT status FROM step), (SELECT output FROM step),
 			coalesce((SELECT wake_at FROM step), (SELECT wake_at FROM kagzi.steps WHERE run_id = $1 AND step_key = $3)),
 			now()`,
-		runID, epoch, key, name, timeoutMS).Scan(&owned, &status, &w.Payload, &w.TimeoutAt, &w.DBNow)
+		runID, epoch, key, name, timeoutMS, position).Scan(&owned, &status, &w.Payload, &w.TimeoutAt, &w.DBNow)
 	if err != nil {
 		return w, err
 	}
@@ -247,7 +229,7 @@ func TakeSignal(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key,
 
 // SetEvent publishes a run's event and records the step that did it, in one fenced
 // statement, and tells waiters.
-func SetEvent(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, stepKey, key string, value []byte) error {
+func SetEvent(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, stepKey, key string, position int, value []byte) error {
 	var owned int
 	err := db.QueryRow(ctx, `
 		WITH owner AS (
@@ -260,13 +242,13 @@ func SetEvent(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, stepKe
 			ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value, updated_at = now()
 			RETURNING run_id
 		), step AS (
-			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, attempts)
-			SELECT $1, $3, $4, 'EVENT', 'COMPLETED', $5, 1 FROM owner
+			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, attempts, position)
+			SELECT $1, $3, $4, 'EVENT', 'COMPLETED', $5, 1, $6 FROM owner
 			ON CONFLICT (run_id, step_key) DO NOTHING
 		)
 		SELECT (SELECT count(*) FROM owner),
 			(SELECT pg_notify('`+Channel+`', 'e|' || run_id || '|' || $4)::text FROM ev)`,
-		runID, epoch, stepKey, key, value).Scan(&owned, new(*string))
+		runID, epoch, stepKey, key, value, position).Scan(&owned, new(*string))
 	if err != nil {
 		return err
 	}

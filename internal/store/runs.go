@@ -82,11 +82,17 @@ type Run struct {
 	// ParentRunID and ParentStepKey name the run and step that started this child run.
 	ParentRunID   *uuid.UUID
 	ParentStepKey *string
+	// Version is the workflow version the run started with (nil until pinned).
+	Version *string
+	// ForkedFromRunID and ForkedFromStep name the run and step a fork was copied from.
+	ForkedFromRunID *uuid.UUID
+	ForkedFromStep  *string
 }
 
 const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input, output, error,
 	attempt, available_at, locked_by, lease_epoch, cancel_requested, deadline_at, created_at,
-	started_at, finished_at, updated_at, schedule_id, schedule_tick, parent_run_id, parent_step_key`
+	started_at, finished_at, updated_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
+	version, forked_from_run_id, forked_from_step`
 
 // scanRun scans runColumns, then the extra destinations.
 func scanRun(row pgx.Row, extra ...any) (Run, error) {
@@ -94,7 +100,8 @@ func scanRun(row pgx.Row, extra ...any) (Run, error) {
 	err := row.Scan(append([]any{&r.RunID, &r.Namespace, &r.WorkflowID, &r.WorkflowType, &r.Status, &r.Input,
 		&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
 		&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
-		&r.ScheduleID, &r.ScheduleTick, &r.ParentRunID, &r.ParentStepKey}, extra...)...)
+		&r.ScheduleID, &r.ScheduleTick, &r.ParentRunID, &r.ParentStepKey,
+		&r.Version, &r.ForkedFromRunID, &r.ForkedFromStep}, extra...)...)
 	return r, err
 }
 
@@ -117,6 +124,14 @@ type NewRun struct {
 	// ParentRunID and ParentStepKey, when set, make the run a child of that run's step.
 	ParentRunID   *uuid.UUID
 	ParentStepKey string
+	// Version, when set, is the workflow version the run starts with; nil lets the
+	// first worker to claim it pin its own.
+	Version *string
+	// ForkedFromRunID and ForkedFromStep record the origin of a fork.
+	ForkedFromRunID *uuid.UUID
+	ForkedFromStep  string
+	// Carrier, when set, is the trace context captured at the start (JSON object).
+	Carrier []byte
 }
 
 // insertRunSQL starts a run in one statement and notifies the workers of its type in the
@@ -136,9 +151,10 @@ WITH prev AS (
 	LIMIT 1
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
-		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key)
+		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
+		version, forked_from_run_id, forked_from_step, trace_carrier)
 	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now()), $8), $7, $8, nullif($9::text, ''), $10::timestamptz,
-		$11::uuid, nullif($12::text, '')
+		$11::uuid, nullif($12::text, ''), $13::text, $14::uuid, nullif($15::text, ''), $16::jsonb
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
 	RETURNING ` + runColumns + `
@@ -157,7 +173,8 @@ func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, 
 	}
 	for range 5 {
 		row := db.QueryRow(ctx, insertRunSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
-			n.Input, startAt, n.ReuseNever, n.Deadline, n.ScheduleID, n.ScheduleTick, n.ParentRunID, n.ParentStepKey)
+			n.Input, startAt, n.ReuseNever, n.Deadline, n.ScheduleID, n.ScheduleTick, n.ParentRunID, n.ParentStepKey,
+			n.Version, n.ForkedFromRunID, n.ForkedFromStep, n.Carrier)
 		var notified string
 		r, err := scanRun(row, &inserted, &notified)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -198,6 +215,7 @@ type ListRunsParams struct {
 	WorkflowID    string
 	ScheduleID    string
 	ParentRunID   *uuid.UUID
+	Version       *string
 	CreatedAfter  *time.Time
 	CreatedBefore *time.Time
 	// After is the keyset cursor: the (created_at, run_id) of the last row of the
@@ -230,6 +248,9 @@ func ListRuns(ctx context.Context, db DBTX, p ListRunsParams) ([]Run, error) {
 	}
 	if p.ParentRunID != nil {
 		add("parent_run_id = ", *p.ParentRunID)
+	}
+	if p.Version != nil {
+		add("version = ", *p.Version)
 	}
 	if p.CreatedAfter != nil {
 		add("created_at >= ", *p.CreatedAfter)

@@ -26,6 +26,7 @@ type WorkerRow struct {
 	Version           string
 	Labels            map[string]string
 	WorkflowTypes     []string
+	WorkflowVersions  []string
 	MaxConcurrent     int
 	HeartbeatInterval time.Duration
 	Status            string
@@ -38,14 +39,14 @@ type WorkerRow struct {
 }
 
 const workerColumns = `namespace, worker_id, hostname, pid, version, labels, workflow_types,
-	max_concurrent, heartbeat_interval_ms, status, active_runs, completed_total, failed_total,
+	workflow_versions, max_concurrent, heartbeat_interval_ms, status, active_runs, completed_total, failed_total,
 	started_at, last_heartbeat_at, stopped_at`
 
 func scanWorker(row pgx.Row) (WorkerRow, error) {
 	var w WorkerRow
 	var intervalMS int64
 	err := row.Scan(&w.Namespace, &w.WorkerID, &w.Hostname, &w.PID, &w.Version, &w.Labels,
-		&w.WorkflowTypes, &w.MaxConcurrent, &intervalMS, &w.Status, &w.ActiveRuns, &w.CompletedTotal,
+		&w.WorkflowTypes, &w.WorkflowVersions, &w.MaxConcurrent, &intervalMS, &w.Status, &w.ActiveRuns, &w.CompletedTotal,
 		&w.FailedTotal, &w.StartedAt, &w.LastHeartbeatAt, &w.StoppedAt)
 	w.HeartbeatInterval = time.Duration(intervalMS) * time.Millisecond
 	return w, err
@@ -60,16 +61,17 @@ func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow) error {
 	}
 	_, err := db.Exec(ctx, `
 		INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version, labels, workflow_types,
-			max_concurrent, heartbeat_interval_ms, status)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'ONLINE')
+			max_concurrent, heartbeat_interval_ms, status, workflow_versions)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'ONLINE', $10)
 		ON CONFLICT (namespace, worker_id) DO UPDATE SET
 			hostname = excluded.hostname, pid = excluded.pid, version = excluded.version,
 			labels = excluded.labels, workflow_types = excluded.workflow_types,
+			workflow_versions = excluded.workflow_versions,
 			max_concurrent = excluded.max_concurrent, heartbeat_interval_ms = excluded.heartbeat_interval_ms,
 			status = 'ONLINE', active_runs = 0, completed_total = 0, failed_total = 0,
 			started_at = now(), last_heartbeat_at = now(), stopped_at = NULL`,
 		w.Namespace, w.WorkerID, w.Hostname, w.PID, w.Version, labels, w.WorkflowTypes,
-		w.MaxConcurrent, w.HeartbeatInterval.Milliseconds())
+		w.MaxConcurrent, w.HeartbeatInterval.Milliseconds(), w.WorkflowVersions)
 	return err
 }
 

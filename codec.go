@@ -1,0 +1,168 @@
+package kagzi
+
+import (
+	"bytes"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+)
+
+// Codec transforms payloads on their way to and from PostgreSQL: compression,
+// encryption, or both. Set one in Config.Codec and it applies to every payload the
+// client and its workers write and read: run inputs (Start, StartChild, schedule
+// inputs), run outputs, step outputs, signal payloads and event values. Error details,
+// names, ids and the trace carrier are not payloads and are stored as they are.
+//
+// Encode receives the payload's JSON and returns any bytes; Decode must return the
+// JSON that Encode was given. Both must be safe for concurrent use. Every process that
+// reads or writes the namespace's runs needs the same codec (or one whose Decode still
+// reads what the old one wrote, for a key rotation).
+type Codec interface {
+	Encode(payload []byte) ([]byte, error)
+	Decode(encoded []byte) ([]byte, error)
+}
+
+// codecKey is the only key of the JSON object an encoded payload is stored as: the
+// payload columns are jsonb, so an encoded payload is kept as
+// {"$kagzi_codec": "<standard base64 of what Encode returned>"}.
+const codecKey = "$kagzi_codec"
+
+type codecEnvelope struct {
+	Data *string `json:"$kagzi_codec"`
+}
+
+// encodePayload applies the codec to a payload's JSON and checks the size limit on
+// what is stored. Its errors wrap ErrInvalidArgument and name what: "input of
+// process-order", say.
+func (c *Client) encodePayload(what string, b []byte) ([]byte, error) {
+	if c.codec != nil {
+		enc, err := c.encode(b)
+		if err != nil {
+			return nil, invalidArgument("%s: %v", what, err)
+		}
+		b = enc
+	}
+	if len(b) > c.maxBytes {
+		if c.codec != nil {
+			return nil, invalidArgument("%s is %d bytes once encoded by the codec, over the limit of %d (Config.MaxPayloadSize)",
+				what, len(b), c.maxBytes)
+		}
+		return nil, invalidArgument("%s is %d bytes, over the limit of %d (Config.MaxPayloadSize)", what, len(b), c.maxBytes)
+	}
+	return b, nil
+}
+
+// encode applies the codec, if any, to a payload's JSON (no size check).
+func (c *Client) encode(b []byte) ([]byte, error) {
+	if c.codec == nil {
+		return b, nil
+	}
+	enc, err := c.codec.Encode(b)
+	if err != nil {
+		return nil, fmt.Errorf("kagzi: payload codec: encode: %w", err)
+	}
+	s := base64.StdEncoding.EncodeToString(enc)
+	out, err := json.Marshal(codecEnvelope{Data: &s})
+	if err != nil {
+		return nil, fmt.Errorf("kagzi: payload codec: %w", err)
+	}
+	return out, nil
+}
+
+// decodePayload returns the JSON of a stored payload: with a codec, an encoded payload
+// is decoded, and one written before the codec was configured is returned as it is.
+func (c *Client) decodePayload(b []byte) ([]byte, error) {
+	if c.codec == nil || len(b) == 0 {
+		return b, nil
+	}
+	data, ok := envelopeData(b)
+	if !ok {
+		return b, nil
+	}
+	enc, err := base64.StdEncoding.DecodeString(data)
+	if err != nil {
+		return nil, fmt.Errorf("kagzi: payload codec: stored payload is not base64: %w", err)
+	}
+	dec, err := c.codec.Decode(enc)
+	if err != nil {
+		return nil, fmt.Errorf("kagzi: payload codec: decode: %w", err)
+	}
+	if !json.Valid(dec) {
+		return nil, fmt.Errorf("kagzi: payload codec: decode returned invalid JSON (%d bytes)", len(dec))
+	}
+	return dec, nil
+}
+
+// envelopeData returns the data of an encoded payload, which is a JSON object with the
+// one key codecKey.
+func envelopeData(b []byte) (string, bool) {
+	t := bytes.TrimSpace(b)
+	if len(t) == 0 || t[0] != '{' || !bytes.Contains(t, []byte(codecKey)) {
+		return "", false
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(t, &fields); err != nil || len(fields) != 1 {
+		return "", false
+	}
+	var env codecEnvelope
+	if err := json.Unmarshal(t, &env); err != nil || env.Data == nil {
+		return "", false
+	}
+	return *env.Data, true
+}
+
+// unmarshalPayload decodes a stored payload into v.
+func (c *Client) unmarshalPayload(b []byte, v any) error {
+	dec, err := c.decodePayload(b)
+	if err != nil {
+		return err
+	}
+	return json.Unmarshal(dec, v)
+}
+
+// readPayload is decodePayload for reads that report payloads (RunInfo, StepInfo,
+// ScheduleInfo): a payload the codec cannot decode is returned as stored.
+func (c *Client) readPayload(b []byte) []byte {
+	if c.codec == nil {
+		return b
+	}
+	dec, err := c.decodePayload(b)
+	if err != nil {
+		c.logger.Warn("kagzi: a stored payload does not decode with the client's codec; it is returned as stored",
+			"error", err)
+		return b
+	}
+	return dec
+}
+
+// decodeRunInfo decodes the input and output of a run read.
+func (c *Client) decodeRunInfo(info RunInfo) RunInfo {
+	info.Input, info.Output = c.readPayload(info.Input), c.readPayload(info.Output)
+	return info
+}
+
+// decodeScheduleInfo decodes the input of a schedule read.
+func (c *Client) decodeScheduleInfo(info *ScheduleInfo) *ScheduleInfo {
+	if info != nil {
+		info.Input = c.readPayload(info.Input)
+	}
+	return info
+}
+
+// inputCodecError is the error of a run whose stored input the codec cannot decode:
+// it fails the run at once (INVALID_INPUT).
+func inputCodecError(x *execution, err error) error {
+	return &detailError{detail: ErrorDetail{Code: CodeInvalidInput, NonRetryable: true, Subject: x.run.WorkflowType,
+		Message: fmt.Sprintf("input of run %s cannot be read: %v", x.run.RunID, err)}}
+}
+
+// encodeRunOutput applies the codec to a run's output; its error fails the run at
+// once (INVALID_OUTPUT). The size limit is checked by the caller, on what this returns.
+func (c *Client) encodeRunOutput(x *execution, out []byte) ([]byte, error) {
+	enc, err := c.encode(out)
+	if err != nil {
+		return nil, &detailError{detail: ErrorDetail{Code: CodeInvalidOutput, NonRetryable: true,
+			Subject: x.run.WorkflowType, Message: fmt.Sprintf("output of run %s: %v", x.run.RunID, err)}}
+	}
+	return enc, nil
+}

@@ -1,0 +1,106 @@
+package kagzi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// Retry runs a FAILED or CANCELLED run again from its first step that did not
+// complete: it becomes PENDING (claimable now) with its attempt bumped, its error,
+// cancel request and deadline cleared; completed steps are kept and replay, so only
+// the failed step and what follows run. Use it after fixing the code (or the world)
+// that made the run fail. A run in any other status returns ErrInvalidArgument; a run
+// whose workflow id another active run holds meanwhile returns ErrAlreadyExists.
+func (c *Client) Retry(ctx context.Context, runID string) error {
+	id, err := parseRunID(runID)
+	if err != nil {
+		return err
+	}
+	before, err := store.RerunRun(ctx, c.pool, c.ns, id)
+	switch {
+	case errors.Is(err, store.ErrActiveRunExists):
+		return fmt.Errorf("%w: run %s: %v", ErrAlreadyExists, runID, err)
+	case err != nil:
+		return wrapStoreErr("kagzi: retry run "+runID, err)
+	case before != store.StatusFailed && before != store.StatusCancelled:
+		return invalidArgument("run %s is %s; only FAILED or CANCELLED runs can be retried", runID, before)
+	}
+	return nil
+}
+
+// ForkOptions configure Fork. Zero fields keep the origin's.
+type ForkOptions struct {
+	// Input replaces the origin's input (encoded with encoding/json; a
+	// json.RawMessage is stored as it is).
+	Input any
+	// Version starts the fork at another workflow version (see WithVersion).
+	Version *string
+	// ID is the fork's workflow id; default a new unique one.
+	ID string
+}
+
+// Fork starts a new run of the origin's workflow that begins with copies of the
+// origin's completed steps recorded before its step fromStep (a step key such as
+// "charge#1"), so it replays them and runs from fromStep on. The fork records its
+// origin (RunInfo.ForkedFromRunID, ForkedFromStep). Use it to try a fix on a copy, or
+// to redo the end of a run with another input or version.
+func (c *Client) Fork(ctx context.Context, runID, fromStep string, o ForkOptions) (*Run[json.RawMessage], error) {
+	id, err := parseRunID(runID)
+	if err != nil {
+		return nil, err
+	}
+	origin, err := store.GetRun(ctx, c.pool, c.ns, id)
+	if err != nil {
+		return nil, wrapStoreErr("kagzi: fork run "+runID, err)
+	}
+	input, err := c.decodePayload(origin.Input) // startRun encodes it again
+	if err != nil {
+		return nil, fmt.Errorf("kagzi: fork run %s: %w", runID, err)
+	}
+	if o.Input != nil {
+		if raw, ok := o.Input.(json.RawMessage); ok && json.Valid(raw) {
+			input = raw
+		} else if input, err = json.Marshal(o.Input); err != nil {
+			return nil, invalidArgument("fork input does not encode as JSON: %v", err)
+		}
+	}
+	version := o.Version
+	if version == nil {
+		version = origin.Version
+	}
+	opts := []StartOption{}
+	if version != nil {
+		opts = append(opts, AtVersion(*version))
+	}
+	if o.ID != "" {
+		opts = append(opts, WithID(o.ID))
+	}
+	var run *Run[json.RawMessage]
+	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+		run, err = c.startRun(ctx, tx, origin.WorkflowType, input, opts, func(n *store.NewRun) {
+			n.ForkedFromRunID, n.ForkedFromStep = &origin.RunID, fromStep
+		})
+		if err != nil {
+			return err
+		}
+		if run.AlreadyExists {
+			return fmt.Errorf("%w: workflow id %q is held by run %s", ErrAlreadyExists, run.WorkflowID, run.RunID)
+		}
+		forkID, _ := parseRunID(run.RunID)
+		_, err := store.CopyStepsBefore(ctx, tx, origin.RunID, fromStep, forkID)
+		if errors.Is(err, store.ErrNotFound) {
+			return invalidArgument("run %s has no step %q", runID, fromStep)
+		}
+		return err
+	})
+	if err != nil {
+		return nil, dbError("kagzi: fork run "+runID, err)
+	}
+	return run, nil
+}

@@ -1,0 +1,261 @@
+package kagzi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kagzi/kagzi"
+)
+
+// recordingHooks records what the hooks see, in order.
+type recordingHooks struct {
+	kagzi.NopHooks
+	mu       sync.Mutex
+	events   []string
+	carriers []map[string]string
+	claims   int
+}
+
+type hookCtxKey string
+
+func (h *recordingHooks) add(format string, args ...any) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.events = append(h.events, fmt.Sprintf(format, args...))
+}
+
+func (h *recordingHooks) list() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Clone(h.events)
+}
+
+func (h *recordingHooks) StartBegin(ctx context.Context, e *kagzi.StartEvent) context.Context {
+	e.Carrier["trace"] = "trace-of-" + e.WorkflowType
+	h.add("start %s parent=%t caller=%v", e.WorkflowType, e.ParentRunID != "", ctx.Value(hookCtxKey("exec")) != nil)
+	return context.WithValue(ctx, hookCtxKey("start"), e)
+}
+
+func (h *recordingHooks) StartEnd(ctx context.Context, e *kagzi.StartEvent) {
+	if ctx.Value(hookCtxKey("start")) != e {
+		h.add("start-end without the context of StartBegin")
+	}
+	h.add("start-end %s exists=%t err=%v", e.WorkflowType, e.AlreadyExists, e.Err)
+}
+
+func (h *recordingHooks) ExecutionBegin(ctx context.Context, e *kagzi.ExecutionEvent) context.Context {
+	h.mu.Lock()
+	h.carriers = append(h.carriers, e.Carrier)
+	h.mu.Unlock()
+	h.add("exec %s recorded=%d", e.WorkflowType, e.RecordedSteps)
+	if e.ClaimedAt.Before(e.AvailableAt) || e.WorkerID == "" {
+		h.add("exec with a bad claim time or worker: %+v", e)
+	}
+	return context.WithValue(ctx, hookCtxKey("exec"), e.RunID)
+}
+
+func (h *recordingHooks) ExecutionEnd(ctx context.Context, e *kagzi.ExecutionEvent) {
+	h.add("exec-end %s %s", e.WorkflowType, e.Outcome)
+}
+
+func (h *recordingHooks) StepBegin(ctx context.Context, e *kagzi.StepEvent) context.Context {
+	h.add("step %s attempt=%d", e.Key, e.Attempt)
+	if e.Name == "stubbed" {
+		e.Replace = func(context.Context) ([]byte, error) { return []byte(`"from the hook"`), nil }
+	}
+	return context.WithValue(ctx, hookCtxKey("step"), e.Key)
+}
+
+func (h *recordingHooks) StepEnd(ctx context.Context, e *kagzi.StepEvent) {
+	h.add("step-end %s %s", e.Key, e.Status)
+}
+
+func (h *recordingHooks) Sleep(ctx context.Context, e *kagzi.SleepEvent) {
+	h.add("sleep %s durable=%t", e.Key, e.Durable)
+}
+
+func (h *recordingHooks) Signal(ctx context.Context, e *kagzi.SignalEvent) {
+	h.add("signal %s %s", e.Name, e.Action)
+}
+
+func (h *recordingHooks) Claim(ctx context.Context, e *kagzi.ClaimEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.claims += e.Claimed
+}
+
+var hookedChild = kagzi.Define("hooked-child", func(ctx *kagzi.Context, _ int) (int, error) {
+	// Sleep, so that the parent waits for the child asleep, not in a race with its end.
+	return 7, ctx.Sleep("nap", 300*time.Millisecond)
+})
+
+var hooked = kagzi.Define("hooked", func(ctx *kagzi.Context, _ int) (string, error) {
+	seen, err := kagzi.Step(ctx, "look", func(c context.Context) (string, error) {
+		return fmt.Sprintf("exec=%v step=%v", c.Value(hookCtxKey("exec")) != nil, c.Value(hookCtxKey("step"))), nil
+	})
+	if err != nil {
+		return "", err
+	}
+	calls := 0
+	if _, err := kagzi.Step(ctx, "flaky", func(context.Context) (int, error) {
+		if calls++; calls == 1 {
+			return 0, errors.New("first attempt fails")
+		}
+		return calls, nil
+	}, kagzi.WithRetry(kagzi.Linear(2, time.Millisecond))); err != nil {
+		return "", err
+	}
+	stub, err := kagzi.Step(ctx, "stubbed", func(context.Context) (string, error) { return "from the function", nil })
+	if err != nil {
+		return "", err
+	}
+	if err := ctx.Sleep("short", time.Millisecond); err != nil {
+		return "", err
+	}
+	if err := ctx.Sleep("long", 300*time.Millisecond); err != nil {
+		return "", err
+	}
+	child, err := kagzi.StartChild(ctx, "child", hookedChild, 0)
+	if err != nil {
+		return "", err
+	}
+	if _, err := child.Get(); err != nil {
+		return "", err
+	}
+	if _, err := kagzi.WaitSignal[string](ctx, "go", 0); err != nil {
+		return "", err
+	}
+	return seen + " " + stub, nil
+})
+
+func TestHooksSeeStartsExecutionsStepAttemptsSleepsSignalsAndClaims(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	h := &recordingHooks{}
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, c, fastWorker(), hooked, hookedChild)
+	run, err := kagzi.Start(ctx, c, hooked, 0, kagzi.WithIDReuse(kagzi.IDReuseNever))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Signal once the run sleeps for it: a signal racing with the wait's suspension is
+	// another test's matter.
+	eventually(t, "the run to wait for its signal", func() bool {
+		return slices.Contains(h.list(), "signal go WAITING") && runStatus(t, c, run.RunID) == kagzi.StatusSleeping
+	})
+	if err := c.Signal(ctx, run.RunID, "go", "now"); err != nil {
+		t.Fatal(err)
+	}
+	out, err := run.Wait(ctx)
+	if err != nil || out != "exec=true step=look#1 from the hook" {
+		t.Fatalf("got %q, %v", out, err)
+	}
+	eventually(t, "the end of the last execution", func() bool {
+		return slices.Contains(h.list(), "exec-end hooked COMPLETED")
+	})
+	if again, err := kagzi.Start(ctx, c, hooked, 0, kagzi.WithID(run.WorkflowID), kagzi.WithIDReuse(kagzi.IDReuseNever)); err != nil || !again.AlreadyExists {
+		t.Fatalf("restart: %+v, %v", again, err)
+	}
+
+	got := h.list()
+	// The order of the first execution is fixed; the child runs beside the parent.
+	var parent []string
+	for _, ev := range got {
+		if !strings.Contains(ev, "hooked-child") && !strings.HasPrefix(ev, "signal go SENT") {
+			parent = append(parent, ev)
+		}
+	}
+	want := []string{
+		"start hooked parent=false caller=false", "start-end hooked exists=false err=<nil>",
+		"exec hooked recorded=0",
+		"step look#1 attempt=1", "step-end look#1 COMPLETED",
+		"step flaky#1 attempt=1", "step-end flaky#1 FAILED",
+		"step flaky#1 attempt=2", "step-end flaky#1 COMPLETED",
+		"step stubbed#1 attempt=1", "step-end stubbed#1 COMPLETED",
+		"sleep short#1 durable=false", "sleep long#1 durable=true",
+	}
+	if len(parent) < len(want) || !slices.Equal(parent[:len(want)], want) {
+		t.Fatalf("events:\n%s\nwant a start with:\n%s", strings.Join(parent, "\n"), strings.Join(want, "\n"))
+	}
+	// Then the executions after the sleep, the child's wait and the signal's wait (an
+	// execution's end may be reported after the next one began), and the start that
+	// found the run.
+	index := func(ev string) int { return slices.Index(parent, ev) }
+	count := func(ev string) (n int) {
+		for _, p := range parent {
+			if p == ev {
+				n++
+			}
+		}
+		return n
+	}
+	if i := index("exec hooked recorded=5"); i < len(want) || index("exec hooked recorded=6") < i ||
+		index("signal go WAITING") < index("exec hooked recorded=6") ||
+		index("signal go RECEIVED") < index("exec hooked recorded=8") || count("exec-end hooked SUSPENDED") != 3 ||
+		count("exec-end hooked COMPLETED") != 1 || count("signal go RECEIVED") != 1 {
+		t.Fatalf("events:\n%s", strings.Join(parent, "\n"))
+	}
+	if tail := parent[len(parent)-2:]; !slices.Equal(tail, []string{"start hooked parent=false caller=false",
+		"start-end hooked exists=true err=<nil>"}) {
+		t.Fatalf("events end with %q", tail)
+	}
+	for _, ev := range []string{"start hooked-child parent=true caller=true", "exec hooked-child recorded=0",
+		"exec-end hooked-child COMPLETED", "signal go SENT"} {
+		if !slices.Contains(got, ev) {
+			t.Errorf("no %q in %q", ev, got)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, carrier := range h.carriers {
+		if !strings.HasPrefix(carrier["trace"], "trace-of-hooked") {
+			t.Errorf("an execution got carrier %v, not the one stored at its start", carrier)
+		}
+	}
+	if h.claims < 4 {
+		t.Errorf("claims reported %d runs, want at least 4 executions' worth", h.claims)
+	}
+}
+
+func TestMultiHooksCallEveryHookAndEndInReverseOrder(t *testing.T) {
+	t.Parallel()
+	var order []string
+	mk := func(name string) kagzi.Hooks { return &orderHooks{name: name, order: &order} }
+	h := kagzi.MultiHooks(mk("a"), nil, mk("b"))
+	e := &kagzi.StepEvent{}
+	ctx := h.StepBegin(context.Background(), e)
+	h.StepEnd(ctx, e)
+	if want := []string{"a begin", "b begin", "b end", "a end"}; !slices.Equal(order, want) {
+		t.Fatalf("order %q, want %q", order, want)
+	}
+	if ctx.Value(hookCtxKey("a")) == nil || ctx.Value(hookCtxKey("b")) == nil {
+		t.Fatal("the context does not carry both hooks' values")
+	}
+	if single := mk("c"); kagzi.MultiHooks(nil, single) != single {
+		t.Fatal("MultiHooks of one hook should be that hook")
+	}
+}
+
+type orderHooks struct {
+	kagzi.NopHooks
+	name  string
+	order *[]string
+}
+
+func (o *orderHooks) StepBegin(ctx context.Context, _ *kagzi.StepEvent) context.Context {
+	*o.order = append(*o.order, o.name+" begin")
+	return context.WithValue(ctx, hookCtxKey(o.name), true)
+}
+
+func (o *orderHooks) StepEnd(context.Context, *kagzi.StepEvent) {
+	*o.order = append(*o.order, o.name+" end")
+}

@@ -1,0 +1,115 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// NewestVersion returns the version of a workflow type registered by the most
+// recently started live worker of the namespace, or nil when no live worker has it.
+func NewestVersion(ctx context.Context, db DBTX, namespace, workflowType string) (*string, error) {
+	var v *string
+	err := db.QueryRow(ctx, `
+		SELECT workflow_versions[array_position(workflow_types, $2)] FROM kagzi.workers
+		WHERE namespace = $1 AND status <> 'OFFLINE' AND $2 = ANY(workflow_types)
+		ORDER BY started_at DESC LIMIT 1`, namespace, workflowType).Scan(&v)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, nil
+	}
+	return v, err
+}
+
+// ErrActiveRunExists means another run holds the workflow id while this one would
+// become active again.
+var ErrActiveRunExists = errors.New("another active run holds the workflow id")
+
+// RerunRun makes a FAILED or CANCELLED run PENDING again, claimable now, with its
+// attempt bumped, its error, cancel flag and deadline cleared, and its steps that did
+// not complete (failed, retrying, waiting) deleted so they run again; completed steps
+// are kept and replay. It returns the status the run had.
+func RerunRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (string, error) {
+	var before string
+	err := db.QueryRow(ctx, `
+		WITH target AS (
+			SELECT run_id, status FROM kagzi.runs WHERE namespace = $1 AND run_id = $2 FOR UPDATE
+		), cleared AS (
+			DELETE FROM kagzi.steps s USING target t
+			WHERE s.run_id = t.run_id AND t.status IN ('FAILED', 'CANCELLED') AND s.status <> 'COMPLETED'
+		), upd AS (
+			UPDATE kagzi.runs r SET status = 'PENDING', attempt = r.attempt + 1, error = NULL,
+				cancel_requested = false, deadline_at = NULL, finished_at = NULL, locked_by = NULL,
+				available_at = now(), updated_at = now()
+			FROM target t
+			WHERE r.run_id = t.run_id AND t.status IN ('FAILED', 'CANCELLED')
+			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
+		)
+		SELECT t.status, (SELECT (`+notifyRunSQL+`)::text FROM upd) FROM target t`, namespace, runID).Scan(&before, new(*string))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrNotFound
+	}
+	if isUniqueViolation(err) {
+		return "", ErrActiveRunExists
+	}
+	return before, err
+}
+
+// CopyStepsBefore copies into the run to the completed steps of the origin run
+// recorded before its step fromKey (in the order they were first recorded), with
+// their attempt history. It returns how many steps it copied, or ErrNotFound when the
+// origin has no step fromKey.
+func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, fromKey string, to uuid.UUID) (int, error) {
+	var found bool
+	var copied int
+	err := db.QueryRow(ctx, `
+		WITH cut AS (
+			SELECT created_at, step_key FROM kagzi.steps WHERE run_id = $1 AND step_key = $2
+		), src AS (
+			SELECT s.* FROM kagzi.steps s, cut
+			WHERE s.run_id = $1 AND s.status = 'COMPLETED' AND (s.created_at, s.step_key) < (cut.created_at, cut.step_key)
+		), ins AS (
+			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, error, attempts, wake_at,
+				created_at, updated_at, position)
+			SELECT $3, step_key, name, kind, status, output, error, attempts, wake_at, created_at, updated_at, position
+			FROM src
+			RETURNING step_key
+		), att AS (
+			INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, error, started_at, finished_at)
+			SELECT $3, a.step_key, a.attempt, a.status, a.error, a.started_at, a.finished_at
+			FROM kagzi.step_attempts a JOIN ins ON ins.step_key = a.step_key
+			WHERE a.run_id = $1
+		)
+		SELECT EXISTS (SELECT 1 FROM cut), (SELECT count(*) FROM ins)`, origin, fromKey, to).Scan(&found, &copied)
+	if err != nil {
+		return 0, err
+	}
+	if !found {
+		return 0, ErrNotFound
+	}
+	return copied, nil
+}
+
+// PruneFinished deletes up to limit runs of the namespace that finished before
+// olderThan ago, oldest first, with their steps, attempts, signals and events (the
+// foreign keys cascade). SKIP LOCKED keeps concurrent pruners out of each other's way
+// and never waits on a row in use.
+func PruneFinished(ctx context.Context, db DBTX, namespace string, olderThan time.Duration, limit int) (int64, error) {
+	tag, err := db.Exec(ctx, `
+		DELETE FROM kagzi.runs WHERE run_id IN (
+			SELECT run_id FROM kagzi.runs
+			WHERE namespace = $1 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+			  AND finished_at < now() - $2 * interval '1 millisecond'
+			ORDER BY finished_at
+			LIMIT $3
+			FOR UPDATE SKIP LOCKED)`, namespace, olderThan.Milliseconds(), limit)
+	return tag.RowsAffected(), err
+}
+
+func isUniqueViolation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}

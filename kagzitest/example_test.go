@@ -1,0 +1,235 @@
+package kagzitest_test
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/kagzitest"
+)
+
+// The workflow under test: a welcome email, 30 days of waiting, then a reminder
+// unless the user became active meanwhile.
+type User struct {
+	ID    string
+	Email string
+}
+
+var sentEmails []string // what the real email step would send; the test stubs it
+
+var Onboarding = kagzi.Define("onboarding", func(ctx *kagzi.Context, u User) (string, error) {
+	if _, err := kagzi.Step(ctx, "send-email", func(context.Context) (string, error) {
+		sentEmails = append(sentEmails, "welcome "+u.Email)
+		return "sent", nil
+	}); err != nil {
+		return "", err
+	}
+	if err := ctx.Sleep("wait", 30*24*time.Hour); err != nil {
+		return "", err
+	}
+	active, err := kagzi.Step(ctx, "check-activity", func(context.Context) (bool, error) {
+		return false, nil // the real one asks the users service
+	})
+	if err != nil {
+		return "", err
+	}
+	if active {
+		return "active", nil
+	}
+	if _, err := kagzi.Step(ctx, "send-email", func(context.Context) (string, error) {
+		sentEmails = append(sentEmails, "reminder "+u.Email)
+		return "sent", nil
+	}); err != nil {
+		return "", err
+	}
+	return "reminded", nil
+})
+
+// TestOnboardingRemindsAfterThirtyDays is the example of the package: it runs a
+// workflow that sleeps 30 days, against a real database, in milliseconds.
+func TestOnboardingRemindsAfterThirtyDays(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.New(t, Onboarding)
+	var stubbed atomic.Int32
+	env.StubStep("send-email", func(ctx context.Context, attempt int) (any, error) {
+		stubbed.Add(1) // no mail leaves the test
+		return "sent", nil
+	})
+
+	began := time.Now()
+	run := kagzitest.Start(env, Onboarding, User{ID: "u1", Email: "ada@example.com"})
+	out, err := kagzitest.Wait(env, run)
+	if err != nil || out != "reminded" {
+		t.Fatalf("got %q, %v", out, err)
+	}
+	if took := time.Since(began); took > 5*time.Second {
+		t.Errorf("30 days took %v of real time", took)
+	}
+	if ahead := env.Now().Sub(time.Now()); ahead < 30*24*time.Hour-time.Minute {
+		t.Errorf("the Env's clock moved %v, want 30 days", ahead)
+	}
+	env.AssertSteps(run.RunID, "send-email#1", "wait#1", "check-activity#1", "send-email#2=COMPLETED*1")
+	if stubbed.Load() != 2 || len(sentEmails) != 0 {
+		t.Errorf("stub called %d times, real step %d times", stubbed.Load(), len(sentEmails))
+	}
+}
+
+func TestStubbedStepDecidesTheBranch(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.New(t, Onboarding)
+	env.StubStep("send-email", func(context.Context, int) (any, error) { return "sent", nil })
+	env.StubStep("check-activity", func(context.Context, int) (any, error) { return true, nil })
+	out, err := kagzitest.Run(env, Onboarding, User{ID: "u2"})
+	if err != nil || out != "active" {
+		t.Fatalf("got %q, %v", out, err)
+	}
+	if env.Calls("send-email") != 1 || env.Calls("check-activity") != 1 {
+		t.Fatalf("calls: send-email %d, check-activity %d", env.Calls("send-email"), env.Calls("check-activity"))
+	}
+}
+
+var charge = kagzi.Define("charge", func(ctx *kagzi.Context, amount int) (string, error) {
+	return kagzi.Step(ctx, "charge-card", func(context.Context) (string, error) {
+		return "charged", nil
+	}, kagzi.WithRetry(kagzi.Exponential(4).Initial(10*time.Minute).Max(time.Hour).Jitter(0)))
+})
+
+func TestFailedAttemptsRetryAfterTheirBackoffWithoutWaiting(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.New(t, charge)
+	env.FailStep("charge-card", 2, errors.New("card network down"))
+	began := env.Now()
+	run := kagzitest.Start(env, charge, 100)
+	out, err := kagzitest.Wait(env, run)
+	if err != nil || out != "charged" {
+		t.Fatalf("got %q, %v", out, err)
+	}
+	// Backoffs of 10 and 20 minutes passed on the Env's clock.
+	if skipped := env.Now().Sub(began); skipped < 30*time.Minute {
+		t.Errorf("the clock moved %v, want the 30 minutes of backoff", skipped)
+	}
+	steps := env.Steps(run.RunID)
+	if len(steps) != 1 || len(steps[0].Attempts) != 3 || steps[0].Attempts[0].Error.Message != "card network down" {
+		t.Fatalf("steps %+v", steps)
+	}
+
+	env.FailStep("charge-card", 0, errors.New("card declined"))
+	_, err = kagzitest.Run(env, charge, 200)
+	var se *kagzi.WorkflowError
+	if !errors.As(err, &se) || !errors.Is(err, kagzi.ErrWorkflowFailed) {
+		t.Fatalf("got %v, want the run to fail after its 4 attempts", err)
+	}
+}
+
+var pipeline = kagzi.Define("pipeline", func(ctx *kagzi.Context, _ int) (int, error) {
+	total := 0
+	for _, name := range []string{"extract", "transform", "load"} {
+		n, err := kagzi.Step(ctx, name, func(context.Context) (int, error) { return len(name), nil })
+		if err != nil {
+			return 0, err
+		}
+		total += n
+	}
+	return total, nil
+})
+
+func TestACrashAtAStepResumesOnANewWorkerWithoutRerunningCompletedSteps(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.New(t, pipeline)
+	env.CrashAt("transform")
+	run := kagzitest.Start(env, pipeline, 0)
+	out, err := kagzitest.Wait(env, run)
+	if err != nil || out != len("extract")+len("transform")+len("load") {
+		t.Fatalf("got %d, %v", out, err)
+	}
+	if env.Restarts() != 1 {
+		t.Fatalf("%d restarts, want 1", env.Restarts())
+	}
+	// extract ran once; transform began twice (the crash, then the real run); load once.
+	if env.Calls("extract") != 1 || env.Calls("transform") != 2 || env.Calls("load") != 1 {
+		t.Fatalf("calls: extract %d, transform %d, load %d", env.Calls("extract"), env.Calls("transform"), env.Calls("load"))
+	}
+	runID := run.RunID
+	// The interrupted attempt is not recorded: each step completed in one attempt.
+	env.AssertSteps(runID, "extract#1*1", "transform#1*1", "load#1=COMPLETED*1")
+	info, err := env.Client.GetRun(context.Background(), runID)
+	if err != nil || info.LockedBy != "" || info.Status != kagzi.StatusCompleted {
+		t.Fatalf("run %+v, %v", info, err)
+	}
+}
+
+var approval = kagzi.Define("approval", func(ctx *kagzi.Context, _ int) (string, error) {
+	decision, err := kagzi.WaitSignal[string](ctx, "decision", 72*time.Hour)
+	if errors.Is(err, kagzi.ErrSignalTimeout) {
+		return "escalated", nil
+	}
+	return decision, err
+})
+
+func TestASignalTimeoutOfThreeDaysFiresAtOnce(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.New(t, approval)
+	out, err := kagzitest.Run(env, approval, 0)
+	if err != nil || out != "escalated" {
+		t.Fatalf("got %q, %v", out, err)
+	}
+
+	run := kagzitest.Start(env, approval, 1)
+	if err := env.Client.Signal(context.Background(), run.RunID, "decision", "approved"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kagzitest.Wait(env, run); err != nil || out != "approved" {
+		t.Fatalf("got %q, %v", out, err)
+	}
+}
+
+var deadlined = kagzi.Define("deadlined", func(ctx *kagzi.Context, _ int) (int, error) {
+	return 0, ctx.Sleep("forever", 365*24*time.Hour)
+})
+
+func TestARunDeadlineFiresBeforeALongerSleep(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.New(t, deadlined)
+	_, err := kagzitest.Run(env, deadlined, 0, kagzi.WithRunTimeout(48*time.Hour))
+	if !errors.Is(err, kagzi.ErrDeadlineExceeded) {
+		t.Fatalf("got %v, want the deadline", err)
+	}
+	if ahead := env.Now().Sub(time.Now()); ahead < 47*time.Hour || ahead > 49*time.Hour {
+		t.Fatalf("the clock moved %v, want 48h", ahead)
+	}
+}
+
+var report = kagzi.Define("nightly-report", func(ctx *kagzi.Context, team string) (string, error) {
+	return "report for " + team, nil
+})
+
+func TestAdvanceFiresADailySchedule(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.New(t, report)
+	ctx := context.Background()
+	if _, err := env.Client.CreateSchedule(ctx, kagzi.Schedule{ID: "nightly", Workflow: "nightly-report",
+		Cron: "0 3 * * *", Input: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	env.Advance(25 * time.Hour)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		page, err := env.Client.ListRuns(ctx, kagzi.RunFilter{ScheduleID: "nightly", Statuses: []kagzi.RunStatus{kagzi.StatusCompleted}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(page.Runs) == 1 {
+			if string(page.Runs[0].Output) != `"report for ops"` {
+				t.Fatalf("output %s", page.Runs[0].Output)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the schedule did not fire after a day: %d runs", len(page.Runs))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

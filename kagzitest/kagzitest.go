@@ -1,0 +1,486 @@
+// Package kagzitest runs Kagzi workflows in your own tests: against a real, freshly
+// migrated PostgreSQL database, with a fake clock so that sleeps, retry backoffs,
+// timeouts and schedules take no time, with steps you can stub, fail or crash by
+// name, and with the recorded step history to assert on.
+//
+//	func TestOnboardingSendsTheReminderAfterThirtyDays(t *testing.T) {
+//		env := kagzitest.New(t, Onboarding)
+//		env.StubStep("send-email", func(ctx context.Context, attempt int) (any, error) {
+//			return "sent", nil // no mail leaves the test
+//		})
+//		out, err := kagzitest.Run(env, Onboarding, User{ID: "u1"}) // a 30-day Sleep inside: milliseconds
+//		...
+//		env.AssertSteps(runID, "send-email#1", "wait#1", "send-email#2")
+//	}
+//
+// # The database
+//
+// New creates a database of its own for the test on the server that
+// KAGZI_DATABASE_URL or DATABASE_URL names (else postgres@127.0.0.1:5432), cloned
+// from a template that holds Kagzi's migrated schema, and drops it when the test
+// ends; tests using it can run in parallel. Options.Pool uses a pool of yours instead
+// (migrated by New), in a namespace of the Env's own.
+//
+// # Time
+//
+// Kagzi keeps its timers in the database (a run's start, wake and retry times, a
+// deadline, a signal wait's timeout). While Run or Wait waits for a run, whenever no
+// run of the namespace is running or claimable, the Env moves every such time
+// earlier by the wait until the earliest one, as if that much time had passed, and
+// moves its clock (Env.Now) on by as much: a run that sleeps 30 days completes in
+// milliseconds, and timers fire in their order. Advance moves time by hand. The
+// Env's workers wait in process for nothing longer than a nanosecond
+// (WorkerConfig.MaxInProcessSleep), so every sleep and backoff goes through the
+// database, except inside branches (Go, Map), which wait in process in real time.
+// Schedules fire on the Env's clock (WorkerConfig.Clock): Advance moves them;
+// create them before advancing, since CreateSchedule reads the real clock.
+//
+// Call the Env's methods from the test's goroutine: on a database error or a run
+// that does not finish in Options.Timeout (real time), they fail the test.
+package kagzitest
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/store"
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+// Options configure an Env. Zero fields take the defaults given.
+type Options struct {
+	// Pool is the database to use; default a new database of the test's own. A pool
+	// of yours is migrated, and the Env uses a namespace of its own in it.
+	Pool *pgxpool.Pool
+	// Namespace of the Env's client; default "default" in a database of the test's
+	// own, "kagzitest-<random>" in Pool.
+	Namespace string
+	// Hooks are called besides the Env's own (a kagziotel.Hooks, say).
+	Hooks kagzi.Hooks
+	// Codec, MaxPayloadSize: as in kagzi.Config.
+	Codec          kagzi.Codec
+	MaxPayloadSize int
+	// Logger receives Kagzi's logs; default none (set KAGZI_TEST_LOG=1 to see them on
+	// standard error).
+	Logger *slog.Logger
+	// Worker is the configuration of the Env's worker. The Env sets ID and Clock, and
+	// defaults MaxInProcessSleep to 1ns, PollInterval to 100ms and DrainTimeout to 20ms.
+	Worker kagzi.WorkerConfig
+	// Timeout bounds, in real time, how long Run and Wait wait for a run. Default 30s.
+	Timeout time.Duration
+}
+
+// Env is a test environment: a migrated database, a client and a worker for the
+// workflows given to New, and a fake clock.
+type Env struct {
+	// T is the test the Env belongs to.
+	T testing.TB
+	// Pool is the Env's database; Client its client (use it to signal, cancel, read).
+	Pool   *pgxpool.Pool
+	Client *kagzi.Client
+
+	opts      Options
+	workflows []kagzi.Definition
+	names     map[string]bool
+	// offset is how far the Env's clock is ahead of the real one (nanoseconds).
+	offset atomic.Int64
+
+	mu       sync.Mutex
+	stubs    map[string]func(ctx context.Context, attempt int) (any, error)
+	fails    map[string]failure
+	crashes  map[string]int
+	calls    map[string]int
+	worker   *runningWorker
+	restarts int
+	stopped  bool
+	// restarting is held by a restart in progress.
+	restarting sync.Mutex
+}
+
+type failure struct {
+	times int
+	err   error
+}
+
+type runningWorker struct {
+	w      *kagzi.Worker
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// New returns an Env for the test with a worker for the workflows, with the
+// default Options.
+func New(t testing.TB, workflows ...kagzi.Definition) *Env {
+	t.Helper()
+	return NewWithOptions(t, Options{}, workflows...)
+}
+
+// NewWithOptions returns an Env for the test with a worker for the workflows.
+func NewWithOptions(t testing.TB, o Options, workflows ...kagzi.Definition) *Env {
+	t.Helper()
+	e := &Env{T: t, opts: o, workflows: workflows, names: map[string]bool{},
+		stubs: map[string]func(context.Context, int) (any, error){}, fails: map[string]failure{},
+		crashes: map[string]int{}, calls: map[string]int{}}
+	if o.Timeout <= 0 {
+		e.opts.Timeout = 30 * time.Second
+	}
+	if o.Logger == nil {
+		e.opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+		if os.Getenv("KAGZI_TEST_LOG") != "" {
+			e.opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		}
+	}
+	e.Pool = o.Pool
+	if e.Pool == nil {
+		e.Pool, _ = testdb.NewPool(t)
+	} else {
+		if err := kagzi.Migrate(context.Background(), e.Pool); err != nil {
+			t.Fatalf("kagzitest: migrate: %v", err)
+		}
+		if o.Namespace == "" {
+			e.opts.Namespace = "kagzitest-" + uuid.NewString()[:8]
+		}
+	}
+	client, err := kagzi.NewClient(e.Pool, kagzi.Config{Namespace: e.opts.Namespace, Logger: e.opts.Logger,
+		MaxPayloadSize: o.MaxPayloadSize, Codec: o.Codec, Hooks: kagzi.MultiHooks(o.Hooks, envHooks{e: e})})
+	if err != nil {
+		t.Fatalf("kagzitest: %v", err)
+	}
+	e.Client = client
+	for _, wf := range workflows {
+		e.names[wf.Name()] = true
+	}
+	if len(workflows) > 0 {
+		if err := e.startWorker(); err != nil {
+			t.Fatalf("kagzitest: %v", err)
+		}
+		t.Cleanup(e.stop)
+	}
+	return e
+}
+
+// Now is the Env's clock: the real time plus every advance so far.
+func (e *Env) Now() time.Time { return time.Now().Add(time.Duration(e.offset.Load())) }
+
+// Advance moves time on by d: every waiting time of the Env's unfinished runs (start,
+// wake and retry times, deadlines, signal timeouts) comes d closer, and the Env's
+// clock, which the scheduler reads, moves d ahead. Runs whose time came are claimed at
+// once.
+func (e *Env) Advance(d time.Duration) {
+	e.T.Helper()
+	if d <= 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
+	defer cancel()
+	if _, err := store.ShiftTime(ctx, e.Pool, e.Client.Namespace(), d); err != nil {
+		e.T.Fatalf("kagzitest: advance %v: %v", d, err)
+	}
+	e.offset.Add(int64(d))
+}
+
+// advanceIdle advances time to the earliest timer when no run is running or
+// claimable, and reports by how much.
+func (e *Env) advanceIdle(ctx context.Context) (time.Duration, error) {
+	busy, next, now, err := store.IdleTimer(ctx, e.Pool, e.Client.Namespace())
+	if err != nil || busy || next == nil || !next.After(now) {
+		return 0, err
+	}
+	d := next.Sub(now).Truncate(time.Microsecond) + time.Microsecond
+	if _, err := store.ShiftTime(ctx, e.Pool, e.Client.Namespace(), d); err != nil {
+		return 0, err
+	}
+	e.offset.Add(int64(d))
+	return d, nil
+}
+
+// Start starts a run of wf in the Env (see kagzi.Start). wf must be one of the
+// Env's workflows.
+func Start[In, Out any](e *Env, wf *kagzi.Workflow[In, Out], input In, opts ...kagzi.StartOption) *kagzi.Run[Out] {
+	e.T.Helper()
+	if !e.names[wf.Name()] {
+		e.T.Fatalf("kagzitest: workflow %q was not given to kagzitest.New: no worker runs it", wf.Name())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
+	defer cancel()
+	run, err := kagzi.Start(ctx, e.Client, wf, input, opts...)
+	if err != nil {
+		e.T.Fatalf("kagzitest: start %s: %v", wf.Name(), err)
+	}
+	return run
+}
+
+// Wait waits for the run to end, skipping time whenever nothing runs (see the package
+// doc), and returns its output or error as Run.Wait does. It fails the test when the
+// run has not ended after Options.Timeout of real time.
+func Wait[Out any](e *Env, run *kagzi.Run[Out]) (Out, error) {
+	e.T.Helper()
+	var zero Out
+	ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
+	defer cancel()
+	for {
+		info, err := e.Client.GetRun(ctx, run.RunID)
+		if err != nil {
+			e.T.Fatalf("kagzitest: run %s: %v", run.RunID, err)
+			return zero, err
+		}
+		if info.Status.Terminal() {
+			return run.Wait(ctx)
+		}
+		if _, err := e.advanceIdle(ctx); err != nil && ctx.Err() == nil {
+			e.T.Fatalf("kagzitest: advance time: %v", err)
+		}
+		select {
+		case <-ctx.Done():
+			e.T.Fatalf("kagzitest: run %s (%s) is still %s after %v; %s", run.RunID, run.WorkflowType,
+				info.Status, e.opts.Timeout, e.waitingFor(run.RunID))
+			return zero, ctx.Err()
+		case <-time.After(2 * time.Millisecond):
+		}
+	}
+}
+
+// waitingFor describes what a run that does not end waits for.
+func (e *Env) waitingFor(runID string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	steps, err := e.Client.ListSteps(ctx, runID)
+	if err != nil {
+		return err.Error()
+	}
+	for _, s := range steps {
+		if s.Status == kagzi.StepWaiting {
+			return fmt.Sprintf("it waits for a signal (step %s) that nobody sent", s.Key)
+		}
+	}
+	return "is a step stuck, or a child waiting for something?"
+}
+
+// Run starts a run of wf and waits for its end (Start, then Wait).
+func Run[In, Out any](e *Env, wf *kagzi.Workflow[In, Out], input In, opts ...kagzi.StartOption) (Out, error) {
+	e.T.Helper()
+	return Wait(e, Start(e, wf, input, opts...))
+}
+
+// StubStep replaces the function of every step called name, in every run of the Env:
+// each attempt calls fn instead (attempt counts from 1), whose output is encoded
+// with encoding/json and decoded into the step's output type, as a recorded output
+// would be. An error from fn fails the attempt (the step's retry policy applies).
+func (e *Env) StubStep(name string, fn func(ctx context.Context, attempt int) (any, error)) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.stubs[name] = fn
+}
+
+// FailStep makes the first times attempts of every step called name fail with err
+// (times <= 0: every attempt), without calling the step's function; later attempts
+// run it (or its stub). Use it to test retries and failure paths.
+func (e *Env) FailStep(name string, times int, err error) {
+	if err == nil {
+		err = errors.New("kagzitest: injected failure")
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.fails[name] = failure{times: times, err: err}
+}
+
+// CrashAt makes the worker crash the next time an attempt of a step called name
+// begins, before the step's function runs: the worker stops, its runs are handed
+// back unfinished (the interrupted attempt is not recorded), and a new worker
+// (another ID) starts and resumes them. The resumed run replays its completed steps
+// and runs the step then. This is a process crash, except that the runs are handed
+// back at once rather than when their lease expires.
+func (e *Env) CrashAt(name string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.crashes[name]++
+}
+
+// Restart crashes the worker now (see CrashAt) and starts a new one.
+func (e *Env) Restart() {
+	e.T.Helper()
+	e.restart()
+}
+
+// Restarts returns how many times the worker was restarted (CrashAt, Restart).
+func (e *Env) Restarts() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.restarts
+}
+
+// Calls returns how many attempts of steps called name began in the Env (real,
+// stubbed, failed or crashed). A replayed step does not count.
+func (e *Env) Calls(name string) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.calls[name]
+}
+
+// Steps returns the recorded steps of a run, with their attempts (Client.ListSteps).
+func (e *Env) Steps(runID string) []kagzi.StepInfo {
+	e.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
+	defer cancel()
+	steps, err := e.Client.ListSteps(ctx, runID)
+	if err != nil {
+		e.T.Fatalf("kagzitest: steps of run %s: %v", runID, err)
+	}
+	return steps
+}
+
+// StepKeys returns the keys of the recorded steps of a run, in the order they were
+// first recorded ("fetch#1", "wait#1", ...).
+func (e *Env) StepKeys(runID string) []string {
+	e.T.Helper()
+	var keys []string
+	for _, s := range e.Steps(runID) {
+		keys = append(keys, s.Key)
+	}
+	return keys
+}
+
+// AssertSteps fails the test unless the run's recorded steps are want, in order.
+// An entry is a step key ("charge#1"), or a key and its status ("charge#1=FAILED"),
+// or a key and its number of attempts ("charge#1*3"), or both ("charge#1=COMPLETED*2").
+func (e *Env) AssertSteps(runID string, want ...string) {
+	e.T.Helper()
+	steps := e.Steps(runID)
+	got := make([]string, len(steps))
+	for i, s := range steps {
+		got[i] = s.Key
+		if i >= len(want) {
+			continue
+		}
+		// Report what the wanted entry asks about: the status, the attempts, or both.
+		base, _, hasAttempts := strings.Cut(want[i], "*")
+		if strings.Contains(base, "=") {
+			got[i] += "=" + string(s.Status)
+		}
+		if hasAttempts {
+			got[i] += "*" + strconv.Itoa(len(s.Attempts))
+		}
+	}
+	if !slices.Equal(got, want) {
+		e.T.Fatalf("kagzitest: steps of run %s:\n got  %q\n want %q", runID, got, want)
+	}
+}
+
+// envHooks stubs, fails and crashes steps and counts their attempts.
+type envHooks struct {
+	kagzi.NopHooks
+	e *Env
+}
+
+func (h envHooks) StepBegin(ctx context.Context, ev *kagzi.StepEvent) context.Context {
+	e := h.e
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.calls[ev.Name]++
+	if e.crashes[ev.Name] > 0 {
+		e.crashes[ev.Name]--
+		ev.Replace = func(ctx context.Context) ([]byte, error) {
+			go e.restart()
+			<-ctx.Done() // the worker's shutdown interrupts the attempt
+			return nil, ctx.Err()
+		}
+		return ctx
+	}
+	if f, ok := e.fails[ev.Name]; ok && (f.times <= 0 || ev.Attempt <= f.times) {
+		err := f.err
+		ev.Replace = func(context.Context) ([]byte, error) { return nil, err }
+		return ctx
+	}
+	if stub := e.stubs[ev.Name]; stub != nil {
+		attempt := ev.Attempt
+		ev.Replace = func(ctx context.Context) ([]byte, error) {
+			out, err := stub(ctx, attempt)
+			if err != nil {
+				return nil, err
+			}
+			return json.Marshal(out)
+		}
+	}
+	return ctx
+}
+
+// startWorker starts a new worker for the Env's workflows.
+func (e *Env) startWorker() error {
+	cfg := e.opts.Worker
+	e.mu.Lock()
+	cfg.ID = "kagzitest/" + strconv.Itoa(e.restarts+1) + "/" + uuid.NewString()[:8]
+	e.mu.Unlock()
+	cfg.Clock = e.Now
+	if cfg.MaxInProcessSleep == 0 {
+		cfg.MaxInProcessSleep = time.Nanosecond
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 100 * time.Millisecond
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 20 * time.Millisecond
+	}
+	w, err := kagzi.NewWorker(e.Client, cfg, e.workflows...)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rw := &runningWorker{w: w, cancel: cancel, done: make(chan error, 1)}
+	go func() { rw.done <- w.Run(ctx) }()
+	e.mu.Lock()
+	e.worker = rw
+	e.mu.Unlock()
+	return nil
+}
+
+// restart stops the worker (its unfinished runs are handed back) and starts a new one.
+func (e *Env) restart() {
+	e.restarting.Lock()
+	defer e.restarting.Unlock()
+	e.mu.Lock()
+	rw, stopped := e.worker, e.stopped
+	e.mu.Unlock()
+	if stopped || rw == nil {
+		return
+	}
+	rw.cancel()
+	<-rw.done
+	e.mu.Lock()
+	e.restarts++
+	e.mu.Unlock()
+	if err := e.startWorker(); err != nil {
+		e.T.Errorf("kagzitest: restart: %v", err) // Errorf: restart may run on a worker's goroutine
+	}
+}
+
+// stop stops the worker for good, when the test ends.
+func (e *Env) stop() {
+	e.restarting.Lock()
+	defer e.restarting.Unlock()
+	e.mu.Lock()
+	rw := e.worker
+	e.stopped = true
+	e.mu.Unlock()
+	if rw != nil {
+		rw.cancel()
+		if err := <-rw.done; err != nil {
+			e.T.Errorf("kagzitest: worker: %v", err)
+		}
+	}
+}
