@@ -120,7 +120,7 @@ func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
 	}
 	var wake, dbNow time.Time
 	c.write(func(ctx context.Context) (err error) {
-		wake, dbNow, err = store.RecordSleep(ctx, x.w.client.pool, w)
+		wake, dbNow, err = store.RecordSleep(ctx, x.w.db, w)
 		return err
 	})
 	x.setStep(key, store.StepRecord{Kind: string(KindSleep), Status: string(StepCompleted), WakeAt: &wake})
@@ -343,7 +343,7 @@ func (c *Context) waitInProcess(d time.Duration) {
 // suspend puts the run to sleep in the database and stops the execution.
 func (c *Context) suspend(w store.SleepWrite) {
 	c.write(func(ctx context.Context) error {
-		_, err := store.Suspend(ctx, c.x.w.client.pool, w)
+		_, err := store.Suspend(ctx, c.x.w.db, w)
 		return err
 	})
 	c.stop(exitSuspended)

@@ -176,7 +176,7 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 func (c *Context) recordStep(w store.StepWrite) (stored []byte, err error) {
 	x := c.x
 	err = c.write(func(ctx context.Context) error {
-		_, err := store.RecordStep(ctx, x.w.client.pool, w)
+		_, err := store.RecordStep(ctx, x.w.db, w)
 		return err
 	})
 	if errors.Is(err, store.ErrStepRecorded) {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/kagzi/kagzi/internal/committer"
 	"github.com/kagzi/kagzi/internal/notifier"
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -71,6 +72,9 @@ type Worker struct {
 	versions []string // the version of each of types
 	logger   *slog.Logger
 
+	// db batches the hot fenced writes (step records, sleeps, run ends) of all the
+	// worker's runs into shared commits; see internal/committer.
+	db        *committer.Committer
 	running   atomic.Bool
 	abandoned atomic.Int64
 	completed atomic.Int64
@@ -143,7 +147,7 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 	case cfg.DefaultRetry.Err() != nil:
 		return nil, fmt.Errorf("DefaultRetry: %w", cfg.DefaultRetry.Err())
 	}
-	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{},
+	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{}, db: committer.New(client.pool, 256),
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
 		active: map[uuid.UUID]*execution{}, slotFree: make(chan struct{}, 1)}
 	for _, wf := range workflows {
@@ -225,6 +229,17 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	defer w.running.Store(false)
 	w.startedAt = time.Now()
+	// The committer outlives everything below: the drain's writes go through it.
+	commitCtx, stopCommitter := context.WithCancel(context.Background())
+	commitDone := make(chan struct{})
+	go func() {
+		defer close(commitDone)
+		w.db.Run(commitCtx, 2)
+	}()
+	defer func() {
+		stopCommitter()
+		<-commitDone
+	}()
 
 	topics := []string{store.CancelTopic(w.client.ns)}
 	for _, t := range w.types {
@@ -547,7 +562,7 @@ func (w *Worker) execute(x *execution) {
 	}
 	finish := func(status string, output, detail []byte) error {
 		return x.write(func(ctx context.Context) error {
-			_, err := store.FinishRun(ctx, w.client.pool, x.run.RunID, x.run.LeaseEpoch, status, output, detail)
+			_, err := store.FinishRun(ctx, w.db, x.run.RunID, x.run.LeaseEpoch, status, output, detail)
 			return err
 		})
 	}

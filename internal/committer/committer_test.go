@@ -1,0 +1,145 @@
+package committer_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi/internal/committer"
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+type batchCounter struct{ batches, queries atomic.Int64 }
+
+func (b *batchCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	b.queries.Add(1)
+	return ctx
+}
+func (b *batchCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (b *batchCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	b.batches.Add(1)
+	return ctx
+}
+func (b *batchCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (b *batchCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+func setup(t *testing.T) (*committer.Committer, *pgxpool.Pool, *batchCounter) {
+	t.Helper()
+	t.Parallel()
+	url := testdb.New(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc := &batchCounter{}
+	cfg.ConnConfig.Tracer = bc
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE t (id int PRIMARY KEY, v int CHECK (v >= 0))`); err != nil {
+		t.Fatal(err)
+	}
+	c := committer.New(pool, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx, 2) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c, pool, bc
+}
+
+func TestConcurrentStatementsShareBatchesAndEachGetsItsOwnResult(t *testing.T) {
+	c, pool, bc := setup(t)
+	const n = 200
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var got int
+			err := c.QueryRow(context.Background(), `INSERT INTO t VALUES ($1, $1 * 2) RETURNING v`, i).Scan(&got)
+			if err == nil && got != i*2 {
+				err = fmt.Errorf("statement %d got %d", i, got)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	var rows int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM t`).Scan(&rows); err != nil || rows != n {
+		t.Fatalf("%d rows, %v; want %d", rows, err, n)
+	}
+	if trips := bc.batches.Load() + bc.queries.Load() - 2; trips >= n { // minus the setup and the count
+		t.Fatalf("%d round trips for %d concurrent statements: nothing was batched", trips, n)
+	}
+}
+
+func TestAFailingStatementFailsAloneAndTheOthersCommit(t *testing.T) {
+	c, pool, _ := setup(t)
+	var wg sync.WaitGroup
+	results := make([]error, 20)
+	for i := range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := i
+			if i == 7 {
+				v = -1 // violates the check
+			}
+			var got int
+			results[i] = c.QueryRow(context.Background(), `INSERT INTO t VALUES ($1, $2) RETURNING v`, i, v).Scan(&got)
+		}()
+	}
+	wg.Wait()
+	for i, err := range results {
+		if (i == 7) != (err != nil) {
+			t.Fatalf("statement %d: %v", i, err)
+		}
+	}
+	var rows int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM t`).Scan(&rows); err != nil || rows != 19 {
+		t.Fatalf("%d rows, %v; want the 19 good ones", rows, err)
+	}
+}
+
+func TestACallerIsReleasedOnlyAfterItsRowCommitted(t *testing.T) {
+	c, pool, _ := setup(t)
+	var wg sync.WaitGroup
+	for i := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var got int
+			if err := c.QueryRow(context.Background(), `INSERT INTO t VALUES ($1, 1) RETURNING id`, i).Scan(&got); err != nil {
+				t.Error(err)
+				return
+			}
+			var seen bool // another connection must see it already
+			if err := pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM t WHERE id = $1)`, i).Scan(&seen); err != nil || !seen {
+				t.Errorf("row %d not visible after its Scan returned (%v)", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func TestNoRowsIsReportedToItsCaller(t *testing.T) {
+	c, _, _ := setup(t)
+	var got int
+	if err := c.QueryRow(context.Background(), `SELECT v FROM t WHERE id = -5`).Scan(&got); err != pgx.ErrNoRows {
+		t.Fatalf("got %v, want pgx.ErrNoRows", err)
+	}
+}
