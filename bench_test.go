@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/store"
 	"github.com/kagzi/kagzi/internal/testdb"
 )
 
@@ -297,5 +298,56 @@ func BenchmarkFanOut(b *testing.B) {
 				}
 			})
 		}
+	}
+}
+
+// BenchmarkStartMany measures bulk starts: ns/op is per run.
+func BenchmarkStartMany(b *testing.B) {
+	c, _, rt := benchEnv(b)
+	ctx := context.Background()
+	inputs := make([]int, 1000)
+	b.ResetTimer()
+	before := rt.n.Load()
+	for done := 0; done < b.N; done += len(inputs) {
+		n := min(len(inputs), b.N-done)
+		if _, err := kagzi.StartMany(ctx, c, threeSteps, inputs[:n]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(rt.n.Load()-before)/float64(b.N), "round-trips/run")
+}
+
+// BenchmarkClaimWithFinishedRuns measures one claim (of one ready run) with 0 and
+// 1,000,000 finished runs in the table: the partial index keeps them out of its way.
+func BenchmarkClaimWithFinishedRuns(b *testing.B) {
+	for _, finished := range []int{0, 1_000_000} {
+		b.Run(fmt.Sprintf("finished=%d", finished), func(b *testing.B) {
+			c, pool, _ := benchEnv(b)
+			ctx := context.Background()
+			if _, err := pool.Exec(ctx, `
+				INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
+					available_at, finished_at, version)
+				SELECT gen_random_uuid(), 'default', 'old-' || g, 'three-steps', 'COMPLETED', '1',
+					now() - interval '1 day', now() - interval '1 day', ''
+				FROM generate_series(1, $1) g`, finished); err != nil {
+				b.Fatal(err)
+			}
+			if _, err := pool.Exec(ctx, `VACUUM ANALYZE kagzi.runs`); err != nil {
+				b.Fatal(err)
+			}
+			types, versions := []string{"three-steps"}, []string{""}
+			b.ResetTimer()
+			for range b.N {
+				b.StopTimer()
+				if _, err := kagzi.Start(ctx, c, threeSteps, 1); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				got, err := store.ClaimRuns(ctx, pool, "default", types, versions, "bench", time.Minute, 1)
+				if err != nil || len(got) != 1 {
+					b.Fatalf("claimed %d, %v", len(got), err)
+				}
+			}
+		})
 	}
 }

@@ -589,3 +589,30 @@ func TestNewWorkerRejectsBadConfig(t *testing.T) {
 		t.Errorf("bad namespace: got %v, want ErrInvalidArgument", err)
 	}
 }
+
+func TestStartManyStartsEveryRunInOneStatement(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	pool, rt := tracedPool(t, e.url)
+	c := newClient(t, pool, "")
+	inputs := make([]greetIn, 100)
+	for i := range inputs {
+		inputs[i] = greetIn{Name: fmt.Sprint(i)}
+	}
+	runs, err := kagzi.StartMany(ctx, c, greet, inputs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.n.Load(); n != 1 {
+		t.Fatalf("StartMany of 100 runs took %d round trips, want 1", n)
+	}
+	runWorker(t, e.client, fastWorker(), greet)
+	for i, run := range runs {
+		out, err := run.Wait(ctx)
+		if err != nil || out.Greeting != fmt.Sprint("hello ", i) {
+			t.Fatalf("run %d: %+v, %v", i, out, err)
+		}
+	}
+	_, err = kagzi.StartMany(ctx, c, greet, inputs, kagzi.WithID("x"))
+	mustErrorIs(t, err, kagzi.ErrInvalidArgument)
+}

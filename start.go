@@ -158,6 +158,36 @@ func (c *Client) start(ctx context.Context, tx pgx.Tx, workflowType string, inpu
 	return c.startRun(ctx, tx, workflowType, input, opts, nil)
 }
 
+// times checks the timing options and returns the start time (zero: now) and the
+// deadline (nil: none).
+func (o *startOptions) times(now time.Time) (startAt time.Time, deadline *time.Time, err error) {
+	switch {
+	case o.delay < 0:
+		return startAt, nil, invalidArgument("negative delay %v", o.delay)
+	case o.delay > 0 && !o.startAt.IsZero():
+		return startAt, nil, invalidArgument("both WithDelay and WithStartAt given")
+	case o.timeout < 0:
+		return startAt, nil, invalidArgument("negative run timeout %v", o.timeout)
+	case o.timeout > 0 && !o.deadline.IsZero():
+		return startAt, nil, invalidArgument("both WithRunTimeout and WithDeadline given")
+	}
+	startAt = o.startAt
+	if o.delay > 0 {
+		startAt = now.Add(o.delay)
+	}
+	switch {
+	case o.timeout > 0:
+		t := now.Add(o.timeout)
+		deadline = &t
+	case !o.deadline.IsZero():
+		if !o.deadline.After(now) {
+			return startAt, nil, invalidArgument("deadline %v has already passed", o.deadline)
+		}
+		deadline = &o.deadline
+	}
+	return startAt, deadline, nil
+}
+
 // startRun validates the options and inserts the run; link, when set, adds what only
 // the library sets (a parent, a schedule tick).
 func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, input []byte, opts []StartOption,
@@ -178,36 +208,12 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	if input, err = c.encodePayload("input of "+workflowType, input); err != nil {
 		return nil, err
 	}
-	if o.delay < 0 {
-		return nil, invalidArgument("negative delay %v", o.delay)
-	}
-	if o.delay > 0 && !o.startAt.IsZero() {
-		return nil, invalidArgument("both WithDelay and WithStartAt given")
-	}
 	if o.reuse != IDReuseAfterFinish && o.reuse != IDReuseNever {
 		return nil, invalidArgument("unknown IDReuse %d", o.reuse)
 	}
-	if o.timeout < 0 {
-		return nil, invalidArgument("negative run timeout %v", o.timeout)
-	}
-	if o.timeout > 0 && !o.deadline.IsZero() {
-		return nil, invalidArgument("both WithRunTimeout and WithDeadline given")
-	}
-	now := time.Now()
-	startAt := o.startAt
-	if o.delay > 0 {
-		startAt = now.Add(o.delay)
-	}
-	var deadline *time.Time
-	switch {
-	case o.timeout > 0:
-		t := now.Add(o.timeout)
-		deadline = &t
-	case !o.deadline.IsZero():
-		if !o.deadline.After(now) {
-			return nil, invalidArgument("deadline %v has already passed", o.deadline)
-		}
-		deadline = &o.deadline
+	startAt, deadline, err := o.times(time.Now())
+	if err != nil {
+		return nil, err
 	}
 	var db store.DBTX = c.pool
 	if tx != nil {

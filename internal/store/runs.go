@@ -9,6 +9,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
 
@@ -304,4 +305,35 @@ func CancelRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) 
 		return "", "", ErrNotFound
 	}
 	return before, after, err
+}
+
+// InsertRuns starts many runs of one type in one statement, their workflow ids their
+// run ids, and notifies the workers of the type once.
+func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, version *string,
+	ids []uuid.UUID, inputs [][]byte, startAt time.Time, deadline *time.Time) error {
+	var start *time.Time
+	if !startAt.IsZero() {
+		start = &startAt
+	}
+	texts := make([]string, len(inputs))
+	for i, in := range inputs {
+		texts[i] = string(in)
+	}
+	var n int
+	var ignored *string
+	err := db.QueryRow(ctx, `
+		WITH ins AS (
+			INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
+				available_at, deadline_at, version)
+			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now()), $6), $6, $7
+			FROM unnest($3::uuid[], $4::jsonb[]) AS t(id, input)
+			RETURNING available_at
+		)
+		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || $1 || '|' || $2 || '|'
+			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins)
+		FROM ins`, namespace, workflowType, ids, texts, start, deadline, version).Scan(&n, &ignored)
+	if err == nil && n != len(ids) {
+		err = fmt.Errorf("inserted %d of %d runs", n, len(ids))
+	}
+	return err
 }

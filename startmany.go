@@ -1,0 +1,62 @@
+package kagzi
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// StartMany starts one run of wf per input in a single statement (one round trip and
+// one commit, and one notification for the workers, whatever the number of inputs).
+// Each run gets a generated workflow id, so WithID is not allowed; the other start
+// options apply to every run. The runs are returned in the inputs' order. StartMany
+// does not call the Start hooks (Config.Hooks); the runs carry no trace context.
+func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], inputs []In, opts ...StartOption) ([]*Run[Out], error) {
+	if c == nil || wf == nil {
+		return nil, invalidArgument("nil client or workflow")
+	}
+	if wf.err != nil {
+		return nil, wf.err
+	}
+	o := startOptions{version: &wf.version}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.id != "" {
+		return nil, invalidArgument("StartMany generates the workflow ids; WithID is not allowed")
+	}
+	startAt, deadline, err := o.times(time.Now())
+	if err != nil {
+		return nil, err
+	}
+	ids := make([]uuid.UUID, len(inputs))
+	encoded := make([][]byte, len(inputs))
+	for i, in := range inputs {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return nil, invalidArgument("input %d of %s does not encode as JSON: %v", i, wf.name, err)
+		}
+		if encoded[i], err = c.encodePayload(fmt.Sprintf("input %d of %s", i, wf.name), b); err != nil {
+			return nil, err
+		}
+		if ids[i], err = uuid.NewV7(); err != nil {
+			return nil, fmt.Errorf("kagzi: start many: %w", err)
+		}
+	}
+	if len(inputs) == 0 {
+		return nil, nil
+	}
+	if err := store.InsertRuns(ctx, c.pool, c.ns, wf.name, o.version, ids, encoded, startAt, deadline); err != nil {
+		return nil, dbError("kagzi: start many "+wf.name, err)
+	}
+	runs := make([]*Run[Out], len(ids))
+	for i, id := range ids {
+		runs[i] = &Run[Out]{RunID: id.String(), WorkflowID: id.String(), WorkflowType: wf.name, client: c}
+	}
+	return runs, nil
+}
