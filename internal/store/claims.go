@@ -196,6 +196,17 @@ func ReleaseRuns(ctx context.Context, db DBTX, held []HeldRun) error {
 	return err
 }
 
+// ownerCTE is the fence of a worker's write that adds to a run (a step, a sleep, a
+// signal taken): "owner" holds the run only while it is RUNNING under the caller's
+// lease epoch ($1 the run, $2 the epoch). FOR KEY SHARE holds off a concurrent claim,
+// which would bump the epoch, until the write commits; a claim that committed first
+// leaves "owner" empty, and the write records nothing.
+const ownerCTE = `owner AS (
+	SELECT run_id FROM kagzi.runs
+	WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
+	FOR KEY SHARE
+)`
+
 // StepWrite records the outcome of one step attempt.
 type StepWrite struct {
 	RunID uuid.UUID
@@ -228,11 +239,7 @@ var ErrStepRecorded = errors.New("step already recorded")
 // bump the epoch) until this commits; a claim that committed first makes the owner
 // CTE empty. A completed step's output is never overwritten.
 const recordStepSQL = `
-WITH owner AS (
-	SELECT run_id FROM kagzi.runs
-	WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
-	FOR KEY SHARE
-), step AS (
+WITH ` + ownerCTE + `, step AS (
 	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position)
 	SELECT $1, $3, $4, 'STEP', $10, $6, $7, 1, $12
 	FROM owner
@@ -342,11 +349,7 @@ func RecordSleep(ctx context.Context, db DBTX, w SleepWrite) (wakeAt, dbNow time
 	var owned int
 	var wake *time.Time
 	err = db.QueryRow(ctx, `
-		WITH owner AS (
-			SELECT run_id FROM kagzi.runs
-			WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
-			FOR KEY SHARE
-		), step AS (
+		WITH ` + ownerCTE + `, step AS (
 			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, wake_at, position)
 			SELECT $1, $3, $4, 'SLEEP', 'COMPLETED', coalesce($5, now() + $6 * interval '1 millisecond'), $7
 			FROM owner
