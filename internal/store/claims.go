@@ -349,7 +349,7 @@ func RecordSleep(ctx context.Context, db DBTX, w SleepWrite) (wakeAt, dbNow time
 	var owned int
 	var wake *time.Time
 	err = db.QueryRow(ctx, `
-		WITH ` + ownerCTE + `, step AS (
+		WITH `+ownerCTE+`, step AS (
 			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, wake_at, position)
 			SELECT $1, $3, $4, 'SLEEP', 'COMPLETED', coalesce($5, now() + $6 * interval '1 millisecond'), $7
 			FROM owner

@@ -15,7 +15,7 @@ import (
 func RecordChildStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key, name string, position int, output []byte) error {
 	var owned int
 	err := db.QueryRow(ctx, `
-		WITH ` + ownerCTE + `, step AS (
+		WITH `+ownerCTE+`, step AS (
 			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, attempts, position)
 			SELECT $1, $3, $4, 'CHILD', 'COMPLETED', $5, 1, $6 FROM owner
 			ON CONFLICT (run_id, step_key) DO NOTHING
@@ -37,7 +37,7 @@ func RecordResultStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64
 	position *int, output, errDetail []byte) error {
 	var owned int
 	err := db.QueryRow(ctx, `
-		WITH ` + ownerCTE + `, step AS (
+		WITH `+ownerCTE+`, step AS (
 			INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position)
 			SELECT $1, $3, $4, $5, $6, $7, $8, 1, $9 FROM owner
 			ON CONFLICT (run_id, step_key) DO UPDATE SET status = excluded.status, output = excluded.output,
@@ -182,7 +182,7 @@ func TakeSignal(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key,
 		timeoutMS = &ms
 	}
 	err := db.QueryRow(ctx, `
-		WITH ` + ownerCTE + `, sig AS (
+		WITH `+ownerCTE+`, sig AS (
 			UPDATE kagzi.signals SET consumed_by = $3
 			WHERE id = (
 				SELECT id FROM kagzi.signals
@@ -220,7 +220,7 @@ func TakeSignal(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key,
 func SetEvent(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, stepKey, key string, position int, value []byte) error {
 	var owned int
 	err := db.QueryRow(ctx, `
-		WITH ` + ownerCTE + `, ev AS (
+		WITH `+ownerCTE+`, ev AS (
 			INSERT INTO kagzi.events (run_id, key, value)
 			SELECT $1, $4, $5 FROM owner
 			ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value, updated_at = now()
