@@ -149,8 +149,14 @@ func BenchmarkStart(b *testing.B) {
 }
 
 // BenchmarkBurnDownThreeStepRuns starts b.N runs of a 3-step workflow, then times one
-// worker (50 slots) completing them all: ns/op is per run.
+// worker completing them all, with 50 and with 200 slots: ns/op is per run.
 func BenchmarkBurnDownThreeStepRuns(b *testing.B) {
+	for _, slots := range []int{50, 200} {
+		b.Run(fmt.Sprintf("slots=%d", slots), func(b *testing.B) { burnDown(b, slots) })
+	}
+}
+
+func burnDown(b *testing.B, slots int) {
 	c, pool, rt := benchEnv(b)
 	ctx := context.Background()
 	for range b.N {
@@ -158,7 +164,7 @@ func BenchmarkBurnDownThreeStepRuns(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	w, err := kagzi.NewWorker(c, kagzi.WorkerConfig{MaxConcurrent: 50}, threeSteps)
+	w, err := kagzi.NewWorker(c, kagzi.WorkerConfig{MaxConcurrent: slots}, threeSteps)
 	if err != nil {
 		b.Fatal(err)
 	}
