@@ -167,6 +167,12 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	return c, nil
 }
 
+// Close closes the client's LISTEN connection, which otherwise stays open for
+// notifier.Linger (30s) after the last worker or Wait using it stopped. The pool is
+// the application's and stays open. A closed client may be used again: the
+// connection reopens when needed.
+func (c *Client) Close() { c.notifier.Close() }
+
 // Namespace returns the client's namespace.
 func (c *Client) Namespace() string { return c.ns }
 

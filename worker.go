@@ -350,7 +350,7 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 	for {
 		if claimNow && ctx.Err() == nil {
 			claimNow = false
-			full, err := w.claim(ctx)
+			full, next, err := w.claim(ctx)
 			switch {
 			case err != nil:
 				if ctx.Err() != nil {
@@ -369,9 +369,8 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 				claimNow = w.freeSlots() > 0 // more work may be waiting
 			default:
 				backoff = 100 * time.Millisecond
-				next, err := store.NextWake(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID)
 				wakeAt = time.Time{}
-				if err != nil || next == nil {
+				if next == nil {
 					setTimer(time.Time{})
 				} else {
 					setTimer(*next)
@@ -414,23 +413,24 @@ func (w *Worker) freeSlots() int {
 }
 
 // claim claims up to the free slots and starts executing what it got. full reports
-// that it got as many runs as it asked for.
-func (w *Worker) claim(ctx context.Context) (full bool, err error) {
+// that it got as many runs as it asked for (or had no free slot: a freed slot will
+// call again); otherwise next is when the earliest other run becomes claimable.
+func (w *Worker) claim(ctx context.Context) (full bool, next *time.Time, err error) {
 	free := w.freeSlots()
 	if free <= 0 {
-		return false, nil
+		return true, nil, nil
 	}
 	began := time.Now()
-	claimed, err := store.ClaimRuns(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID, w.cfg.LeaseDuration, free)
+	claimed, next, err := store.ClaimRuns(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID, w.cfg.LeaseDuration, free)
 	w.hookClaim(ctx, free, len(claimed), began, err)
 	if err != nil {
-		return false, dbError("kagzi: claim", err)
+		return false, nil, dbError("kagzi: claim", err)
 	}
 	now := time.Now()
 	for _, run := range claimed {
 		w.start(run, now)
 	}
-	return len(claimed) == free, nil
+	return len(claimed) == free, next, nil
 }
 
 // start executes a claimed run on its own goroutine.

@@ -2,8 +2,8 @@
 // waits for Kagzi's notifications: workers waiting for new runs, wake times and
 // cancels, and callers waiting for a run's result.
 //
-// The connection is opened when the first subscriber arrives and closed when the
-// last one leaves. It is separate from the application's pool, so it never takes a
+// The connection is opened when the first subscriber arrives and closed Linger
+// after the last one leaves (or by Close). It is separate from the application's pool, so it never takes a
 // pool slot. When it breaks, the notifier reconnects with backoff and tells every
 // subscriber (a notification with an empty topic) that notifications may have been
 // missed, so they look at the database again.
@@ -32,11 +32,16 @@ type Notifier struct {
 	channel string
 	logger  *slog.Logger
 
-	mu    sync.Mutex
-	subs  map[string]map[*Subscription]struct{}
-	count int
-	stop  context.CancelFunc
+	mu      sync.Mutex
+	subs    map[string]map[*Subscription]struct{}
+	count   int
+	stop    context.CancelFunc // nil: no listener
+	lingers *time.Timer        // stops an idle listener
 }
+
+// Linger is how long the LISTEN connection stays open after its last subscriber left,
+// so that a caller that waits for one run after another does not reconnect each time.
+const Linger = 30 * time.Second
 
 // Subscription receives the notifications of its topics. C is buffered; a subscriber
 // that falls behind misses notifications, never blocks the others, and must treat
@@ -66,9 +71,11 @@ func (n *Notifier) Subscribe(topics ...string) *Subscription {
 		n.subs[topic][s] = struct{}{}
 	}
 	n.count++
-	if n.count == 1 {
-		// A previous listener may still be closing; the two overlap for a moment,
-		// which is harmless: notifications are hints to look at the database.
+	if n.lingers != nil {
+		n.lingers.Stop()
+		n.lingers = nil
+	}
+	if n.stop == nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		n.stop = cancel
 		go n.listen(ctx)
@@ -89,10 +96,31 @@ func (s *Subscription) Close() {
 			}
 		}
 		n.count--
-		if n.count == 0 {
-			n.stop()
+		if n.count == 0 && n.stop != nil {
+			n.lingers = time.AfterFunc(Linger, func() {
+				n.mu.Lock()
+				defer n.mu.Unlock()
+				if n.count == 0 && n.stop != nil {
+					n.stop()
+					n.stop, n.lingers = nil, nil
+				}
+			})
 		}
 	})
+}
+
+// Close stops the listener at once, whatever its subscribers.
+func (n *Notifier) Close() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.lingers != nil {
+		n.lingers.Stop()
+		n.lingers = nil
+	}
+	if n.stop != nil {
+		n.stop()
+		n.stop = nil
+	}
 }
 
 func (n *Notifier) dispatch(msg Notification, all bool) {

@@ -88,14 +88,29 @@ WHERE r.locked_by = $1 AND r.status = 'RUNNING' AND r.xmin = pg_current_xact_id(
 
 // ClaimRuns claims up to limit runs for the worker and loads their recorded steps,
 // in one round trip.
+//
+// The same round trip also answers NextWake (after the claim), so that a worker that
+// got fewer runs than it asked for knows when to look again without asking.
 func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions []string, workerID string,
-	lease time.Duration, limit int) ([]ClaimedRun, error) {
+	lease time.Duration, limit int) (claimed []ClaimedRun, nextWake *time.Time, err error) {
 	var b pgx.Batch
 	b.Queue(claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
 	b.Queue(claimedStepsSQL, workerID)
+	b.Queue(nextWakeSQL, namespace, types, workerID, versions)
 	br := sendBatch(ctx, db, &b)
 	defer br.Close()
+	claimed, err = scanClaim(br)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := br.QueryRow().Scan(&nextWake); err != nil {
+		return nil, nil, err
+	}
+	return claimed, nextWake, br.Close()
+}
 
+// scanClaim reads the claimed runs and their recorded steps from a claim's batch.
+func scanClaim(br pgx.BatchResults) ([]ClaimedRun, error) {
 	rows, err := br.Query()
 	if err != nil {
 		return nil, err
@@ -134,7 +149,7 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions [
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
-	return claimed, br.Close()
+	return claimed, nil
 }
 
 // sendBatch runs a batch on db, which must be able to (a pool, a connection or a transaction).
@@ -150,15 +165,16 @@ func sendBatch(ctx context.Context, db DBTX, b *pgx.Batch) pgx.BatchResults {
 // is none. The worker sets a timer for it instead of polling.
 func NextWake(ctx context.Context, db DBTX, namespace string, types, versions []string, workerID string) (*time.Time, error) {
 	var t *time.Time
-	err := db.QueryRow(ctx, `
-		SELECT min(available_at) FROM kagzi.runs
-		WHERE namespace = $1 AND workflow_type = ANY($2)
-		  AND status IN ('PENDING', 'RUNNING', 'SLEEPING')
-		  AND (status <> 'RUNNING' OR locked_by IS DISTINCT FROM $3)
-		  AND (version IS NULL OR (workflow_type, version) IN (SELECT * FROM unnest($2::text[], $4::text[])))`,
-		namespace, types, workerID, versions).Scan(&t)
+	err := db.QueryRow(ctx, nextWakeSQL, namespace, types, workerID, versions).Scan(&t)
 	return t, err
 }
+
+const nextWakeSQL = `
+SELECT min(available_at) FROM kagzi.runs
+WHERE namespace = $1 AND workflow_type = ANY($2)
+  AND status IN ('PENDING', 'RUNNING', 'SLEEPING')
+  AND (status <> 'RUNNING' OR locked_by IS DISTINCT FROM $3)
+  AND (version IS NULL OR (workflow_type, version) IN (SELECT * FROM unnest($2::text[], $4::text[])))`
 
 // HeldRun names a run a worker holds and the epoch it holds it with.
 type HeldRun struct {

@@ -1,0 +1,58 @@
+package notifier_test
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kagzi/kagzi/internal/notifier"
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+func TestSubscribersShareOneConnectionThatOutlivesThemForALinger(t *testing.T) {
+	t.Parallel()
+	url := testdb.New(t)
+	var connects atomic.Int32
+	n := notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
+		connects.Add(1)
+		return pgx.Connect(ctx, url)
+	}, "kagzi", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer n.Close()
+	ctx := context.Background()
+	sender, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Close(ctx)
+
+	for i := range 3 { // one subscriber after another, as sequential Waits do
+		sub := n.Subscribe("d|run")
+		if i == 0 {
+			select {
+			case <-sub.C: // "connected: look again"
+			case <-time.After(10 * time.Second):
+				t.Fatal("no connected signal")
+			}
+		}
+		if _, err := sender.Exec(ctx, `SELECT pg_notify('kagzi', 'd|run|COMPLETED')`); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case got := <-sub.C:
+			if got.Topic != "d|run" || got.Extra != "COMPLETED" {
+				t.Fatalf("got %+v", got)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("notification not delivered")
+		}
+		sub.Close()
+	}
+	if c := connects.Load(); c != 1 {
+		t.Fatalf("%d connections for 3 subscribers in a row, want 1", c)
+	}
+}
