@@ -54,6 +54,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -112,8 +113,11 @@ type Client struct {
 	maxBytes  int
 	retention time.Duration
 	notifier  *notifier.Notifier
-	hooks     Hooks // nil: none (Config.Hooks)
-	codec     Codec // nil: payloads stored as JSON (Config.Codec)
+	sender    *notifier.Sender // notifies workers of committed starts, coalesced
+	// startsInFlight counts the client's Start calls under way (see startRun).
+	startsInFlight atomic.Int32
+	hooks          Hooks // nil: none (Config.Hooks)
+	codec          Codec // nil: payloads stored as JSON (Config.Codec)
 
 	mu      sync.Mutex
 	workers map[*Worker]struct{} // this process's running workers, for Health
@@ -160,6 +164,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 		cfg.Retention = DefaultRetention
 	}
 	c := &Client{pool: pool, ns: cfg.Namespace, logger: cfg.Logger, maxBytes: cfg.MaxPayloadSize, retention: cfg.Retention}
+	c.sender = notifier.NewSender(pool, store.Channel, cfg.Logger)
 	c.notifier = notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	}, store.Channel, cfg.Logger)

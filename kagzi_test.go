@@ -616,3 +616,37 @@ func TestStartManyStartsEveryRunInOneStatement(t *testing.T) {
 	_, err = kagzi.StartMany(ctx, c, greet, inputs, kagzi.WithID("x"))
 	mustErrorIs(t, err, kagzi.ErrInvalidArgument)
 }
+
+func TestConcurrentStartsWakeTheWorkersWithoutWaitingForAPoll(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	cfg := fastWorker()
+	cfg.PollInterval = time.Hour // only notifications (and timers) may wake the worker
+	runWorker(t, e.client, cfg, greet)
+	for round := range 5 {
+		var wg sync.WaitGroup
+		runs := make([]*kagzi.Run[greetOut], 16)
+		for i := range runs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				run, err := kagzi.Start(ctx, e.client, greet, greetIn{Name: fmt.Sprint(round, "-", i)})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				runs[i] = run
+			}()
+		}
+		wg.Wait()
+		for _, run := range runs {
+			if run == nil {
+				t.FailNow()
+			}
+			if _, err := run.Wait(ctx); err != nil {
+				t.Fatalf("round %d: %v (a start's notification was lost?)", round, err)
+			}
+		}
+		time.Sleep(50 * time.Millisecond) // let the worker go idle between bursts
+	}
+}

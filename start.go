@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -232,11 +233,23 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	if link != nil {
 		link(&n)
 	}
+	// A lone start notifies the workers in its own statement (the quickest way to
+	// them). While other starts of this client are in flight, it commits without the
+	// notification and leaves it to the sender, which coalesces them after the commits:
+	// transactions that notify serialise their commits on a server-wide lock. Inside
+	// the caller's transaction the notification must commit with it.
+	if tx == nil {
+		n.NotifyLater = c.startsInFlight.Add(1) > 1
+		defer c.startsInFlight.Add(-1)
+	}
 	ctx, hooked := c.hookStartBegin(ctx, &n)
 	r, inserted, err := store.InsertRun(ctx, db, n)
 	c.hookStartEnd(ctx, hooked, r, inserted, err)
 	if err != nil {
 		return nil, dbError("kagzi: start "+workflowType, err)
+	}
+	if inserted && n.NotifyLater {
+		c.sender.Send(store.WakeTopic(r.Namespace, r.WorkflowType) + "|" + strconv.FormatInt(r.AvailableAt.UnixMilli(), 10))
 	}
 	if !inserted && r.WorkflowType != workflowType {
 		return nil, fmt.Errorf("%w: workflow id %q is held by run %s of workflow type %q, not %q",

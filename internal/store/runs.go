@@ -131,12 +131,17 @@ type NewRun struct {
 	// ForkedFromRunID and ForkedFromStep record the origin of a fork.
 	ForkedFromRunID *uuid.UUID
 	ForkedFromStep  string
+	// NotifyLater leaves the workers' notification to the caller, to be sent after
+	// the insert commits. Transactions that notify serialise their commits on one
+	// server-wide lock; a start that commits on its own can let a notifier.Sender
+	// send its notification, coalesced with others, once it is committed.
+	NotifyLater bool
 	// Carrier, when set, is the trace context captured at the start (JSON object).
 	Carrier []byte
 }
 
 // insertRunSQL starts a run in one statement and notifies the workers of its type in the
-// same transaction. It returns the new run (inserted = true) or, when the workflow id
+// same transaction (unless $17: the caller notifies after the commit, see NewRun.NotifyLater). It returns the new run (inserted = true) or, when the workflow id
 // is taken, the run holding it (inserted = false): the active one, or with $7 (reuse
 // never) the newest run of that id whatever its status.
 //
@@ -160,8 +165,8 @@ WITH prev AS (
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
 	RETURNING ` + runColumns + `
 )
-SELECT ins.*, true, pg_notify('` + Channel + `',
-	'w|' || ins.namespace || '|' || ins.workflow_type || '|' || (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
+SELECT ins.*, true, CASE WHEN $17 THEN '' ELSE pg_notify('` + Channel + `',
+	'w|' || ins.namespace || '|' || ins.workflow_type || '|' || (extract(epoch FROM ins.available_at) * 1000)::bigint)::text END
 FROM ins
 UNION ALL
 SELECT prev.*, false, '' FROM prev`
@@ -175,7 +180,7 @@ func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, 
 	for range 5 {
 		row := db.QueryRow(ctx, insertRunSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
 			n.Input, startAt, n.ReuseNever, n.Deadline, n.ScheduleID, n.ScheduleTick, n.ParentRunID, n.ParentStepKey,
-			n.Version, n.ForkedFromRunID, n.ForkedFromStep, n.Carrier)
+			n.Version, n.ForkedFromRunID, n.ForkedFromStep, n.Carrier, n.NotifyLater)
 		var notified string
 		r, err := scanRun(row, &inserted, &notified)
 		if errors.Is(err, pgx.ErrNoRows) {
