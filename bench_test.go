@@ -349,7 +349,7 @@ func BenchmarkClaimWithFinishedRuns(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StartTimer()
-				got, _, err := store.ClaimRuns(ctx, pool, "default", types, versions, "bench", time.Minute, 1)
+				got, err := store.ClaimRuns(ctx, pool, "default", types, versions, "bench", time.Minute, 1)
 				if err != nil || len(got) != 1 {
 					b.Fatalf("claimed %d, %v", len(got), err)
 				}

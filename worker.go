@@ -350,7 +350,7 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 	for {
 		if claimNow && ctx.Err() == nil {
 			claimNow = false
-			full, next, err := w.claim(ctx)
+			full, err := w.claim(ctx)
 			switch {
 			case err != nil:
 				if ctx.Err() != nil {
@@ -368,9 +368,13 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 				backoff = 100 * time.Millisecond
 				claimNow = w.freeSlots() > 0 // more work may be waiting
 			default:
+				// Fewer runs than free slots: ask when the next one becomes claimable.
+				// (Asking in the claim's own batch costs every claim that statement, and
+				// most claims under load fill their slots.)
 				backoff = 100 * time.Millisecond
+				next, err := store.NextWake(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID)
 				wakeAt = time.Time{}
-				if next == nil {
+				if err != nil || next == nil {
 					setTimer(time.Time{})
 				} else {
 					setTimer(*next)
@@ -413,24 +417,24 @@ func (w *Worker) freeSlots() int {
 }
 
 // claim claims up to the free slots and starts executing what it got. full reports
-// that it got as many runs as it asked for (or had no free slot: a freed slot will
-// call again); otherwise next is when the earliest other run becomes claimable.
-func (w *Worker) claim(ctx context.Context) (full bool, next *time.Time, err error) {
+// that it got as many runs as it asked for, or had no free slot (a freed slot calls
+// again).
+func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 	free := w.freeSlots()
 	if free <= 0 {
-		return true, nil, nil
+		return true, nil
 	}
 	began := time.Now()
-	claimed, next, err := store.ClaimRuns(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID, w.cfg.LeaseDuration, free)
+	claimed, err := store.ClaimRuns(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID, w.cfg.LeaseDuration, free)
 	w.hookClaim(ctx, free, len(claimed), began, err)
 	if err != nil {
-		return false, nil, dbError("kagzi: claim", err)
+		return false, dbError("kagzi: claim", err)
 	}
 	now := time.Now()
 	for _, run := range claimed {
 		w.start(run, now)
 	}
-	return len(claimed) == free, next, nil
+	return len(claimed) == free, nil
 }
 
 // start executes a claimed run on its own goroutine.

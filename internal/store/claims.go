@@ -88,25 +88,18 @@ WHERE r.locked_by = $1 AND r.status = 'RUNNING' AND r.xmin = pg_current_xact_id(
 
 // ClaimRuns claims up to limit runs for the worker and loads their recorded steps,
 // in one round trip.
-//
-// The same round trip also answers NextWake (after the claim), so that a worker that
-// got fewer runs than it asked for knows when to look again without asking.
 func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions []string, workerID string,
-	lease time.Duration, limit int) (claimed []ClaimedRun, nextWake *time.Time, err error) {
+	lease time.Duration, limit int) ([]ClaimedRun, error) {
 	var b pgx.Batch
 	b.Queue(claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
 	b.Queue(claimedStepsSQL, workerID)
-	b.Queue(nextWakeSQL, namespace, types, workerID, versions)
 	br := sendBatch(ctx, db, &b)
 	defer br.Close()
-	claimed, err = scanClaim(br)
+	claimed, err := scanClaim(br)
 	if err != nil {
-		return nil, nil, err
+		return nil, err
 	}
-	if err := br.QueryRow().Scan(&nextWake); err != nil {
-		return nil, nil, err
-	}
-	return claimed, nextWake, br.Close()
+	return claimed, br.Close()
 }
 
 // scanClaim reads the claimed runs and their recorded steps from a claim's batch.
