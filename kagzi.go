@@ -61,6 +61,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/kagzi/kagzi/internal/committer"
 	"github.com/kagzi/kagzi/internal/notifier"
 	"github.com/kagzi/kagzi/internal/schema"
 	"github.com/kagzi/kagzi/internal/store"
@@ -113,7 +114,8 @@ type Client struct {
 	maxBytes  int
 	retention time.Duration
 	notifier  *notifier.Notifier
-	sender    *notifier.Sender // notifies workers of committed starts, coalesced
+	sender    *notifier.Sender     // notifies workers of committed starts, coalesced
+	starts    *committer.Committer // batches concurrent Start statements into shared commits
 	// startsInFlight counts the client's Start calls under way (see startRun).
 	startsInFlight atomic.Int32
 	hooks          Hooks // nil: none (Config.Hooks)
@@ -165,6 +167,11 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	}
 	c := &Client{pool: pool, ns: cfg.Namespace, logger: cfg.Logger, maxBytes: cfg.MaxPayloadSize, retention: cfg.Retention}
 	c.sender = notifier.NewSender(pool, store.Channel, cfg.Logger)
+	// Starts that commit on their own share commits when they come together (group
+	// commit, as the workers' step records do). Its two goroutines idle on a channel
+	// for the client's life.
+	c.starts = committer.New(pool, 256)
+	go c.starts.Run(context.Background(), 2)
 	c.notifier = notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	}, store.Channel, cfg.Logger)

@@ -216,7 +216,7 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	if err != nil {
 		return nil, err
 	}
-	var db store.DBTX = c.pool
+	var db store.DBTX = c.starts
 	if tx != nil {
 		db = tx
 	}

@@ -6,13 +6,14 @@
 // A Committer is a store.DBTX whose QueryRow is batched; Exec and Query go straight
 // to the pool. Batches form on their own (group commit): while a batch is in flight
 // the next requests queue, and the next batch takes them all, so a lone request
-// costs one round trip, as before, and many concurrent ones share round trips and
-// fsyncs.
+// costs one round trip, as before (it is sent at once on its caller's goroutine when
+// nothing else is in flight), and many concurrent ones share round trips and fsyncs.
 package committer
 
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -24,6 +25,10 @@ type Committer struct {
 	pool     *pgxpool.Pool
 	reqs     chan *request
 	maxBatch int
+	// inFlight counts the statements and batches being sent. A statement that finds
+	// none goes out at once on its caller's goroutine: nothing to share a commit
+	// with, so no hand-off to pay for.
+	inFlight atomic.Int32
 }
 
 type request struct {
@@ -82,6 +87,8 @@ func (c *Committer) send(ctx context.Context) {
 // the commit. When a statement fails, the transaction rolled everything back: each
 // request then runs again on its own, so only the failing one sees its error.
 func (c *Committer) commit(ctx context.Context, batch []*request) {
+	c.inFlight.Add(1)
+	defer c.inFlight.Add(-1)
 	if len(batch) == 1 {
 		r := batch[0]
 		r.done <- c.pool.QueryRow(r.ctx, r.sql, r.args...).Scan(r.dest...)
@@ -147,6 +154,10 @@ type row struct {
 }
 
 func (r *row) Scan(dest ...any) error {
+	if r.c.inFlight.CompareAndSwap(0, 1) {
+		defer r.c.inFlight.Add(-1)
+		return r.c.pool.QueryRow(r.ctx, r.sql, r.args...).Scan(dest...)
+	}
 	req := &request{ctx: r.ctx, sql: r.sql, args: r.args, dest: dest, done: make(chan error, 1)}
 	select {
 	case r.c.reqs <- req:

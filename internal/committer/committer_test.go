@@ -143,3 +143,17 @@ func TestNoRowsIsReportedToItsCaller(t *testing.T) {
 		t.Fatalf("got %v, want pgx.ErrNoRows", err)
 	}
 }
+
+func TestALoneStatementGoesOutOnItsCallersGoroutine(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), testdb.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	c := committer.New(pool, 8) // never Run: only the direct path can answer
+	var one int
+	if err := c.QueryRow(context.Background(), `SELECT 1`).Scan(&one); err != nil || one != 1 {
+		t.Fatalf("got %d, %v", one, err)
+	}
+}
