@@ -80,11 +80,14 @@ RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.version, r.in
 // round trip) but with a fresh snapshot, so it sees every step the previous owner
 // recorded before the claim locked the run: a fenced step write holds a lock that
 // the claim's SKIP LOCKED skips, so it either committed before the claim or fails.
+// An empty claim assigned no transaction id, and _if_assigned keeps it so: asking
+// for one would make the claim's implicit transaction write (and flush) a commit
+// record for nothing, on every idle poll.
 const claimedStepsSQL = `
 SELECT s.run_id, s.step_key, s.name, s.position, s.kind, s.status, s.output, s.error, s.attempts, s.wake_at
 FROM kagzi.steps s
 JOIN kagzi.runs r ON r.run_id = s.run_id
-WHERE r.locked_by = $1 AND r.status = 'RUNNING' AND r.xmin = pg_current_xact_id()::xid`
+WHERE r.locked_by = $1 AND r.status = 'RUNNING' AND r.xmin = pg_current_xact_id_if_assigned()::xid`
 
 // ClaimRuns claims up to limit runs for the worker and loads their recorded steps,
 // in one round trip.
