@@ -8,11 +8,16 @@
 // the next requests queue, and the next batch takes them all, so a lone request
 // costs one round trip, as before (it is sent at once on its caller's goroutine when
 // nothing else is in flight), and many concurrent ones share round trips and fsyncs.
+//
+// A statement registered with a Merge goes further: the requests of that statement
+// in one batch become a single set-based statement (one array per parameter), so
+// Postgres plans, starts and checks constraints once for all of them.
 package committer
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/jackc/pgx/v5"
@@ -29,7 +34,15 @@ type Committer struct {
 	// none goes out at once on its caller's goroutine: nothing to share a commit
 	// with, so no hand-off to pay for.
 	inFlight atomic.Int32
+	merges   map[string]Merge
 }
+
+// Merge turns the arguments of k ≥ 2 requests of one statement (args[i] are the
+// i-th request's) into one set-based statement and its arguments. That statement
+// returns, for each request that has a result, one row: the request's 1-based index
+// among the k, then the columns the original statement returns. A request without a
+// row gets pgx.ErrNoRows, as QueryRow would.
+type Merge func(args [][]any) (sql string, merged []any)
 
 type request struct {
 	ctx  context.Context
@@ -39,10 +52,11 @@ type request struct {
 	done chan error
 }
 
-// New returns a committer over pool whose batches hold at most maxBatch statements.
-// Call Run to start it.
-func New(pool *pgxpool.Pool, maxBatch int) *Committer {
-	return &Committer{pool: pool, reqs: make(chan *request), maxBatch: maxBatch}
+// New returns a committer over pool whose batches hold at most maxBatch statements;
+// merges (which may be nil) maps statements to their set-based form. Call Run to
+// start it.
+func New(pool *pgxpool.Pool, maxBatch int, merges map[string]Merge) *Committer {
+	return &Committer{pool: pool, reqs: make(chan *request), maxBatch: maxBatch, merges: merges}
 }
 
 // Run sends batches until ctx is done, with up to senders batches in flight at once.
@@ -94,16 +108,16 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 		r.done <- c.pool.QueryRow(r.ctx, r.sql, r.args...).Scan(r.dest...)
 		return
 	}
+	units := c.plan(batch)
 	var b pgx.Batch
-	for _, r := range batch {
-		b.Queue(r.sql, r.args...)
+	for _, u := range units {
+		b.Queue(u.sql, u.args...)
 	}
 	errs := make([]error, len(batch))
 	br := c.pool.SendBatch(ctx, &b)
 	failed := false
-	for i, r := range batch {
-		errs[i] = br.QueryRow().Scan(r.dest...)
-		if errs[i] != nil && !errors.Is(errs[i], pgx.ErrNoRows) {
+	for _, u := range units {
+		if err := u.read(br, errs); err != nil {
 			failed = true
 		}
 	}
@@ -128,6 +142,88 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	for i, r := range batch {
 		r.done <- errs[i]
 	}
+}
+
+// unit is one statement of a batch: a request's own, or the merged statement of
+// several requests (reqs[j] is at index idx[j] of the batch).
+type unit struct {
+	sql    string
+	args   []any
+	reqs   []*request
+	idx    []int
+	merged bool
+}
+
+// plan turns a batch into its statements: the requests of a statement that has a
+// Merge and appears more than once become one merged statement, in the place of the
+// first of them; the others stay as they are.
+func (c *Committer) plan(batch []*request) []unit {
+	units := make([]unit, 0, len(batch))
+	at := map[string]int{} // sql of a mergeable statement -> its unit
+	for i, r := range batch {
+		if _, ok := c.merges[r.sql]; ok {
+			if u, ok := at[r.sql]; ok {
+				units[u].reqs = append(units[u].reqs, r)
+				units[u].idx = append(units[u].idx, i)
+				continue
+			}
+			at[r.sql] = len(units)
+		}
+		units = append(units, unit{sql: r.sql, args: r.args, reqs: []*request{r}, idx: []int{i}})
+	}
+	for i := range units {
+		u := &units[i]
+		if len(u.reqs) < 2 {
+			continue
+		}
+		args := make([][]any, len(u.reqs))
+		for j, r := range u.reqs {
+			args[j] = r.args
+		}
+		u.sql, u.args = c.merges[u.sql](args)
+		u.merged = true
+	}
+	return units
+}
+
+// read reads the unit's result into its requests' destinations and errs, and
+// returns an error when the statement itself failed (not merely found no row).
+func (u *unit) read(br pgx.BatchResults, errs []error) error {
+	if !u.merged {
+		i := u.idx[0]
+		errs[i] = br.QueryRow().Scan(u.reqs[0].dest...)
+		if errs[i] != nil && !errors.Is(errs[i], pgx.ErrNoRows) {
+			return errs[i]
+		}
+		return nil
+	}
+	for _, i := range u.idx {
+		errs[i] = pgx.ErrNoRows
+	}
+	rows, err := br.Query()
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	fields := rows.FieldDescriptions()
+	for rows.Next() {
+		var ord int
+		values := rows.RawValues()
+		typeMap := rows.Conn().TypeMap()
+		if err := pgx.ScanRow(typeMap, fields[:1], values[:1], &ord); err != nil {
+			return err
+		}
+		if ord < 1 || ord > len(u.reqs) {
+			return fmt.Errorf("committer: merged statement returned index %d of %d", ord, len(u.reqs))
+		}
+		i := u.idx[ord-1]
+		errs[i] = pgx.ScanRow(typeMap, fields[1:], values[1:], u.reqs[ord-1].dest...)
+		if errs[i] != nil {
+			return errs[i]
+		}
+	}
+	rows.Close()
+	return rows.Err()
 }
 
 // QueryRow queues the statement; its Scan waits until the batch that carries it has

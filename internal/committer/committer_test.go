@@ -14,7 +14,7 @@ import (
 	"github.com/kagzi/kagzi/internal/testdb"
 )
 
-type batchCounter struct{ batches, queries atomic.Int64 }
+type batchCounter struct{ batches, queries, merged atomic.Int64 }
 
 func (b *batchCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
 	b.queries.Add(1)
@@ -25,10 +25,19 @@ func (b *batchCounter) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 	b.batches.Add(1)
 	return ctx
 }
-func (b *batchCounter) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (b *batchCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.TraceBatchQueryData) {
+	if d.SQL == mergedInsert {
+		b.merged.Add(1)
+	}
+}
 func (b *batchCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 func setup(t *testing.T) (*committer.Committer, *pgxpool.Pool, *batchCounter) {
+	t.Helper()
+	return setupWith(t, nil)
+}
+
+func setupWith(t *testing.T, merges map[string]committer.Merge) (*committer.Committer, *pgxpool.Pool, *batchCounter) {
 	t.Helper()
 	t.Parallel()
 	url := testdb.New(t)
@@ -46,7 +55,7 @@ func setup(t *testing.T) (*committer.Committer, *pgxpool.Pool, *batchCounter) {
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE t (id int PRIMARY KEY, v int CHECK (v >= 0))`); err != nil {
 		t.Fatal(err)
 	}
-	c := committer.New(pool, 64)
+	c := committer.New(pool, 64, merges)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx, 2) }()
@@ -151,9 +160,82 @@ func TestALoneStatementGoesOutOnItsCallersGoroutine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	c := committer.New(pool, 8) // never Run: only the direct path can answer
+	c := committer.New(pool, 8, nil) // never Run: only the direct path can answer
 	var one int
 	if err := c.QueryRow(context.Background(), `SELECT 1`).Scan(&one); err != nil || one != 1 {
 		t.Fatalf("got %d, %v", one, err)
+	}
+}
+
+const (
+	insert       = `INSERT INTO t VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING v`
+	mergedInsert = `
+		WITH i AS (SELECT * FROM unnest($1::int[], $2::int[]) WITH ORDINALITY AS i(id, v, ord)),
+		ins AS (INSERT INTO t SELECT id, v FROM i ON CONFLICT DO NOTHING RETURNING id, v)
+		SELECT i.ord, ins.v FROM ins JOIN i ON i.id = ins.id`
+)
+
+var merges = map[string]committer.Merge{insert: func(args [][]any) (string, []any) {
+	ids, vs := make([]int, len(args)), make([]int, len(args))
+	for i, a := range args {
+		ids[i], vs[i] = a[0].(int), a[1].(int)
+	}
+	return mergedInsert, []any{ids, vs}
+}}
+
+// concurrentInserts runs insert for ids 0..n-1 at once, with value 2*id (or bad for
+// the id bad), and returns each caller's value and error.
+func concurrentInserts(c *committer.Committer, n, bad int) ([]int, []error) {
+	got, errs := make([]int, n), make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			v := i * 2
+			if i == bad {
+				v = -1 // violates the check
+			}
+			errs[i] = c.QueryRow(context.Background(), insert, i, v).Scan(&got[i])
+		}()
+	}
+	wg.Wait()
+	return got, errs
+}
+
+func TestMergedStatementsGiveEachCallerItsOwnRowOrNoRows(t *testing.T) {
+	c, pool, bc := setupWith(t, merges)
+	if _, err := pool.Exec(context.Background(), `INSERT INTO t SELECT g, 0 FROM generate_series(0, 199, 10) g`); err != nil {
+		t.Fatal(err)
+	}
+	got, errs := concurrentInserts(c, 200, -1)
+	for i := range 200 {
+		switch {
+		case i%10 == 0 && errs[i] != pgx.ErrNoRows:
+			t.Fatalf("id %d was taken: got %d, %v; want pgx.ErrNoRows", i, got[i], errs[i])
+		case i%10 != 0 && (errs[i] != nil || got[i] != 2*i):
+			t.Fatalf("id %d: got %d, %v; want %d", i, got[i], errs[i], 2*i)
+		}
+	}
+	if bc.merged.Load() == 0 {
+		t.Fatal("no merged statement was sent: concurrent inserts went one by one")
+	}
+	var rows int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM t WHERE v = id * 2 AND v > 0`).Scan(&rows); err != nil || rows != 180 {
+		t.Fatalf("%d new rows, %v; want 180", rows, err)
+	}
+}
+
+func TestAFailingMergedStatementFailsOnlyTheBadRequest(t *testing.T) {
+	c, pool, _ := setupWith(t, merges)
+	got, errs := concurrentInserts(c, 100, 42)
+	for i := range 100 {
+		if (i == 42) != (errs[i] != nil) || (i != 42 && got[i] != 2*i) {
+			t.Fatalf("id %d: got %d, %v", i, got[i], errs[i])
+		}
+	}
+	var rows int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM t`).Scan(&rows); err != nil || rows != 99 {
+		t.Fatalf("%d rows, %v; want the 99 good ones", rows, err)
 	}
 }
