@@ -166,6 +166,15 @@ type execution struct {
 	// branches counts the branches (Go, Map) running now: while any does, the run
 	// cannot be released, so sleeps and backoffs wait in process.
 	branches atomic.Int32
+	// finishing: the workflow function returned and the run's slot was released
+	// while its end is written (guarded by w.mu).
+	finishing bool
+
+	// pending is the run's last completed step while its record is held back (see
+	// holdRecord); flushMu serializes writing it, so that whoever needs it durable
+	// waits for it. Both guard pending.
+	flushMu sync.Mutex
+	pending *store.StepWrite
 
 	mu   sync.Mutex
 	exit exitReason
@@ -359,12 +368,86 @@ func (c *Context) write(op func(context.Context) error) error {
 	return err
 }
 
-// write runs a fenced store write, retrying transient failures (a lost connection,
+// flush makes the held-back step record durable (see holdRecord), as the fenced
+// writes do before their own. A step about to run calls it: its body may depend on
+// what the previous step returned.
+func (c *Context) flush() error {
+	err := c.x.flush()
+	if errors.Is(err, errLeaseLost) {
+		c.stop(exitLeaseLost)
+	}
+	return err
+}
+
+// holdRecord holds back the record of a step that just completed in the workflow's
+// own scope, instead of writing it at once: the next write of the run carries it
+// first, and when the workflow function returns instead, the run's end records it
+// in the same statement (one write instead of two for the last step). Nothing runs
+// in between that could observe the difference: the next step's body, a sleep, a
+// child, a signal wait or the end all flush it first. A crash before it is written
+// runs the step again, as a crash just before an immediate write would have.
+// Steps in branches are written at once.
+func (c *Context) holdRecord(w store.StepWrite) bool {
+	if c.sc.branch || c.x.branches.Load() > 0 {
+		return false
+	}
+	x := c.x
+	x.flushMu.Lock()
+	defer x.flushMu.Unlock()
+	if x.pending != nil {
+		return false
+	}
+	x.pending = &w
+	return true
+}
+
+// takePending removes the held-back step record and returns it (nil: none).
+func (x *execution) takePending() *store.StepWrite {
+	x.flushMu.Lock()
+	defer x.flushMu.Unlock()
+	p := x.pending
+	x.pending = nil
+	return p
+}
+
+// flush writes the held-back step record, if any; see holdRecord.
+func (x *execution) flush() error {
+	x.flushMu.Lock()
+	defer x.flushMu.Unlock()
+	p := x.pending
+	if p == nil {
+		return nil
+	}
+	err := x.writeNow(func(ctx context.Context) error {
+		_, err := store.RecordStep(ctx, x.w.db, *p)
+		return err
+	})
+	switch {
+	case err == nil, errors.Is(err, store.ErrStepRecorded):
+		x.pending = nil
+		return nil
+	case errors.Is(err, errLeaseLost):
+		return err
+	}
+	x.pending = nil
+	return NonRetryable(fmt.Errorf("kagzi: step %s of run %s cannot be recorded: %w", p.Key, x.run.RunID, err))
+}
+
+// write runs a fenced store write after the held-back step record (see
+// holdRecord); see writeNow.
+func (x *execution) write(op func(context.Context) error) error {
+	if err := x.flush(); err != nil {
+		return err
+	}
+	return x.writeNow(op)
+}
+
+// writeNow runs a fenced store write, retrying transient failures (a lost connection,
 // a restarting database) with backoff while the lease lasts. It returns errLeaseLost
 // when the lease was lost, or ran out before the write succeeded (another worker
 // will take the run over), and the other errors (such as ErrStepRecorded or data
 // the database rejects) as they are.
-func (x *execution) write(op func(context.Context) error) error {
+func (x *execution) writeNow(op func(context.Context) error) error {
 	backoff := 50 * time.Millisecond
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), x.w.cfg.LeaseDuration)

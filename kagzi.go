@@ -170,7 +170,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	// Starts that commit on their own share commits when they come together (group
 	// commit, as the workers' step records do). Its two goroutines idle on a channel
 	// for the client's life.
-	c.starts = committer.New(pool, 256)
+	c.starts = committer.New(pool, 256, nil)
 	go c.starts.Run(context.Background(), 2)
 	c.notifier = notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())

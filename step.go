@@ -88,6 +88,11 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		}
 	}
 
+	// The body may depend on what the previous step returned: that must be durable
+	// before the body runs (see holdRecord).
+	if err := ctx.flush(); err != nil {
+		return zero, err
+	}
 	for {
 		attempts++
 		started := time.Now()
@@ -126,6 +131,10 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		}
 		if fnErr == nil {
 			w.Status, w.StepStatus = string(StepCompleted), string(StepCompleted)
+			if ctx.holdRecord(w) {
+				x.setStep(key, store.StepRecord{Kind: string(KindStep), Status: string(StepCompleted), Output: w.Output, Attempts: attempts})
+				return res.out, nil
+			}
 			stored, err := ctx.recordStep(w)
 			if err != nil {
 				return zero, err

@@ -109,8 +109,11 @@ func TestRepeatedStepNamesInALoopGetOccurrenceNumberedKeys(t *testing.T) {
 	if fmt.Sprint(keys) != "[send#1 send#2 between#1 send#3]" {
 		t.Fatalf("step keys %v, want [send#1 send#2 between#1 send#3]", keys)
 	}
+	// A first attempt that completes has no history row of its own; ListSteps still
+	// reports it, with its times.
 	if steps[1].Kind != kagzi.KindStep || string(steps[1].Output) != "1" || len(steps[1].Attempts) != 1 ||
-		steps[1].Attempts[0].Status != kagzi.StepCompleted {
+		steps[1].Attempts[0].Status != kagzi.StepCompleted || steps[1].Attempts[0].Number != 1 ||
+		steps[1].Attempts[0].StartedAt.IsZero() || steps[1].Attempts[0].FinishedAt.Before(steps[1].Attempts[0].StartedAt) {
 		t.Fatalf("send#2 recorded as %+v", steps[1])
 	}
 	if steps[2].Kind != kagzi.KindSleep || steps[2].WakeAt == nil {
@@ -334,5 +337,101 @@ func TestReplayAfterTheWakeTimeDoesNotSleepAgain(t *testing.T) {
 	// Sleeping again would take another 2s.
 	if d := time.Since(began); d >= 2*time.Second {
 		t.Fatalf("resuming past the wake time took %v: the sleep ran again", d)
+	}
+}
+
+func TestALastStepIsRecordedByTheSameWriteThatEndsTheRun(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	workerPool, rt := tracedPool(t, e.url)
+	wf := kagzi.Define("one-step", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "double", func(context.Context) (int, error) { return n * 2, nil })
+	})
+	runWorker(t, newClient(t, workerPool, ""), fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 21)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run.Wait(ctx); err != nil || out != 42 {
+		t.Fatalf("got %d, %v", out, err)
+	}
+	if n := rt.count("INSERT INTO kagzi.steps"); n != 1 {
+		t.Fatalf("%d statements wrote steps, want 1", n)
+	}
+	if n := rt.count("UPDATE kagzi.runs r SET\n\t\tstatus = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE $3 END"); n != 1 {
+		t.Fatalf("%d run-ending statements, want 1", n)
+	}
+	steps, err := e.client.ListSteps(ctx, run.RunID)
+	if err != nil || len(steps) != 1 || string(steps[0].Output) != "42" || len(steps[0].Attempts) != 1 {
+		t.Fatalf("steps %+v, %v; want double#1 recorded with its output and one attempt", steps, err)
+	}
+}
+
+func TestAStepsOutputIsDurableBeforeTheNextStepRuns(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var recordedBeforeSecond atomic.Int32
+	wf := kagzi.Define("two-steps", func(ctx *kagzi.Context, _ int) (int, error) {
+		a, err := kagzi.Step(ctx, "first", func(context.Context) (int, error) { return 1, nil })
+		if err != nil {
+			return 0, err
+		}
+		return kagzi.Step(ctx, "second", func(c context.Context) (int, error) {
+			var n int
+			err := e.pool.QueryRow(c, `SELECT count(*) FROM kagzi.steps WHERE step_key = 'first#1' AND output = '1'`).Scan(&n)
+			recordedBeforeSecond.Store(int32(n))
+			return a + 1, err
+		})
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run.Wait(ctx); err != nil || out != 2 {
+		t.Fatalf("got %d, %v", out, err)
+	}
+	if recordedBeforeSecond.Load() != 1 {
+		t.Fatal("the second step's body ran before the first step's output was recorded")
+	}
+}
+
+func TestAShutdownRecordsTheLastCompletedStepBeforeHandingTheRunBack(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var calls atomic.Int32
+	var waited atomic.Bool
+	reached := make(chan struct{}, 1)
+	wf := kagzi.Define("step-then-wait", func(ctx *kagzi.Context, _ int) (int, error) {
+		v, err := kagzi.Step(ctx, "once", func(context.Context) (int, error) { return int(calls.Add(1)), nil })
+		if err != nil {
+			return 0, err
+		}
+		if waited.CompareAndSwap(false, true) { // the first execution waits, outside any step, for the shutdown
+			reached <- struct{}{}
+			<-ctx.Done()
+			return 0, ctx.Err()
+		}
+		return v, nil
+	})
+	stop := runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-reached
+	stop()
+	if s := runStatus(t, e.client, run.RunID); s != kagzi.StatusPending {
+		t.Fatalf("status %s, want the run handed back PENDING", s)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.steps WHERE step_key = 'once#1' AND status = 'COMPLETED'`); n != 1 {
+		t.Fatal("the completed step was not recorded before the run was handed back")
+	}
+	runWorker(t, e.client, fastWorker(), wf)
+	if out, err := run.Wait(ctx); err != nil || out != 1 {
+		t.Fatalf("got %d, %v", out, err)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("the step ran %d times, want once: its output was recorded before the hand-back", calls.Load())
 	}
 }

@@ -86,6 +86,9 @@ type Worker struct {
 	startedAt time.Time    // when Run began
 	mu        sync.Mutex
 	active    map[uuid.UUID]*execution
+	// finishing counts the runs of active whose workflow function has returned and
+	// whose end is being written: they no longer take a slot (see releaseSlot).
+	finishing int
 	// handBack holds runs whose executions stopped for the shutdown.
 	handBack []store.HeldRun
 	slotFree chan struct{}
@@ -147,7 +150,7 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 	case cfg.DefaultRetry.Err() != nil:
 		return nil, fmt.Errorf("DefaultRetry: %w", cfg.DefaultRetry.Err())
 	}
-	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{}, db: committer.New(client.pool, 256),
+	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{}, db: committer.New(client.pool, 256, store.Merges),
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
 		active: map[uuid.UUID]*execution{}, slotFree: make(chan struct{}, 1)}
 	for _, wf := range workflows {
@@ -413,7 +416,26 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 func (w *Worker) freeSlots() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.cfg.MaxConcurrent - len(w.active)
+	return w.cfg.MaxConcurrent - (len(w.active) - w.finishing)
+}
+
+// releaseSlot frees the slot of a run whose workflow function has returned, before
+// its end is written: the next run need not wait for that commit. The run stays
+// active (heartbeats keep its lease) until the write is done. At most MaxConcurrent
+// runs are finishing at once, which bounds what a slow database lets pile up.
+func (w *Worker) releaseSlot(x *execution) {
+	w.mu.Lock()
+	if x.finishing || w.finishing >= w.cfg.MaxConcurrent {
+		w.mu.Unlock()
+		return
+	}
+	x.finishing = true
+	w.finishing++
+	w.mu.Unlock()
+	select {
+	case w.slotFree <- struct{}{}:
+	default:
+	}
 }
 
 // claim claims up to the free slots and starts executing what it got. full reports
@@ -471,6 +493,9 @@ func (w *Worker) execute(x *execution) {
 		w.mu.Lock()
 		if w.active[x.run.RunID] == x { // a quick wake may have claimed the run again
 			delete(w.active, x.run.RunID)
+			if x.finishing {
+				w.finishing--
+			}
 		}
 		w.mu.Unlock()
 		select {
@@ -515,6 +540,11 @@ func (w *Worker) execute(x *execution) {
 		w.endExecution(x, exitOutcome(reason), nil)
 		return
 	case exitShutdown:
+		// A completed step whose record was held back is written before the run is
+		// handed back, so the next worker does not run it again.
+		if err := x.flush(); err != nil {
+			x.logger.Warn("kagzi: cannot record the last step before handing the run back", "error", err)
+		}
 		w.mu.Lock()
 		w.handBack = append(w.handBack, store.HeldRun{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch})
 		w.mu.Unlock()
@@ -564,13 +594,33 @@ func (w *Worker) execute(x *execution) {
 			status, detail = store.StatusFailed, encodeDetail(d)
 		}
 	}
+	// The run's last step, if its record was held back, is written with the end.
+	last := x.takePending()
 	finish := func(status string, output, detail []byte) error {
-		return x.write(func(ctx context.Context) error {
-			_, err := store.FinishRun(ctx, w.db, x.run.RunID, x.run.LeaseEpoch, status, output, detail)
+		return x.writeNow(func(ctx context.Context) error {
+			_, err := store.FinishRun(ctx, w.db, x.run.RunID, x.run.LeaseEpoch, status, output, detail, last)
 			return err
 		})
 	}
+	w.releaseSlot(x)
 	err := finish(status, output, detail)
+	if err != nil && last != nil && !errors.Is(err, errLeaseLost) {
+		// The statement was rejected: tell whether the step or the run's end was at
+		// fault by writing the step alone first.
+		x.flushMu.Lock()
+		x.pending, last = last, nil
+		x.flushMu.Unlock()
+		if ferr := x.flush(); ferr != nil {
+			if errors.Is(ferr, errLeaseLost) {
+				err = ferr
+			} else {
+				status, output, detail = store.StatusFailed, nil, encodeDetail(errorOf(ferr, CodeStepError, x.run.WorkflowType))
+				err = finish(status, output, detail)
+			}
+		} else {
+			err = finish(status, output, detail)
+		}
+	}
 	if err != nil && !errors.Is(err, errLeaseLost) && status == store.StatusCompleted {
 		// The database rejects the output itself (jsonb cannot hold a NUL character,
 		// say): record that, or the run would be retried forever.

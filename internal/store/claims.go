@@ -47,19 +47,28 @@ type StepRecord struct {
 // claimSQL claims up to $4 claimable runs of the worker's types in one statement:
 // PENDING runs whose start time has come, SLEEPING runs whose wake time has come,
 // and RUNNING runs whose lease expired (their worker died or stalled). It reads only
-// the partial index runs_claimable, and SKIP LOCKED lets any number of workers claim
-// side by side without waiting on each other. Each claim bumps the lease epoch. A
-// worker claims only the versions it registered ($6, parallel to the types $2); a run
-// started without a version is pinned to the claiming worker's.
+// the partial index runs_claimable, one ordered index range per workflow type (a
+// single range over all types could not come out in available_at order, and the
+// planner would sort every claimable run on each claim), and SKIP LOCKED lets any
+// number of workers claim side by side without waiting on each other. Each claim
+// bumps the lease epoch. A worker claims only the versions it registered ($6,
+// parallel to the types $2); a run started without a version is pinned to the
+// claiming worker's.
 const claimSQL = `
 WITH locked AS (
-	SELECT run_id, available_at FROM kagzi.runs
-	WHERE namespace = $1 AND workflow_type = ANY($2)
-	  AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at <= now()
-	  AND (version IS NULL OR (workflow_type, version) IN (SELECT * FROM unnest($2::text[], $6::text[])))
-	ORDER BY available_at
+	SELECT c.run_id, c.available_at, t.version AS claim_version
+	FROM unnest($2::text[], $6::text[]) AS t(workflow_type, version),
+	LATERAL (
+		SELECT run_id, available_at FROM kagzi.runs
+		WHERE namespace = $1 AND workflow_type = t.workflow_type
+		  AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at <= now()
+		  AND (version IS NULL OR version = t.version)
+		ORDER BY available_at
+		LIMIT $4
+		FOR UPDATE SKIP LOCKED
+	) c
+	ORDER BY c.available_at
 	LIMIT $4
-	FOR UPDATE SKIP LOCKED
 )
 UPDATE kagzi.runs r SET
 	status = 'RUNNING',
@@ -68,7 +77,7 @@ UPDATE kagzi.runs r SET
 	available_at = now() + $5 * interval '1 millisecond',
 	started_at = coalesce(r.started_at, now()),
 	waiting_signal = NULL, wake_pending = false,
-	version = coalesce(r.version, (SELECT v FROM unnest($2::text[], $6::text[]) AS t(ty, v) WHERE ty = r.workflow_type)),
+	version = coalesce(r.version, locked.claim_version),
 	updated_at = now()
 FROM locked
 WHERE r.run_id = locked.run_id
@@ -80,14 +89,18 @@ RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.version, r.in
 // round trip) but with a fresh snapshot, so it sees every step the previous owner
 // recorded before the claim locked the run: a fenced step write holds a lock that
 // the claim's SKIP LOCKED skips, so it either committed before the claim or fails.
-// An empty claim assigned no transaction id, and _if_assigned keeps it so: asking
-// for one would make the claim's implicit transaction write (and flush) a commit
-// record for nothing, on every idle poll.
+// The claimed runs are found through runs_claimable: the claim set their
+// available_at to now() + lease, and now() is the transaction's, the same in both
+// statements. An empty claim assigned no transaction id, and _if_assigned keeps it
+// so: asking for one would make the claim's implicit transaction write (and flush) a
+// commit record for nothing, on every idle poll.
 const claimedStepsSQL = `
 SELECT s.run_id, s.step_key, s.name, s.position, s.kind, s.status, s.output, s.error, s.attempts, s.wake_at
-FROM kagzi.steps s
-JOIN kagzi.runs r ON r.run_id = s.run_id
-WHERE r.locked_by = $1 AND r.status = 'RUNNING' AND r.xmin = pg_current_xact_id_if_assigned()::xid`
+FROM kagzi.runs r
+JOIN kagzi.steps s ON s.run_id = r.run_id
+WHERE r.namespace = $2 AND r.workflow_type = ANY($3) AND r.status = 'RUNNING'
+  AND r.available_at = now() + $4 * interval '1 millisecond'
+  AND r.locked_by = $1 AND r.xmin = pg_current_xact_id_if_assigned()::xid`
 
 // ClaimRuns claims up to limit runs for the worker and loads their recorded steps,
 // in one round trip.
@@ -95,7 +108,7 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions [
 	lease time.Duration, limit int) ([]ClaimedRun, error) {
 	var b pgx.Batch
 	b.Queue(claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
-	b.Queue(claimedStepsSQL, workerID)
+	b.Queue(claimedStepsSQL, workerID, namespace, types, lease.Milliseconds())
 	br := sendBatch(ctx, db, &b)
 	defer br.Close()
 	claimed, err := scanClaim(br)
@@ -245,24 +258,49 @@ type StepWrite struct {
 var ErrStepRecorded = errors.New("step already recorded")
 
 // recordStepSQL records a step attempt in one statement: the step row (its output
-// once it completed) and the attempt's history row, and, for a retry that waits out
-// of process, the release of the run. It is fenced: the run must be RUNNING under
-// the caller's lease epoch. FOR KEY SHARE holds off a concurrent claim (which would
-// bump the epoch) until this commits; a claim that committed first makes the owner
-// CTE empty. A completed step's output is never overwritten.
+// once it completed, the attempt's start and end) and, unless the step completed at
+// its first attempt (the step row tells all of that one), the attempt's history row.
+// It is fenced: the run must be
+// RUNNING under the caller's lease epoch. FOR KEY SHARE holds off a concurrent claim
+// (which would bump the epoch) until this commits; a claim that committed first makes
+// the owner CTE empty. A completed step's output is never overwritten. Concurrent
+// records share one statement: see recordStepsSQL.
 const recordStepSQL = `
 WITH ` + ownerCTE + `, step AS (
-	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position)
-	SELECT $1, $3, $4, 'STEP', $10, $6, $7, 1, $12
+	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position,
+		started_at, finished_at)
+	SELECT $1, $3, $4, 'STEP', $10, $6, $7, 1, $11, $8, $9
 	FROM owner
 	ON CONFLICT (run_id, step_key) DO UPDATE SET
 		status = excluded.status, output = excluded.output, error = excluded.error,
-		attempts = s.attempts + 1, updated_at = now()
+		attempts = s.attempts + 1, started_at = excluded.started_at, finished_at = excluded.finished_at,
+		updated_at = now()
 	WHERE s.status <> 'COMPLETED'
 	RETURNING attempts
 ), attempt AS (
 	INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, error, started_at, finished_at)
-	SELECT $1, $3, attempts, $5, $7, $8, $9 FROM step
+	SELECT $1, $3, attempts, $5, $7, $8, $9 FROM step WHERE NOT (attempts = 1 AND $5 = 'COMPLETED')
+)
+SELECT (SELECT count(*) FROM owner), (SELECT attempts FROM step), NULL::text`
+
+// recordStepReleaseSQL is recordStepSQL for a retry that waits out of process: it
+// also releases the run until the next attempt is due ($11 milliseconds, or its
+// deadline if sooner), and tells the workers of its type.
+const recordStepReleaseSQL = `
+WITH ` + ownerCTE + `, step AS (
+	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position,
+		started_at, finished_at)
+	SELECT $1, $3, $4, 'STEP', $10, $6, $7, 1, $12, $8, $9
+	FROM owner
+	ON CONFLICT (run_id, step_key) DO UPDATE SET
+		status = excluded.status, output = excluded.output, error = excluded.error,
+		attempts = s.attempts + 1, started_at = excluded.started_at, finished_at = excluded.finished_at,
+		updated_at = now()
+	WHERE s.status <> 'COMPLETED'
+	RETURNING attempts
+), attempt AS (
+	INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, error, started_at, finished_at)
+	SELECT $1, $3, attempts, $5, $7, $8, $9 FROM step WHERE NOT (attempts = 1 AND $5 = 'COMPLETED')
 ), release AS (
 	UPDATE kagzi.runs r SET
 		status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
@@ -270,7 +308,7 @@ WITH ` + ownerCTE + `, step AS (
 		available_at = least(now() + $11 * interval '1 millisecond', r.deadline_at),
 		locked_by = NULL, updated_at = now()
 	FROM step
-	WHERE r.run_id = $1 AND $11::bigint IS NOT NULL
+	WHERE r.run_id = $1
 	RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
 )
 SELECT (SELECT count(*) FROM owner), (SELECT attempts FROM step),
@@ -290,13 +328,13 @@ func RecordStep(ctx context.Context, db DBTX, w StepWrite) (attempt int, err err
 	var owned int
 	var att *int
 	var notified *string
-	var retryMS *int64
-	if w.RetryIn != nil {
-		ms := w.RetryIn.Milliseconds()
-		retryMS = &ms
+	if w.RetryIn == nil {
+		err = db.QueryRow(ctx, recordStepSQL, w.RunID, w.Epoch, w.Key, w.Name, w.Status, w.Output,
+			w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, w.Position).Scan(&owned, &att, &notified)
+	} else {
+		err = db.QueryRow(ctx, recordStepReleaseSQL, w.RunID, w.Epoch, w.Key, w.Name, w.Status, w.Output,
+			w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, w.RetryIn.Milliseconds(), w.Position).Scan(&owned, &att, &notified)
 	}
-	err = db.QueryRow(ctx, recordStepSQL, w.RunID, w.Epoch, w.Key, w.Name, w.Status, w.Output,
-		w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, retryMS, w.Position).Scan(&owned, &att, &notified)
 	switch {
 	case err != nil:
 		return 0, err
@@ -419,24 +457,51 @@ func Suspend(ctx context.Context, db DBTX, w SleepWrite) (status string, err err
 
 // finishRunSQL ends a run the caller holds: COMPLETED with its output, FAILED with its
 // error, or CANCELLED. A cancel requested before this commits wins: the run ends
-// CANCELLED and the output is discarded. Waiters are notified.
+// CANCELLED and the output is discarded. Waiters are notified. When $6 (a step key)
+// is set, the same statement also records that step as completed (output $8): the
+// run's last step, whose record was held back until the end so that both share one
+// write (see FinishRun). The update of the run is the fence: the step is recorded
+// only if the run was still held under the caller's epoch.
 const finishRunSQL = `
 WITH upd AS (
-	UPDATE kagzi.runs SET
-		status = CASE WHEN cancel_requested THEN 'CANCELLED' ELSE $3 END,
-		output = CASE WHEN cancel_requested THEN NULL ELSE $4::jsonb END,
-		error = CASE WHEN cancel_requested THEN NULL ELSE $5::jsonb END,
+	UPDATE kagzi.runs r SET
+		status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE $3 END,
+		output = CASE WHEN r.cancel_requested THEN NULL ELSE $4::jsonb END,
+		error = CASE WHEN r.cancel_requested THEN NULL ELSE $5::jsonb END,
 		finished_at = now(), locked_by = NULL, updated_at = now()
-	WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
-	RETURNING run_id, status
+	WHERE r.run_id = $1 AND r.lease_epoch = $2 AND r.status = 'RUNNING'
+	RETURNING r.run_id, r.status
+), step AS (
+	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, attempts, position,
+		started_at, finished_at)
+	SELECT $1, $6, $7, 'STEP', 'COMPLETED', $8, 1, $11, $9, $10 FROM upd WHERE $6::text IS NOT NULL
+	ON CONFLICT (run_id, step_key) DO UPDATE SET
+		status = 'COMPLETED', output = excluded.output, error = NULL, attempts = s.attempts + 1,
+		started_at = excluded.started_at, finished_at = excluded.finished_at, updated_at = now()
+	WHERE s.status <> 'COMPLETED'
+	RETURNING attempts
+), attempt AS (
+	INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, started_at, finished_at)
+	SELECT $1, $6, attempts, 'COMPLETED', $9, $10 FROM step WHERE attempts > 1
 )
 SELECT status, pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)::text FROM upd`
 
 // FinishRun ends a run; see finishRunSQL. It returns the status the run ended with.
+// last, when not nil, is a completed step not yet recorded: it is recorded in the
+// same statement (its Status and StepStatus are COMPLETED, Error is nil).
 func FinishRun(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, status string,
-	output, errDetail []byte) (string, error) {
+	output, errDetail []byte, last *StepWrite) (string, error) {
 	var final, ignored string
-	err := db.QueryRow(ctx, finishRunSQL, runID, epoch, status, output, errDetail).Scan(&final, &ignored)
+	var key, name *string
+	var stepOut []byte
+	var started, finished *time.Time
+	var position *int
+	if last != nil {
+		key, name, stepOut = &last.Key, &last.Name, last.Output
+		started, finished, position = &last.StartedAt, &last.FinishedAt, &last.Position
+	}
+	err := db.QueryRow(ctx, finishRunSQL, runID, epoch, status, output, errDetail,
+		key, name, stepOut, started, finished, position).Scan(&final, &ignored)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrLeaseLost
 	}

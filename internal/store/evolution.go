@@ -73,8 +73,9 @@ func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, fromKey str
 			WHERE s.run_id = $1 AND s.status = 'COMPLETED' AND (s.created_at, s.step_key) < (cut.created_at, cut.step_key)
 		), ins AS (
 			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, error, attempts, wake_at,
-				created_at, updated_at, position)
-			SELECT $3, step_key, name, kind, status, output, error, attempts, wake_at, created_at, updated_at, position
+				created_at, updated_at, position, started_at, finished_at)
+			SELECT $3, step_key, name, kind, status, output, error, attempts, wake_at, created_at, updated_at, position,
+				started_at, finished_at
 			FROM src
 			RETURNING step_key
 		), att AS (
@@ -94,19 +95,26 @@ func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, fromKey str
 }
 
 // PruneFinished deletes up to limit runs of the namespace that finished before
-// olderThan ago, oldest first, with their steps, attempts, signals and events (the
-// foreign keys cascade). SKIP LOCKED keeps concurrent pruners out of each other's way
-// and never waits on a row in use.
+// olderThan ago, oldest first, with their steps and attempts (deleted here), signals
+// and events (their foreign keys cascade). SKIP LOCKED keeps concurrent pruners out
+// of each other's way and never waits on a row in use.
 func PruneFinished(ctx context.Context, db DBTX, namespace string, olderThan time.Duration, limit int) (int64, error) {
-	tag, err := db.Exec(ctx, `
-		DELETE FROM kagzi.runs WHERE run_id IN (
-			SELECT run_id FROM kagzi.runs
-			WHERE namespace = $1 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
-			  AND finished_at < now() - $2 * interval '1 millisecond'
-			ORDER BY finished_at
-			LIMIT $3
-			FOR UPDATE SKIP LOCKED)`, namespace, olderThan.Milliseconds(), limit)
-	return tag.RowsAffected(), err
+	var n int64
+	err := db.QueryRow(ctx, `
+		WITH gone AS (
+			DELETE FROM kagzi.runs WHERE run_id IN (
+				SELECT run_id FROM kagzi.runs
+				WHERE namespace = $1 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+				  AND finished_at < now() - $2 * interval '1 millisecond'
+				ORDER BY finished_at
+				LIMIT $3
+				FOR UPDATE SKIP LOCKED)
+			RETURNING run_id
+		), steps AS (
+			DELETE FROM kagzi.steps WHERE run_id IN (SELECT run_id FROM gone)
+		)
+		SELECT count(*) FROM gone`, namespace, olderThan.Milliseconds(), limit).Scan(&n)
+	return n, err
 }
 
 func isUniqueViolation(err error) bool {

@@ -36,7 +36,7 @@ type Attempt struct {
 func ListSteps(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) ([]Step, error) {
 	rows, err := db.Query(ctx, `
 		SELECT s.step_key, s.name, s.kind, s.status, s.output, s.error, s.wake_at, s.created_at,
-			s.updated_at, a.attempt, a.status, a.error, a.started_at, a.finished_at
+			s.updated_at, s.started_at, s.finished_at, a.attempt, a.status, a.error, a.started_at, a.finished_at
 		FROM kagzi.runs r
 		LEFT JOIN kagzi.steps s ON s.run_id = r.run_id
 		LEFT JOIN kagzi.step_attempts a ON a.run_id = s.run_id AND a.step_key = s.step_key
@@ -54,13 +54,14 @@ func ListSteps(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) 
 			key, name, kind, status *string
 			s                       Step
 			createdAt, updatedAt    *time.Time
+			sStarted, sFinished     *time.Time
 			num                     *int
 			a                       Attempt
 			aStatus                 *string
 			aStarted, aFinished     *time.Time
 		)
 		if err := rows.Scan(&key, &name, &kind, &status, &s.Output, &s.Error, &s.WakeAt, &createdAt,
-			&updatedAt, &num, &aStatus, &a.Error, &aStarted, &aFinished); err != nil {
+			&updatedAt, &sStarted, &sFinished, &num, &aStatus, &a.Error, &aStarted, &aFinished); err != nil {
 			return nil, err
 		}
 		if key == nil {
@@ -71,10 +72,16 @@ func ListSteps(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) 
 			s.CreatedAt, s.UpdatedAt = *createdAt, *updatedAt
 			steps = append(steps, s)
 		}
-		if num != nil {
+		last := &steps[len(steps)-1]
+		switch {
+		case num != nil:
 			a.Number, a.Status, a.StartedAt, a.FinishedAt = *num, *aStatus, *aStarted, *aFinished
-			last := &steps[len(steps)-1]
 			last.Attempts = append(last.Attempts, a)
+		case sStarted != nil && sFinished != nil:
+			// A step that completed at its first attempt has no history row: its
+			// own row holds that attempt.
+			last.Attempts = append(last.Attempts, Attempt{Number: 1, Status: *status,
+				StartedAt: *sStarted, FinishedAt: *sFinished})
 		}
 	}
 	if err := rows.Err(); err != nil {

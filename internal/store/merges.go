@@ -1,0 +1,129 @@
+package store
+
+import (
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kagzi/kagzi/internal/committer"
+)
+
+// Merges are the set-based forms of the statements a worker's executions write most
+// (a step record, a run's end): when several of them share a commit, the committer
+// sends them as one statement that takes one array per parameter. Each returns, per
+// request, its 1-based index and then the columns of the single-row statement, so the
+// callers read their results as if they had run alone.
+var Merges = map[string]committer.Merge{
+	recordStepSQL: mergeRecordSteps,
+	finishRunSQL:  mergeFinishRuns,
+}
+
+// recordStepsSQL is recordStepSQL for many step records: the fence is per run (one
+// row lock for the records of a run's parallel branches), and a record whose run is
+// not held under its epoch, or whose step is already completed, records nothing.
+const recordStepsSQL = `
+WITH i AS (
+	SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::text[], $6::jsonb[], $7::jsonb[],
+		$8::timestamptz[], $9::timestamptz[], $10::text[], $11::integer[])
+		WITH ORDINALITY AS i(run_id, epoch, step_key, name, status, output, error, started_at, finished_at,
+			step_status, position, ord)
+), owner AS (
+	SELECT run_id, lease_epoch FROM kagzi.runs
+	WHERE run_id IN (SELECT run_id FROM i) AND status = 'RUNNING'
+	FOR KEY SHARE
+), step AS (
+	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position,
+		started_at, finished_at)
+	SELECT i.run_id, i.step_key, i.name, 'STEP', i.step_status, i.output, i.error, 1, i.position,
+		i.started_at, i.finished_at
+	FROM i JOIN owner o ON o.run_id = i.run_id AND o.lease_epoch = i.epoch
+	ON CONFLICT (run_id, step_key) DO UPDATE SET
+		status = excluded.status, output = excluded.output, error = excluded.error,
+		attempts = s.attempts + 1, started_at = excluded.started_at, finished_at = excluded.finished_at,
+		updated_at = now()
+	WHERE s.status <> 'COMPLETED'
+	RETURNING s.run_id, s.step_key, s.attempts
+), attempt AS (
+	INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, error, started_at, finished_at)
+	SELECT i.run_id, i.step_key, st.attempts, i.status, i.error, i.started_at, i.finished_at
+	FROM step st JOIN i ON i.run_id = st.run_id AND i.step_key = st.step_key
+	WHERE NOT (st.attempts = 1 AND i.status = 'COMPLETED')
+)
+SELECT i.ord, (o.run_id IS NOT NULL)::integer, st.attempts, NULL::text
+FROM i
+LEFT JOIN owner o ON o.run_id = i.run_id AND o.lease_epoch = i.epoch
+LEFT JOIN step st ON st.run_id = i.run_id AND st.step_key = i.step_key`
+
+func mergeRecordSteps(args [][]any) (string, []any) {
+	n := len(args)
+	var (
+		runIDs     = make([]uuid.UUID, n)
+		epochs     = make([]int64, n)
+		keys       = make([]string, n)
+		names      = make([]string, n)
+		statuses   = make([]string, n)
+		outputs    = make([][]byte, n)
+		errs       = make([][]byte, n)
+		started    = make([]time.Time, n)
+		finished   = make([]time.Time, n)
+		stepStatus = make([]string, n)
+		positions  = make([]int, n)
+	)
+	for i, a := range args {
+		runIDs[i], epochs[i], keys[i], names[i] = a[0].(uuid.UUID), a[1].(int64), a[2].(string), a[3].(string)
+		statuses[i], outputs[i], errs[i] = a[4].(string), a[5].([]byte), a[6].([]byte)
+		started[i], finished[i], stepStatus[i], positions[i] = a[7].(time.Time), a[8].(time.Time), a[9].(string), a[10].(int)
+	}
+	return recordStepsSQL, []any{runIDs, epochs, keys, names, statuses, outputs, errs, started, finished, stepStatus, positions}
+}
+
+// finishRunsSQL is finishRunSQL for many runs.
+const finishRunsSQL = `
+WITH i AS (
+	SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::jsonb[], $5::jsonb[],
+		$6::text[], $7::text[], $8::jsonb[], $9::timestamptz[], $10::timestamptz[], $11::integer[])
+		WITH ORDINALITY AS i(run_id, epoch, status, output, error,
+			step_key, step_name, step_output, started_at, finished_at, position, ord)
+), upd AS (
+	UPDATE kagzi.runs r SET
+		status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE i.status END,
+		output = CASE WHEN r.cancel_requested THEN NULL ELSE i.output END,
+		error = CASE WHEN r.cancel_requested THEN NULL ELSE i.error END,
+		finished_at = now(), locked_by = NULL, updated_at = now()
+	FROM i
+	WHERE r.run_id = i.run_id AND r.lease_epoch = i.epoch AND r.status = 'RUNNING'
+	RETURNING i.ord, r.run_id, r.status
+), step AS (
+	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, attempts, position,
+		started_at, finished_at)
+	SELECT i.run_id, i.step_key, i.step_name, 'STEP', 'COMPLETED', i.step_output, 1, i.position,
+		i.started_at, i.finished_at
+	FROM upd u JOIN i ON i.ord = u.ord
+	WHERE i.step_key IS NOT NULL
+	ON CONFLICT (run_id, step_key) DO UPDATE SET
+		status = 'COMPLETED', output = excluded.output, error = NULL, attempts = s.attempts + 1,
+		started_at = excluded.started_at, finished_at = excluded.finished_at, updated_at = now()
+	WHERE s.status <> 'COMPLETED'
+	RETURNING s.run_id, s.step_key, s.attempts
+), attempt AS (
+	INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, started_at, finished_at)
+	SELECT st.run_id, st.step_key, st.attempts, 'COMPLETED', i.started_at, i.finished_at
+	FROM step st JOIN i ON i.run_id = st.run_id AND i.step_key = st.step_key
+	WHERE st.attempts > 1
+)
+SELECT ord, status, pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)::text FROM upd`
+
+func mergeFinishRuns(args [][]any) (string, []any) {
+	n := len(args)
+	runIDs, epochs, statuses := make([]uuid.UUID, n), make([]int64, n), make([]string, n)
+	outputs, errs := make([][]byte, n), make([][]byte, n)
+	keys, names, stepOuts := make([]*string, n), make([]*string, n), make([][]byte, n)
+	started, finished, positions := make([]*time.Time, n), make([]*time.Time, n), make([]*int, n)
+	for i, a := range args {
+		runIDs[i], epochs[i], statuses[i] = a[0].(uuid.UUID), a[1].(int64), a[2].(string)
+		outputs[i], errs[i] = a[3].([]byte), a[4].([]byte)
+		keys[i], names[i], stepOuts[i] = a[5].(*string), a[6].(*string), a[7].([]byte)
+		started[i], finished[i], positions[i] = a[8].(*time.Time), a[9].(*time.Time), a[10].(*int)
+	}
+	return finishRunsSQL, []any{runIDs, epochs, statuses, outputs, errs, keys, names, stepOuts, started, finished, positions}
+}

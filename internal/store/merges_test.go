@@ -1,0 +1,130 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+// runningRun inserts a RUNNING run held under epoch, and returns its id.
+func runningRun(t *testing.T, pool *pgxpool.Pool, epoch int64, cancelRequested bool) uuid.UUID {
+	t.Helper()
+	id := uuid.New()
+	_, err := pool.Exec(context.Background(), `INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type,
+		status, input, available_at, locked_by, lease_epoch, cancel_requested)
+		VALUES ($1, 'default', $4, 'wf', 'RUNNING', '{}', now() + interval '1 minute', 'w', $2, $3)`,
+		id, epoch, cancelRequested, id.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+// mergedRows runs a merged statement and returns its rows by request index.
+func mergedRows(t *testing.T, pool *pgxpool.Pool, sql string, args []any) map[int][]any {
+	t.Helper()
+	rows, err := pool.Query(context.Background(), sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	got := map[int][]any{}
+	for rows.Next() {
+		v, err := rows.Values()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[int(v[0].(int64))] = v[1:]
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return got
+}
+
+func stepWrite(run uuid.UUID, epoch int64, key, output string) []any {
+	now := time.Now()
+	return []any{run, epoch, key, "s", "COMPLETED", []byte(output), []byte(nil), now, now, "COMPLETED", 1}
+}
+
+func TestMergedStepRecordsAreFencedPerRunAndNeverOverwriteACompletedStep(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	held := runningRun(t, pool, 1, false)
+	taken := runningRun(t, pool, 2, false) // claimed again since: epoch 1 is stale
+	done := runningRun(t, pool, 1, false)
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, attempts)
+		VALUES ($1, 's#1', 's', 'STEP', 'COMPLETED', '"first"', 1)`, done); err != nil {
+		t.Fatal(err)
+	}
+	sql, args := mergeRecordSteps([][]any{
+		stepWrite(held, 1, "s#1", `"a"`),
+		stepWrite(held, 1, "s#2", `"b"`), // a parallel branch of the same run
+		stepWrite(taken, 1, "s#1", `"late"`),
+		stepWrite(done, 1, "s#1", `"again"`),
+	})
+	got := mergedRows(t, pool, sql, args)
+	for i, want := range []struct {
+		owned    int32
+		attempts any
+	}{{1, int32(1)}, {1, int32(1)}, {0, nil}, {1, nil}} {
+		r := got[i+1]
+		if r == nil || r[0] != want.owned || r[1] != want.attempts {
+			t.Fatalf("request %d: got %v, want owned %d, attempts %v", i+1, r, want.owned, want.attempts)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.steps WHERE run_id = $1`, taken).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d steps recorded for the run under a stale epoch (%v), want 0", n, err)
+	}
+	var out string
+	if err := pool.QueryRow(ctx, `SELECT output::text FROM kagzi.steps WHERE run_id = $1`, done).Scan(&out); err != nil || out != `"first"` {
+		t.Fatalf("completed step output %s (%v), want it kept", out, err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.step_attempts`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("%d history rows for first attempts that completed (%v), want 0", n, err)
+	}
+}
+
+func TestMergedRunEndsAreFencedAndRecordTheirLastStep(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	held := runningRun(t, pool, 1, false)
+	taken := runningRun(t, pool, 2, false)
+	cancelled := runningRun(t, pool, 1, true)
+	plain := runningRun(t, pool, 1, false)
+	key, name, pos := "last#1", "last", 0
+	now := time.Now()
+	end := func(run uuid.UUID, withStep bool) []any {
+		if !withStep {
+			return []any{run, int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
+				(*string)(nil), (*string)(nil), []byte(nil), (*time.Time)(nil), (*time.Time)(nil), (*int)(nil)}
+		}
+		return []any{run, int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
+			&key, &name, []byte(`"step"`), &now, &now, &pos}
+	}
+	sql, args := mergeFinishRuns([][]any{end(held, true), end(taken, true), end(cancelled, false), end(plain, false)})
+	got := mergedRows(t, pool, sql, args)
+	if len(got) != 3 || got[1][0] != "COMPLETED" || got[2] != nil || got[3][0] != "CANCELLED" || got[4][0] != "COMPLETED" {
+		t.Fatalf("got %v, want 1 COMPLETED, 2 fenced out (no row), 3 CANCELLED, 4 COMPLETED", got)
+	}
+	var status string
+	if err := pool.QueryRow(ctx, `SELECT status FROM kagzi.runs WHERE run_id = $1`, taken).Scan(&status); err != nil || status != "RUNNING" {
+		t.Fatalf("the run held by another epoch is %s (%v), want it untouched", status, err)
+	}
+	var steps int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.steps WHERE run_id = $1 AND output = '"step"'
+		AND started_at IS NOT NULL`, held).Scan(&steps); err != nil || steps != 1 {
+		t.Fatalf("%d last steps recorded with the end (%v), want 1", steps, err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.steps WHERE run_id = $1`, taken).Scan(&steps); err != nil || steps != 0 {
+		t.Fatalf("%d steps recorded under a stale epoch (%v), want 0", steps, err)
+	}
+}
