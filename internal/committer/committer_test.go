@@ -30,7 +30,7 @@ func (b *batchCounter) TraceBatchQuery(_ context.Context, _ *pgx.Conn, d pgx.Tra
 		b.merged.Add(1)
 	}
 }
-func (b *batchCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (b *batchCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 
 func setup(t *testing.T) (*committer.Committer, *pgxpool.Pool, *batchCounter) {
 	t.Helper()
