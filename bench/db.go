@@ -211,8 +211,11 @@ func (d *database) pool(ctx context.Context, maxConns int32, c *counter) (*pgxpo
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
-// waitUntil polls count (an untraced query: the number of unfinished runs) every
-// interval until it returns 0 or the deadline passes. It returns whether it reached 0.
+// waitUntil polls query (untraced) every interval until it returns 0 or the deadline
+// passes, and returns whether it reached 0. query tells whether any unfinished run is
+// left (0 or 1): it stops at the first one, so a poll costs the same whatever the
+// backlog (counting the whole backlog every 10 ms loaded the database under test
+// with the observer's own scans).
 func waitUntil(ctx context.Context, obs *pgxpool.Pool, interval time.Duration, deadline time.Time, query string, args ...any) (bool, error) {
 	for {
 		var left int64

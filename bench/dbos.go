@@ -172,7 +172,7 @@ func (r *dbosRunner) run(a *dbosApp, wf dbos.Workflow[int64, int64], in int64) (
 	}, nil
 }
 
-const dbosUnfinished = `SELECT count(*) FROM dbos.workflow_status WHERE queue_name = $1 AND status IN ('ENQUEUED', 'PENDING', 'DELAYED')`
+const dbosUnfinished = `SELECT count(*) FROM (SELECT 1 FROM dbos.workflow_status WHERE queue_name = $1 AND status IN ('ENQUEUED', 'PENDING', 'DELAYED') LIMIT 1) t`
 const dbosCompleted = `SELECT count(*) FROM dbos.workflow_status WHERE queue_name = $1 AND status = 'SUCCESS'`
 
 func (r *dbosRunner) burnDown(ctx context.Context, steps int) (*burnResult, error) {

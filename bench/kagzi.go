@@ -83,7 +83,7 @@ func runWorker(ctx context.Context, w *kagzi.Worker) func() {
 	}
 }
 
-const kagziUnfinished = `SELECT count(*) FROM kagzi.runs WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING')`
+const kagziUnfinished = `SELECT count(*) FROM (SELECT 1 FROM kagzi.runs WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') LIMIT 1) t`
 const kagziCompleted = `SELECT count(*) FROM kagzi.runs WHERE namespace = $1 AND status = 'COMPLETED'`
 
 func kagziSteps(name string, steps int, onFirst func(int64)) *kagzi.Workflow[int64, int64] {

@@ -117,7 +117,7 @@ func stopRiver(c *river.Client[pgx.Tx]) {
 	_ = c.Stop(ctx)
 }
 
-const riverUnfinished = `SELECT count(*) FROM river_job WHERE queue = $1 AND state NOT IN ('completed', 'discarded', 'cancelled')`
+const riverUnfinished = `SELECT count(*) FROM (SELECT 1 FROM river_job WHERE queue = $1 AND state IN ('available', 'running', 'retryable', 'scheduled', 'pending') LIMIT 1) t`
 const riverCompleted = `SELECT count(*) FROM river_job WHERE queue = $1 AND state = 'completed'`
 
 // completions routes River's completed-job events to the callers waiting for them.
