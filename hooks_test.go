@@ -259,3 +259,41 @@ func (o *orderHooks) StepBegin(ctx context.Context, _ *kagzi.StepEvent) context.
 func (o *orderHooks) StepEnd(context.Context, *kagzi.StepEvent) {
 	*o.order = append(*o.order, o.name+" end")
 }
+
+func TestStartManyCallsTheStartHooksForEachRunAndStoresEachCarrier(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	h := &recordingHooks{}
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf := kagzi.Define("bulk-hooked", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	runs, err := kagzi.StartMany(ctx, c, wf, []int{1, 2, 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"start bulk-hooked parent=false caller=false", "start bulk-hooked parent=false caller=false",
+		"start bulk-hooked parent=false caller=false", "start-end bulk-hooked exists=false err=<nil>",
+		"start-end bulk-hooked exists=false err=<nil>", "start-end bulk-hooked exists=false err=<nil>"}
+	if got := h.list(); !slices.Equal(got, want) {
+		t.Fatalf("hook calls %q, want %q", got, want)
+	}
+	for _, r := range runs {
+		var carrier string
+		if err := e.pool.QueryRow(ctx, `SELECT trace_carrier->>'trace' FROM kagzi.runs WHERE run_id = $1`, r.RunID).Scan(&carrier); err != nil || carrier != "trace-of-bulk-hooked" {
+			t.Fatalf("run %s stored carrier %q (%v), want its StartBegin's", r.RunID, carrier, err)
+		}
+	}
+	runWorker(t, c, fastWorker(), wf)
+	for _, r := range runs {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.carriers) != 3 || h.carriers[0]["trace"] != "trace-of-bulk-hooked" {
+		t.Fatalf("executions saw carriers %v, want the 3 stored at the start", h.carriers)
+	}
+}

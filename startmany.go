@@ -14,8 +14,9 @@ import (
 // StartMany starts one run of wf per input in a single statement (one round trip and
 // one commit, and one notification for the workers, whatever the number of inputs).
 // Each run gets a generated workflow id, so WithID is not allowed; the other start
-// options apply to every run. The runs are returned in the inputs' order. StartMany
-// does not call the Start hooks (Config.Hooks); the runs carry no trace context.
+// options apply to every run. The runs are returned in the inputs' order. The Start
+// hooks (Config.Hooks) are called for each run: every StartBegin before the insert
+// (each run stores the carrier its StartBegin filled), every StartEnd after it.
 func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], inputs []In, opts ...StartOption) ([]*Run[Out], error) {
 	if c == nil || wf == nil {
 		return nil, invalidArgument("nil client or workflow")
@@ -51,7 +52,21 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 	if len(inputs) == 0 {
 		return nil, nil
 	}
-	if err := store.InsertRuns(ctx, c.pool, c.ns, wf.name, o.version, ids, encoded, startAt, deadline); err != nil {
+	var carriers [][]byte
+	var hooked []startHook
+	if c.hooks != nil {
+		carriers, hooked = make([][]byte, len(ids)), make([]startHook, len(ids))
+		for i, id := range ids {
+			n := store.NewRun{RunID: id, Namespace: c.ns, WorkflowID: id.String(), WorkflowType: wf.name}
+			hooked[i].ctx, hooked[i].e = c.hookStartBegin(ctx, &n)
+			carriers[i] = n.Carrier
+		}
+	}
+	err = store.InsertRuns(ctx, c.pool, c.ns, wf.name, o.version, ids, encoded, carriers, startAt, deadline)
+	for i, h := range hooked {
+		c.hookStartEnd(h.ctx, h.e, store.Run{RunID: ids[i], WorkflowType: wf.name}, err == nil, err)
+	}
+	if err != nil {
 		return nil, dbError("kagzi: start many "+wf.name, err)
 	}
 	runs := make([]*Run[Out], len(ids))
@@ -59,4 +74,10 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 		runs[i] = &Run[Out]{RunID: id.String(), WorkflowID: id.String(), WorkflowType: wf.name, client: c}
 	}
 	return runs, nil
+}
+
+// startHook is the context and event of one run's StartBegin, for its StartEnd.
+type startHook struct {
+	ctx context.Context
+	e   *StartEvent
 }

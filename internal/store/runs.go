@@ -315,7 +315,7 @@ func CancelRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) 
 // InsertRuns starts many runs of one type in one statement, their workflow ids their
 // run ids, and notifies the workers of the type once.
 func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, version *string,
-	ids []uuid.UUID, inputs [][]byte, startAt time.Time, deadline *time.Time) error {
+	ids []uuid.UUID, inputs, carriers [][]byte, startAt time.Time, deadline *time.Time) error {
 	var start *time.Time
 	if !startAt.IsZero() {
 		start = &startAt
@@ -329,14 +329,14 @@ func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, ve
 	err := db.QueryRow(ctx, `
 		WITH ins AS (
 			INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
-				available_at, deadline_at, version)
-			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now()), $6), $6, $7
-			FROM unnest($3::uuid[], $4::jsonb[]) AS t(id, input)
+				available_at, deadline_at, version, trace_carrier)
+			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now()), $6), $6, $7, carrier
+			FROM unnest($3::uuid[], $4::jsonb[], $8::jsonb[]) AS t(id, input, carrier)
 			RETURNING available_at
 		)
 		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || $1 || '|' || $2 || '|'
 			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins)
-		FROM ins`, namespace, workflowType, ids, texts, start, deadline, version).Scan(&n, &ignored)
+		FROM ins`, namespace, workflowType, ids, texts, start, deadline, version, carriers).Scan(&n, &ignored)
 	if err == nil && n != len(ids) {
 		err = fmt.Errorf("inserted %d of %d runs", n, len(ids))
 	}
