@@ -257,15 +257,15 @@ type StepWrite struct {
 // ErrStepRecorded means the step already has a recorded output; the caller must use it.
 var ErrStepRecorded = errors.New("step already recorded")
 
-// recordStepSQL records a step attempt in one statement: the step row (its output
-// once it completed, the attempt's start and end) and, unless the step completed at
-// its first attempt (the step row tells all of that one), the attempt's history row.
-// It is fenced: the run must be
-// RUNNING under the caller's lease epoch. FOR KEY SHARE holds off a concurrent claim
-// (which would bump the epoch) until this commits; a claim that committed first makes
-// the owner CTE empty. A completed step's output is never overwritten. Concurrent
-// records share one statement: see recordStepsSQL.
-const recordStepSQL = `
+// recordStepCTEs record a step attempt ($1 run, $2 epoch, $3 key, $4 name, $5 the
+// attempt's status, $6 output, $7 error, $8 started, $9 finished, $10 the step's
+// status, $11 position): the step row (its output once it completed, the attempt's
+// start and end) and, unless the step completed at its first attempt (the step row
+// tells all of that one), the attempt's history row. They are fenced: the run must
+// be RUNNING under the caller's lease epoch. FOR KEY SHARE holds off a concurrent
+// claim (which would bump the epoch) until this commits; a claim that committed first
+// makes the owner CTE empty. A completed step's output is never overwritten.
+const recordStepCTEs = `
 WITH ` + ownerCTE + `, step AS (
 	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position,
 		started_at, finished_at)
@@ -280,32 +280,21 @@ WITH ` + ownerCTE + `, step AS (
 ), attempt AS (
 	INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, error, started_at, finished_at)
 	SELECT $1, $3, attempts, $5, $7, $8, $9 FROM step WHERE NOT (attempts = 1 AND $5 = 'COMPLETED')
-)
+)`
+
+// recordStepSQL records a step attempt in one statement; see recordStepCTEs.
+// Concurrent records share one statement: see recordStepsSQL.
+const recordStepSQL = recordStepCTEs + `
 SELECT (SELECT count(*) FROM owner), (SELECT attempts FROM step), NULL::text`
 
 // recordStepReleaseSQL is recordStepSQL for a retry that waits out of process: it
-// also releases the run until the next attempt is due ($11 milliseconds, or its
+// also releases the run until the next attempt is due ($12 milliseconds, or its
 // deadline if sooner), and tells the workers of its type.
-const recordStepReleaseSQL = `
-WITH ` + ownerCTE + `, step AS (
-	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position,
-		started_at, finished_at)
-	SELECT $1, $3, $4, 'STEP', $10, $6, $7, 1, $12, $8, $9
-	FROM owner
-	ON CONFLICT (run_id, step_key) DO UPDATE SET
-		status = excluded.status, output = excluded.output, error = excluded.error,
-		attempts = s.attempts + 1, started_at = excluded.started_at, finished_at = excluded.finished_at,
-		updated_at = now()
-	WHERE s.status <> 'COMPLETED'
-	RETURNING attempts
-), attempt AS (
-	INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, error, started_at, finished_at)
-	SELECT $1, $3, attempts, $5, $7, $8, $9 FROM step WHERE NOT (attempts = 1 AND $5 = 'COMPLETED')
-), release AS (
+const recordStepReleaseSQL = recordStepCTEs + `, release AS (
 	UPDATE kagzi.runs r SET
 		status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
 		finished_at = CASE WHEN r.cancel_requested THEN now() END,
-		available_at = least(now() + $11 * interval '1 millisecond', r.deadline_at),
+		available_at = least(now() + $12 * interval '1 millisecond', r.deadline_at),
 		locked_by = NULL, updated_at = now()
 	FROM step
 	WHERE r.run_id = $1
@@ -333,7 +322,7 @@ func RecordStep(ctx context.Context, db DBTX, w StepWrite) (attempt int, err err
 			w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, w.Position).Scan(&owned, &att, &notified)
 	} else {
 		err = db.QueryRow(ctx, recordStepReleaseSQL, w.RunID, w.Epoch, w.Key, w.Name, w.Status, w.Output,
-			w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, w.RetryIn.Milliseconds(), w.Position).Scan(&owned, &att, &notified)
+			w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, w.Position, w.RetryIn.Milliseconds()).Scan(&owned, &att, &notified)
 	}
 	switch {
 	case err != nil:
