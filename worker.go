@@ -480,6 +480,12 @@ func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
 		cancel(errRunDeadline)
 	}
 	w.mu.Lock()
+	if old := w.active[run.RunID]; old != nil && old.finishing {
+		// The run was claimed again (its lease ran out) while its previous execution
+		// was still writing its end: that one no longer counts.
+		old.finishing = false
+		w.finishing--
+	}
 	w.active[run.RunID] = x
 	w.mu.Unlock()
 	go w.execute(x)
