@@ -396,3 +396,39 @@ func TestRunReturnsAfterItsContextEndsEvenWithAStepThatIgnoresIt(t *testing.T) {
 		t.Fatalf("status %s, want the run handed back PENDING", s)
 	}
 }
+
+func TestAWorkerExecutesAtMostMaxConcurrentWorkflowFunctionsAtOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var running, most atomic.Int32
+	wf := kagzi.Define("bounded", func(ctx *kagzi.Context, n int) (int, error) {
+		now := running.Add(1)
+		defer running.Add(-1)
+		for {
+			m := most.Load()
+			if now <= m || most.CompareAndSwap(m, now) {
+				break
+			}
+		}
+		return kagzi.Step(ctx, "work", func(context.Context) (int, error) {
+			time.Sleep(20 * time.Millisecond)
+			return n, nil
+		})
+	})
+	in := make([]int, 30)
+	runs, err := kagzi.StartMany(ctx, e.client, wf, in)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 3
+	runWorker(t, e.client, cfg, wf)
+	for _, r := range runs {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if m := most.Load(); m != 3 {
+		t.Fatalf("at most %d workflow functions ran at once, want exactly MaxConcurrent (3): slots are freed when a function returns, before its end is written", m)
+	}
+}
