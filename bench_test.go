@@ -357,3 +357,17 @@ func BenchmarkClaimWithFinishedRuns(b *testing.B) {
 		})
 	}
 }
+
+func TestAStartByNameWithoutAVersionCostsOneRoundTrip(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	pool, rt := tracedPool(t, e.url)
+	c := newClient(t, pool, "")
+	before := rt.n.Load()
+	if _, err := c.StartByName(ctx, "by-name", 1); err != nil {
+		t.Fatal(err)
+	}
+	if n := rt.n.Load() - before; n != 1 {
+		t.Fatalf("StartByName took %d round trips, want 1 (the newest version is looked up by the insert)", n)
+	}
+}

@@ -220,14 +220,11 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	if tx != nil {
 		db = tx
 	}
-	if o.version == nil {
-		// The newest version a live worker registered; none: the first claim pins it.
-		if o.version, err = store.NewestVersion(ctx, db, c.ns, workflowType); err != nil {
-			return nil, dbError("kagzi: start "+workflowType, err)
-		}
-	}
+	// Without a version, the run takes the newest one a live worker registered (none:
+	// the first claim pins it), looked up by the start's own statement.
 	n := store.NewRun{
 		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType, Version: o.version,
+		NewestVersion: o.version == nil,
 		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
 	}
 	if link != nil {

@@ -10,19 +10,12 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// NewestVersion returns the version of a workflow type registered by the most
-// recently started live worker of the namespace, or nil when no live worker has it.
-func NewestVersion(ctx context.Context, db DBTX, namespace, workflowType string) (*string, error) {
-	var v *string
-	err := db.QueryRow(ctx, `
-		SELECT workflow_versions[array_position(workflow_types, $2)] FROM kagzi.workers
-		WHERE namespace = $1 AND status <> 'OFFLINE' AND $2 = ANY(workflow_types)
-		ORDER BY started_at DESC LIMIT 1`, namespace, workflowType).Scan(&v)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, nil
-	}
-	return v, err
-}
+// newestVersionSQL is the version of workflow type $4 registered by the most recently
+// started live worker of namespace $2 (NULL when no live worker has it); see
+// NewRun.NewestVersion.
+const newestVersionSQL = `SELECT workflow_versions[array_position(workflow_types, $4::text)] FROM kagzi.workers
+		WHERE namespace = $2 AND status <> 'OFFLINE' AND $4::text = ANY(workflow_types)
+		ORDER BY started_at DESC LIMIT 1`
 
 // ErrActiveRunExists means another run holds the workflow id while this one would
 // become active again.

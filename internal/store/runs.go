@@ -126,8 +126,10 @@ type NewRun struct {
 	ParentRunID   *uuid.UUID
 	ParentStepKey string
 	// Version, when set, is the workflow version the run starts with; nil lets the
-	// first worker to claim it pin its own.
-	Version *string
+	// first worker to claim it pin its own, or with NewestVersion, takes the version
+	// of the most recently started live worker of the type (none: nil).
+	Version       *string
+	NewestVersion bool
 	// ForkedFromRunID and ForkedFromStep record the origin of a fork.
 	ForkedFromRunID *uuid.UUID
 	ForkedFromStep  string
@@ -160,7 +162,8 @@ WITH prev AS (
 		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
 		version, forked_from_run_id, forked_from_step, trace_carrier)
 	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now()), $8), $7, $8, nullif($9::text, ''), $10::timestamptz,
-		$11::uuid, nullif($12::text, ''), $13::text, $14::uuid, nullif($15::text, ''), $16::jsonb
+		$11::uuid, nullif($12::text, ''), coalesce($13::text, CASE WHEN $18 THEN (`+newestVersionSQL+`) END),
+		$14::uuid, nullif($15::text, ''), $16::jsonb
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
 	RETURNING ` + runColumns + `
@@ -180,7 +183,7 @@ func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, 
 	for range 5 {
 		row := db.QueryRow(ctx, insertRunSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
 			n.Input, startAt, n.ReuseNever, n.Deadline, n.ScheduleID, n.ScheduleTick, n.ParentRunID, n.ParentStepKey,
-			n.Version, n.ForkedFromRunID, n.ForkedFromStep, n.Carrier, n.NotifyLater)
+			n.Version, n.ForkedFromRunID, n.ForkedFromStep, n.Carrier, n.NotifyLater, n.NewestVersion)
 		var notified string
 		r, err := scanRun(row, &inserted, &notified)
 		if errors.Is(err, pgx.ErrNoRows) {
