@@ -225,7 +225,7 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	n := store.NewRun{
 		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType, Version: o.version,
 		NewestVersion: o.version == nil,
-		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
+		Input:         input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
 	}
 	if link != nil {
 		link(&n)

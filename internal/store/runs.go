@@ -162,7 +162,7 @@ WITH prev AS (
 		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
 		version, forked_from_run_id, forked_from_step, trace_carrier)
 	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now()), $8), $7, $8, nullif($9::text, ''), $10::timestamptz,
-		$11::uuid, nullif($12::text, ''), coalesce($13::text, CASE WHEN $18 THEN (`+newestVersionSQL+`) END),
+		$11::uuid, nullif($12::text, ''), coalesce($13::text, CASE WHEN $18 THEN (` + newestVersionSQL + `) END),
 		$14::uuid, nullif($15::text, ''), $16::jsonb
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
