@@ -223,9 +223,9 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	// Without a version, the run takes the newest one a live worker registered (none:
 	// the first claim pins it), looked up by the start's own statement.
 	n := store.NewRun{
-		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType, Version: o.version,
-		NewestVersion: o.version == nil,
-		Input:         input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
+		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType,
+		Version: o.version, NewestVersion: o.version == nil,
+		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
 	}
 	if link != nil {
 		link(&n)
