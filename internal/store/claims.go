@@ -310,6 +310,9 @@ const notifyRunSQL = `CASE WHEN status = 'CANCELLED' THEN pg_notify('` + Channel
 	ELSE pg_notify('` + Channel + `', 'w|' || namespace || '|' || workflow_type || '|'
 		|| (extract(epoch FROM available_at) * 1000)::bigint) END`
 
+// Run ids go to hot statements as [16]byte: pgx encodes a uuid.UUID through its
+// driver.Valuer (a string per id), a [16]byte as binary directly.
+
 // RecordStep records a step attempt and returns its attempt number. It returns
 // ErrLeaseLost when the caller no longer holds the run, and ErrStepRecorded when the
 // step was already recorded as completed.
@@ -318,10 +321,10 @@ func RecordStep(ctx context.Context, db DBTX, w StepWrite) (attempt int, err err
 	var att *int
 	var notified *string
 	if w.RetryIn == nil {
-		err = db.QueryRow(ctx, recordStepSQL, w.RunID, w.Epoch, w.Key, w.Name, w.Status, w.Output,
+		err = db.QueryRow(ctx, recordStepSQL, [16]byte(w.RunID), w.Epoch, w.Key, w.Name, w.Status, w.Output,
 			w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, w.Position).Scan(&owned, &att, &notified)
 	} else {
-		err = db.QueryRow(ctx, recordStepReleaseSQL, w.RunID, w.Epoch, w.Key, w.Name, w.Status, w.Output,
+		err = db.QueryRow(ctx, recordStepReleaseSQL, [16]byte(w.RunID), w.Epoch, w.Key, w.Name, w.Status, w.Output,
 			w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, w.Position, w.RetryIn.Milliseconds()).Scan(&owned, &att, &notified)
 	}
 	switch {
@@ -489,7 +492,7 @@ func FinishRun(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, statu
 		key, name, stepOut = &last.Key, &last.Name, last.Output
 		started, finished, position = &last.StartedAt, &last.FinishedAt, &last.Position
 	}
-	err := db.QueryRow(ctx, finishRunSQL, runID, epoch, status, output, errDetail,
+	err := db.QueryRow(ctx, finishRunSQL, [16]byte(runID), epoch, status, output, errDetail,
 		key, name, stepOut, started, finished, position).Scan(&final, &ignored)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrLeaseLost

@@ -3,8 +3,6 @@ package store
 import (
 	"time"
 
-	"github.com/google/uuid"
-
 	"github.com/kagzi/kagzi/internal/committer"
 )
 
@@ -57,7 +55,7 @@ LEFT JOIN step st ON st.run_id = i.run_id AND st.step_key = i.step_key`
 func mergeRecordSteps(args [][]any) (string, []any) {
 	n := len(args)
 	var (
-		runIDs     = make([]uuid.UUID, n)
+		runIDs     = make([][16]byte, n)
 		epochs     = make([]int64, n)
 		keys       = make([]string, n)
 		names      = make([]string, n)
@@ -70,7 +68,7 @@ func mergeRecordSteps(args [][]any) (string, []any) {
 		positions  = make([]int, n)
 	)
 	for i, a := range args {
-		runIDs[i], epochs[i], keys[i], names[i] = a[0].(uuid.UUID), a[1].(int64), a[2].(string), a[3].(string)
+		runIDs[i], epochs[i], keys[i], names[i] = a[0].([16]byte), a[1].(int64), a[2].(string), a[3].(string)
 		statuses[i], outputs[i], errs[i] = a[4].(string), a[5].([]byte), a[6].([]byte)
 		started[i], finished[i], stepStatus[i], positions[i] = a[7].(time.Time), a[8].(time.Time), a[9].(string), a[10].(int)
 	}
@@ -115,12 +113,12 @@ SELECT ord, status, pg_notify('` + Channel + `', 'd|' || run_id || '|' || status
 
 func mergeFinishRuns(args [][]any) (string, []any) {
 	n := len(args)
-	runIDs, epochs, statuses := make([]uuid.UUID, n), make([]int64, n), make([]string, n)
+	runIDs, epochs, statuses := make([][16]byte, n), make([]int64, n), make([]string, n)
 	outputs, errs := make([][]byte, n), make([][]byte, n)
 	keys, names, stepOuts := make([]*string, n), make([]*string, n), make([][]byte, n)
 	started, finished, positions := make([]*time.Time, n), make([]*time.Time, n), make([]*int, n)
 	for i, a := range args {
-		runIDs[i], epochs[i], statuses[i] = a[0].(uuid.UUID), a[1].(int64), a[2].(string)
+		runIDs[i], epochs[i], statuses[i] = a[0].([16]byte), a[1].(int64), a[2].(string)
 		outputs[i], errs[i] = a[3].([]byte), a[4].([]byte)
 		keys[i], names[i], stepOuts[i] = a[5].(*string), a[6].(*string), a[7].([]byte)
 		started[i], finished[i], positions[i] = a[8].(*time.Time), a[9].(*time.Time), a[10].(*int)

@@ -49,7 +49,7 @@ func mergedRows(t *testing.T, pool *pgxpool.Pool, sql string, args []any) map[in
 
 func stepWrite(run uuid.UUID, epoch int64, key, output string) []any {
 	now := time.Now()
-	return []any{run, epoch, key, "s", "COMPLETED", []byte(output), []byte(nil), now, now, "COMPLETED", 1}
+	return []any{[16]byte(run), epoch, key, "s", "COMPLETED", []byte(output), []byte(nil), now, now, "COMPLETED", 1}
 }
 
 func TestMergedStepRecordsAreFencedPerRunAndNeverOverwriteACompletedStep(t *testing.T) {
@@ -104,10 +104,10 @@ func TestMergedRunEndsAreFencedAndRecordTheirLastStep(t *testing.T) {
 	now := time.Now()
 	end := func(run uuid.UUID, withStep bool) []any {
 		if !withStep {
-			return []any{run, int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
+			return []any{[16]byte(run), int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
 				(*string)(nil), (*string)(nil), []byte(nil), (*time.Time)(nil), (*time.Time)(nil), (*int)(nil)}
 		}
-		return []any{run, int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
+		return []any{[16]byte(run), int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
 			&key, &name, []byte(`"step"`), &now, &now, &pos}
 	}
 	sql, args := mergeFinishRuns([][]any{end(held, true), end(taken, true), end(cancelled, false), end(plain, false)})

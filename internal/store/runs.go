@@ -327,6 +327,10 @@ func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, ve
 	for i, in := range inputs {
 		texts[i] = string(in)
 	}
+	raw := make([][16]byte, len(ids)) // binary, not a driver.Valuer string per id
+	for i, id := range ids {
+		raw[i] = id
+	}
 	var n int
 	var ignored *string
 	err := db.QueryRow(ctx, `
@@ -339,7 +343,7 @@ func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, ve
 		)
 		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || $1 || '|' || $2 || '|'
 			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins)
-		FROM ins`, namespace, workflowType, ids, texts, start, deadline, version, carriers).Scan(&n, &ignored)
+		FROM ins`, namespace, workflowType, raw, texts, start, deadline, version, carriers).Scan(&n, &ignored)
 	if err == nil && n != len(ids) {
 		err = fmt.Errorf("inserted %d of %d runs", n, len(ids))
 	}
