@@ -175,6 +175,8 @@ type execution struct {
 	// waits for it. Both guard pending.
 	flushMu sync.Mutex
 	pending *store.StepWrite
+	// holdTimer writes pending after holdLimit if nothing else has by then.
+	holdTimer *time.Timer
 
 	mu   sync.Mutex
 	exit exitReason
@@ -386,7 +388,9 @@ func (c *Context) flush() error {
 // in between that could observe the difference: the next step's body, a sleep, a
 // child, a signal wait or the end all flush it first. A crash before it is written
 // runs the step again, as a crash just before an immediate write would have.
-// Steps in branches are written at once.
+// Steps in branches are written at once. A record is held back at most holdLimit:
+// a workflow that goes on computing (or blocks) after a step has it written then,
+// so the window in which a crash would run the step again stays short.
 func (c *Context) holdRecord(w store.StepWrite) bool {
 	if c.sc.branch || c.x.branches.Load() > 0 {
 		return false
@@ -398,7 +402,33 @@ func (c *Context) holdRecord(w store.StepWrite) bool {
 		return false
 	}
 	x.pending = &w
+	if x.holdTimer == nil {
+		x.holdTimer = time.AfterFunc(holdLimit, x.flushLate)
+	} else {
+		x.holdTimer.Reset(holdLimit)
+	}
 	return true
+}
+
+// holdLimit is the longest a step's record is held back; see holdRecord.
+const holdLimit = 100 * time.Millisecond
+
+// flushLate writes the held-back record when it was held for holdLimit. On failure
+// it leaves the record pending: the next flush writes it again and reports the error.
+func (x *execution) flushLate() {
+	x.flushMu.Lock()
+	defer x.flushMu.Unlock()
+	p := x.pending
+	if p == nil {
+		return
+	}
+	err := x.writeNow(func(ctx context.Context) error {
+		_, err := store.RecordStep(ctx, x.w.db, *p)
+		return err
+	})
+	if err == nil || errors.Is(err, store.ErrStepRecorded) {
+		x.pending = nil
+	}
 }
 
 // takePending removes the held-back step record and returns it (nil: none).
@@ -407,6 +437,9 @@ func (x *execution) takePending() *store.StepWrite {
 	defer x.flushMu.Unlock()
 	p := x.pending
 	x.pending = nil
+	if x.holdTimer != nil {
+		x.holdTimer.Stop()
+	}
 	return p
 }
 
@@ -417,6 +450,9 @@ func (x *execution) flush() error {
 	p := x.pending
 	if p == nil {
 		return nil
+	}
+	if x.holdTimer != nil {
+		x.holdTimer.Stop()
 	}
 	err := x.writeNow(func(ctx context.Context) error {
 		_, err := store.RecordStep(ctx, x.w.db, *p)

@@ -435,3 +435,32 @@ func TestAShutdownRecordsTheLastCompletedStepBeforeHandingTheRunBack(t *testing.
 		t.Fatalf("the step ran %d times, want once: its output was recorded before the hand-back", calls.Load())
 	}
 }
+
+func TestAHeldBackStepIsWrittenSoonWhenTheWorkflowGoesOnWithoutWriting(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	wf := kagzi.Define("step-then-compute", func(ctx *kagzi.Context, _ int) (int, error) {
+		v, err := kagzi.Step(ctx, "first", func(context.Context) (int, error) { return 1, nil })
+		if err != nil {
+			return 0, err
+		}
+		<-release // long work in the workflow itself, no write
+		return v, nil
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the step held back to be written while the workflow still runs", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.steps WHERE step_key = 'first#1' AND status = 'COMPLETED'`) == 1
+	})
+	if s := runStatus(t, e.client, run.RunID); s != kagzi.StatusRunning {
+		t.Fatalf("run %s, want it still RUNNING while its step is already recorded", s)
+	}
+	close(release)
+	if out, err := run.Wait(ctx); err != nil || out != 1 {
+		t.Fatalf("got %d, %v", out, err)
+	}
+}

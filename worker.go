@@ -496,6 +496,7 @@ func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
 func (w *Worker) execute(x *execution) {
 	defer func() {
 		x.cancel(nil)
+		x.takePending() // still pending here only when the lease was lost: nothing to write
 		w.mu.Lock()
 		if w.active[x.run.RunID] == x { // a quick wake may have claimed the run again
 			delete(w.active, x.run.RunID)
