@@ -439,7 +439,7 @@ SELECT status, (` + notifyRunSQL + `)::text FROM upd`
 // It returns the run's new status (SLEEPING, or CANCELLED).
 func Suspend(ctx context.Context, db DBTX, w SleepWrite) (status string, err error) {
 	var ignored string
-	err = db.QueryRow(ctx, suspendSQL, w.RunID, w.Epoch, w.Key, w.Name, w.WakeAt,
+	err = db.QueryRow(ctx, suspendSQL, [16]byte(w.RunID), w.Epoch, w.Key, w.Name, w.WakeAt,
 		w.Duration.Milliseconds(), w.Position).Scan(&status, &ignored)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrLeaseLost

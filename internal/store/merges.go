@@ -14,6 +14,7 @@ import (
 var Merges = map[string]committer.Merge{
 	recordStepSQL: mergeRecordSteps,
 	finishRunSQL:  mergeFinishRuns,
+	suspendSQL:    mergeSuspends,
 }
 
 // recordStepsSQL is recordStepSQL for many step records: the fence is per run (one
@@ -124,4 +125,45 @@ func mergeFinishRuns(args [][]any) (string, []any) {
 		started[i], finished[i], positions[i] = a[8].(*time.Time), a[9].(*time.Time), a[10].(*int)
 	}
 	return finishRunsSQL, []any{runIDs, epochs, statuses, outputs, errs, keys, names, stepOuts, started, finished, positions}
+}
+
+// suspendsSQL is suspendSQL for many runs: each run held under its epoch goes to
+// sleep until its wake time (recording its sleep step first when the key is set).
+const suspendsSQL = `
+WITH i AS (
+	SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::text[], $5::timestamptz[], $6::bigint[],
+		$7::integer[])
+		WITH ORDINALITY AS i(run_id, epoch, step_key, name, wake_at, duration_ms, position, ord)
+), owner AS (
+	SELECT r.run_id, r.cancel_requested, i.ord,
+		coalesce(i.wake_at, now() + i.duration_ms * interval '1 millisecond') AS wake_at
+	FROM kagzi.runs r JOIN i ON r.run_id = i.run_id AND r.lease_epoch = i.epoch
+	WHERE r.status = 'RUNNING'
+	FOR UPDATE OF r
+), step AS (
+	INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, wake_at, position)
+	SELECT i.run_id, i.step_key, i.name, 'SLEEP', 'COMPLETED', o.wake_at, i.position
+	FROM owner o JOIN i ON i.ord = o.ord
+	WHERE i.step_key <> ''
+	ON CONFLICT (run_id, step_key) DO NOTHING
+), upd AS (
+	UPDATE kagzi.runs r SET
+		status = CASE WHEN o.cancel_requested THEN 'CANCELLED' ELSE 'SLEEPING' END,
+		finished_at = CASE WHEN o.cancel_requested THEN now() END,
+		available_at = least(o.wake_at, r.deadline_at), locked_by = NULL, updated_at = now()
+	FROM owner o
+	WHERE r.run_id = o.run_id
+	RETURNING o.ord, r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
+)
+SELECT ord, status, (` + notifyRunSQL + `)::text FROM upd`
+
+func mergeSuspends(args [][]any) (string, []any) {
+	n := len(args)
+	runIDs, epochs, keys, names := make([][16]byte, n), make([]int64, n), make([]string, n), make([]string, n)
+	wakes, durations, positions := make([]*time.Time, n), make([]int64, n), make([]int, n)
+	for i, a := range args {
+		runIDs[i], epochs[i], keys[i], names[i] = a[0].([16]byte), a[1].(int64), a[2].(string), a[3].(string)
+		wakes[i], durations[i], positions[i] = a[4].(*time.Time), a[5].(int64), a[6].(int)
+	}
+	return suspendsSQL, []any{runIDs, epochs, keys, names, wakes, durations, positions}
 }

@@ -128,3 +128,31 @@ func TestMergedRunEndsAreFencedAndRecordTheirLastStep(t *testing.T) {
 		t.Fatalf("%d steps recorded under a stale epoch (%v), want 0", steps, err)
 	}
 }
+
+func TestMergedSuspendsAreFencedAndPutEachHeldRunToSleep(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	held := runningRun(t, pool, 1, false)
+	taken := runningRun(t, pool, 2, false)
+	cancelled := runningRun(t, pool, 1, true)
+	wake := time.Now().Add(time.Hour)
+	sleep := func(run uuid.UUID, key string, at *time.Time) []any {
+		return []any{[16]byte(run), int64(1), key, "nap", at, int64(60_000), 0}
+	}
+	sql, args := mergeSuspends([][]any{sleep(held, "nap#1", nil), sleep(taken, "nap#1", nil), sleep(cancelled, "", &wake)})
+	got := mergedRows(t, pool, sql, args)
+	if len(got) != 2 || got[1][0] != "SLEEPING" || got[2] != nil || got[3][0] != "CANCELLED" {
+		t.Fatalf("got %v, want 1 SLEEPING, 2 fenced out (no row), 3 CANCELLED", got)
+	}
+	var status string
+	var inAMinute bool
+	if err := pool.QueryRow(ctx, `SELECT r.status, s.wake_at = r.available_at AND r.available_at > now() + interval '50 seconds'
+		FROM kagzi.runs r JOIN kagzi.steps s USING (run_id) WHERE r.run_id = $1 AND s.step_key = 'nap#1'`, held).Scan(&status, &inAMinute); err != nil ||
+		status != "SLEEPING" || !inAMinute {
+		t.Fatalf("held run %s, wakes with its recorded sleep in a minute: %t (%v)", status, inAMinute, err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT status FROM kagzi.runs WHERE run_id = $1`, taken).Scan(&status); err != nil || status != "RUNNING" {
+		t.Fatalf("the run held by another epoch is %s (%v), want it untouched", status, err)
+	}
+}
