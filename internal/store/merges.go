@@ -7,7 +7,7 @@ import (
 )
 
 // Merges are the set-based forms of the statements a worker's executions write most
-// (a step record, a run's end): when several of them share a commit, the committer
+// (a step record, a run's end, a suspension): when several of them share a commit, the committer
 // sends them as one statement that takes one array per parameter. Each returns, per
 // request, its 1-based index and then the columns of the single-row statement, so the
 // callers read their results as if they had run alone.
