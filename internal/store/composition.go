@@ -147,8 +147,7 @@ func SendSignal(ctx context.Context, db DBTX, namespace string, runID uuid.UUID,
 // ActiveRunID returns the active run of a workflow id, or ErrNotFound.
 func ActiveRunID(ctx context.Context, db DBTX, namespace, workflowID string) (uuid.UUID, error) {
 	var id uuid.UUID
-	err := db.QueryRow(ctx, `SELECT run_id FROM kagzi.runs WHERE namespace = $1 AND workflow_id = $2
-		ORDER BY (status IN ('PENDING', 'RUNNING', 'SLEEPING')) DESC, created_at DESC LIMIT 1`,
+	err := db.QueryRow(ctx, `SELECT run_id FROM (`+newestByWorkflowIDSQL("$1", "$2", "true")+`) r`,
 		namespace, workflowID).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return uuid.Nil, ErrNotFound

@@ -95,6 +95,25 @@ const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input
 	started_at, finished_at, updated_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
 	version, forked_from_run_id, forked_from_step`
 
+// newestByWorkflowIDSQL selects (runColumns and a rank) the run of a workflow id that
+// a lookup by id means: its active run, else, where finished (a condition) holds, its
+// newest finished run. Each branch reads its own partial index
+// (runs_one_active_per_workflow_id, runs_finished_by_workflow_id): no index covers
+// both, so that starts and claims, which rewrite active rows, maintain one index
+// fewer. ns and id are the placeholders of the namespace and the workflow id.
+func newestByWorkflowIDSQL(ns, id, finished string) string {
+	return `
+	SELECT * FROM (
+		(SELECT ` + runColumns + `, 0 AS rank FROM kagzi.runs
+		 WHERE namespace = ` + ns + ` AND workflow_id = ` + id + ` AND status IN ('PENDING', 'RUNNING', 'SLEEPING'))
+		UNION ALL
+		(SELECT ` + runColumns + `, 1 FROM kagzi.runs
+		 WHERE namespace = ` + ns + ` AND workflow_id = ` + id + ` AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+		   AND ` + finished + `
+		 ORDER BY created_at DESC LIMIT 1)
+	) newest ORDER BY rank LIMIT 1`
+}
+
 // scanRun scans runColumns, then the extra destinations.
 func scanRun(row pgx.Row, extra ...any) (Run, error) {
 	var r Run
@@ -150,13 +169,8 @@ type NewRun struct {
 // Under a concurrent start of the same id, ON CONFLICT waits for the other transaction;
 // when it commits, neither branch may see its row in this statement's snapshot, and the
 // statement returns nothing: InsertRun then runs it again.
-const insertRunSQL = `
-WITH prev AS (
-	SELECT ` + runColumns + ` FROM kagzi.runs
-	WHERE namespace = $2 AND workflow_id = $3
-	  AND (status IN ('PENDING', 'RUNNING', 'SLEEPING') OR ($7 AND id_reuse_never))
-	ORDER BY (status IN ('PENDING', 'RUNNING', 'SLEEPING')) DESC, created_at DESC
-	LIMIT 1
+var insertRunSQL = `
+WITH prev AS (` + newestByWorkflowIDSQL("$2", "$3", "$7 AND id_reuse_never") + `
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
 		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
@@ -172,7 +186,7 @@ SELECT ins.*, true, CASE WHEN $17 THEN '' ELSE pg_notify('` + Channel + `',
 	'w|' || ins.namespace || '|' || ins.workflow_type || '|' || (extract(epoch FROM ins.available_at) * 1000)::bigint)::text END
 FROM ins
 UNION ALL
-SELECT prev.*, false, '' FROM prev`
+SELECT ` + runColumns + `, false, '' FROM prev`
 
 // InsertRun starts a run, or returns the run that already holds its workflow id.
 func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, err error) {
@@ -206,10 +220,8 @@ func GetRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (Ru
 
 // GetRunByWorkflowID reads the newest run of a workflow id, the active one first.
 func GetRunByWorkflowID(ctx context.Context, db DBTX, namespace, workflowID string) (Run, error) {
-	r, err := scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM kagzi.runs
-		WHERE namespace = $1 AND workflow_id = $2
-		ORDER BY (status IN ('PENDING', 'RUNNING', 'SLEEPING')) DESC, created_at DESC
-		LIMIT 1`, namespace, workflowID))
+	r, err := scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM (`+newestByWorkflowIDSQL("$1", "$2", "true")+`) r`,
+		namespace, workflowID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Run{}, ErrNotFound
 	}
@@ -251,6 +263,9 @@ func ListRuns(ctx context.Context, db DBTX, p ListRunsParams) ([]Run, error) {
 	}
 	if p.WorkflowID != "" {
 		add("workflow_id = ", p.WorkflowID)
+		// Always true, but it lets the planner read a workflow id's runs from its two
+		// partial indexes (active, finished) instead of scanning the namespace.
+		where += " AND (status IN ('PENDING', 'RUNNING', 'SLEEPING') OR status IN ('COMPLETED', 'FAILED', 'CANCELLED'))"
 	}
 	if p.ScheduleID != "" {
 		add("schedule_id = ", p.ScheduleID)
