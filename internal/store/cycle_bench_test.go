@@ -1,0 +1,81 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+// BenchmarkRunCycle measures what Postgres spends on one 1-step run's life in the
+// worker (claimed in batches of 50, ended with its step record by the merged
+// statement, 50 at a time), serially on one connection with synchronous_commit off,
+// so the figure is the statements' own work rather than the disk's flush latency.
+func BenchmarkRunCycle(b *testing.B) {
+	pool, _ := testdb.NewPool(b)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SET synchronous_commit = off"); err != nil {
+		b.Fatal(err)
+	}
+	const batch = 50
+	ids := make([]uuid.UUID, b.N)
+	inputs := make([][]byte, b.N)
+	carriers := make([][]byte, b.N)
+	for i := range ids {
+		ids[i], _ = uuid.NewV7()
+		inputs[i] = []byte(`{"n":1}`)
+	}
+	for i := 0; i < b.N; i += 1000 {
+		j := min(i+1000, b.N)
+		if err := InsertRuns(ctx, conn, "default", "wf", nil, ids[i:j], inputs[i:j], carriers[i:j], time.Time{}, nil); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := conn.Exec(ctx, "VACUUM ANALYZE kagzi.runs"); err != nil {
+		b.Fatal(err)
+	}
+	key, name := "work#1", "work"
+	pos := 1
+	b.ResetTimer()
+	done := 0
+	for done < b.N {
+		claimed, err := ClaimRuns(ctx, conn, "default", []string{"wf"}, []string{"v1"}, "w1", time.Minute, batch)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(claimed) == 0 {
+			b.Fatalf("claimed nothing with %d of %d done", done, b.N)
+		}
+		args := make([][]any, len(claimed))
+		now := time.Now()
+		for i, c := range claimed {
+			args[i] = []any{[16]byte(c.RunID), c.LeaseEpoch, "COMPLETED", []byte(`{"ok":true}`), []byte(nil),
+				&key, &name, []byte(`2`), &now, &now, &pos}
+		}
+		sql, merged := mergeFinishRuns(args)
+		rows, err := conn.Query(ctx, sql, merged...)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n := 0
+		for rows.Next() {
+			n++
+		}
+		rows.Close()
+		if err := rows.Err(); err != nil {
+			b.Fatal(err)
+		}
+		if n != len(claimed) {
+			b.Fatalf("ended %d of %d", n, len(claimed))
+		}
+		done += n
+	}
+}
