@@ -69,36 +69,38 @@ WITH locked AS (
 	) c
 	ORDER BY c.available_at
 	LIMIT $4
-), claimed AS (
-	UPDATE kagzi.runs r SET
-		status = 'RUNNING',
-		locked_by = $3,
-		lease_epoch = r.lease_epoch + 1,
-		available_at = now() + $5 * interval '1 millisecond',
-		started_at = coalesce(r.started_at, now()),
-		waiting_signal = NULL, wake_pending = false,
-		version = coalesce(r.version, locked.claim_version),
-		updated_at = now()
-	FROM locked
-	WHERE r.run_id = locked.run_id
-	RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.version, r.input, r.attempt,
-		r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now() AS db_now,
-		locked.available_at AS claimable_at, r.trace_carrier
 )
-SELECT c.* FROM claimed c,
-	(SELECT set_config('kagzi.claimed', coalesce(string_agg(run_id::text, ','), ''), true) FROM claimed) noted`
+UPDATE kagzi.runs r SET
+	status = 'RUNNING',
+	locked_by = $3,
+	lease_epoch = r.lease_epoch + 1,
+	available_at = now() + $5 * interval '1 millisecond',
+	started_at = coalesce(r.started_at, now()),
+	waiting_signal = NULL, wake_pending = false,
+	version = coalesce(r.version, locked.claim_version),
+	updated_at = now()
+FROM locked
+WHERE r.run_id = locked.run_id
+RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.version, r.input, r.attempt,
+	r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now(), locked.available_at, r.trace_carrier`
 
 // claimedStepsSQL loads the recorded steps of the runs this transaction has just
-// claimed: claimSQL names them in the transaction-local setting kagzi.claimed. It runs
-// after claimSQL in the same implicit transaction (one pipelined round trip) but with
-// a fresh snapshot, so it sees every step the previous owner recorded before the claim
-// locked the run: a fenced step write holds a lock that the claim's SKIP LOCKED skips,
-// so it either committed before the claim or fails. It has no parameters, so Postgres
-// plans it once per connection rather than at every claim.
+// claimed. It runs after claimSQL in the same implicit transaction (one pipelined
+// round trip) but with a fresh snapshot, so it sees every step the previous owner
+// recorded before the claim locked the run: a fenced step write holds a lock that
+// the claim's SKIP LOCKED skips, so it either committed before the claim or fails.
+// The claimed runs are found through runs_claimable: the claim set their
+// available_at to now() + lease, and now() is the transaction's, the same in both
+// statements. An empty claim assigned no transaction id, and _if_assigned keeps it
+// so: asking for one would make the claim's implicit transaction write (and flush) a
+// commit record for nothing, on every idle poll.
 const claimedStepsSQL = `
 SELECT s.run_id, s.step_key, s.name, s.position, s.kind, s.status, s.output, s.error, s.attempts, s.wake_at
-FROM kagzi.steps s
-WHERE s.run_id = ANY(string_to_array(nullif(current_setting('kagzi.claimed', true), ''), ',')::uuid[])`
+FROM kagzi.runs r
+JOIN kagzi.steps s ON s.run_id = r.run_id
+WHERE r.namespace = $2 AND r.workflow_type = ANY($3) AND r.status = 'RUNNING'
+  AND r.available_at = now() + $4 * interval '1 millisecond'
+  AND r.locked_by = $1 AND r.xmin = pg_current_xact_id_if_assigned()::xid`
 
 // ClaimRuns claims up to limit runs for the worker and loads their recorded steps,
 // in one round trip.
@@ -106,7 +108,7 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions [
 	lease time.Duration, limit int) ([]ClaimedRun, error) {
 	var b pgx.Batch
 	b.Queue(claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
-	b.Queue(claimedStepsSQL)
+	b.Queue(claimedStepsSQL, workerID, namespace, types, lease.Milliseconds())
 	br := sendBatch(ctx, db, &b)
 	defer br.Close()
 	claimed, err := scanClaim(br)
