@@ -7,6 +7,18 @@ DROP INDEX kagzi.runs_by_workflow_id;
 CREATE INDEX runs_finished_by_workflow_id ON kagzi.runs (namespace, workflow_id, created_at DESC)
     WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED');
 
+-- The lookup of a workflow id's active run must read runs_one_active_per_workflow_id.
+-- runs_claimable covered the same rows, and on a table not yet analyzed the planner
+-- could pick it for that lookup and scan every unfinished run of the namespace. Its
+-- predicate now also names available_at (never NULL), so only queries that constrain
+-- available_at, as the claim does, or say available_at IS NOT NULL can use it.
+DROP INDEX kagzi.runs_claimable;
+CREATE INDEX runs_claimable ON kagzi.runs (namespace, workflow_type, available_at)
+    WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL;
+
 -- +goose Down
+DROP INDEX kagzi.runs_claimable;
+CREATE INDEX runs_claimable ON kagzi.runs (namespace, workflow_type, available_at)
+    WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING');
 DROP INDEX kagzi.runs_finished_by_workflow_id;
 CREATE INDEX runs_by_workflow_id ON kagzi.runs (namespace, workflow_id, created_at DESC);

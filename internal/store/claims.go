@@ -181,7 +181,7 @@ func NextWake(ctx context.Context, db DBTX, namespace string, types, versions []
 const nextWakeSQL = `
 SELECT min(available_at) FROM kagzi.runs
 WHERE namespace = $1 AND workflow_type = ANY($2)
-  AND status IN ('PENDING', 'RUNNING', 'SLEEPING')
+  AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
   AND (status <> 'RUNNING' OR locked_by IS DISTINCT FROM $3)
   AND (version IS NULL OR (workflow_type, version) IN (SELECT * FROM unnest($2::text[], $4::text[])))`
 

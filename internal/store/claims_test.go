@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -59,5 +60,46 @@ func TestAClaimLoadsTheRecordedStepsOfTheRunsItClaimsAndOfNoOther(t *testing.T) 
 	claimed, err := ClaimRuns(ctx, pool, "default", []string{"wf"}, []string{"v1"}, "w", time.Minute, 10)
 	if err != nil || len(claimed) != 0 {
 		t.Fatalf("a claim with nothing left got %d runs, %v", len(claimed), err)
+	}
+}
+
+func TestALookupByWorkflowIDReadsItsTwoPartialIndexesEvenBeforeTheTableIsAnalyzed(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	// Thousands of unfinished runs, no statistics yet: the planner must still not
+	// scan them all for one workflow id.
+	_, err := pool.Exec(ctx, `INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, available_at)
+		SELECT gen_random_uuid(), 'default', 'id-' || i, 'wf', 'PENDING', '{}', now() FROM generate_series(1, 3000) i`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan := func(sql string, args ...any) string {
+		rows, err := pool.Query(ctx, "EXPLAIN "+sql, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out string
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			out += line + "\n"
+		}
+		return out
+	}
+	for name, p := range map[string]string{
+		"GetRunByWorkflowID": plan(`SELECT * FROM (`+newestByWorkflowIDSQL("$1", "$2", "true")+`) r`, "default", "id-7"),
+		"Start":              plan(insertRunSQL, uuid.Must(uuid.NewV7()), "default", "id-7", "wf", []byte(`1`), nil, true, nil, nil, nil, nil, nil, nil, nil, nil, nil, false, false),
+	} {
+		for _, index := range []string{"runs_one_active_per_workflow_id", "runs_finished_by_workflow_id"} {
+			if !strings.Contains(p, index) {
+				t.Errorf("%s does not read %s:\n%s", name, index, p)
+			}
+		}
+		if strings.Contains(p, "runs_claimable") || strings.Contains(p, "Seq Scan on runs") {
+			t.Errorf("%s scans unfinished runs beyond the workflow id's:\n%s", name, p)
+		}
 	}
 }

@@ -31,7 +31,7 @@ SELECT workflow_type,
 	count(*) FILTER (WHERE status <> 'RUNNING' AND available_at > now()),
 	coalesce((extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now())) * 1000000)::bigint, 0)
 FROM kagzi.runs
-WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING')
+WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
 GROUP BY workflow_type
 ORDER BY workflow_type`
 

@@ -17,7 +17,7 @@ import (
 const idleTimerSQL = `
 WITH active AS (
 	SELECT run_id, status, available_at, deadline_at, waiting_signal FROM kagzi.runs
-	WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING')
+	WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
 )
 SELECT
 	EXISTS (SELECT 1 FROM active WHERE status = 'RUNNING' OR available_at <= now()),
@@ -57,7 +57,7 @@ WITH runs AS (
 		available_at = CASE WHEN status = 'RUNNING' THEN available_at
 			ELSE available_at - $2 * interval '1 microsecond' END,
 		deadline_at = deadline_at - $2 * interval '1 microsecond'
-	WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING')
+	WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
 	RETURNING run_id, namespace, workflow_type, status, available_at
 ), steps AS (
 	UPDATE kagzi.steps s SET wake_at = s.wake_at - $2 * interval '1 microsecond'
