@@ -338,8 +338,14 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	claimNow := true
+	// more: runs may be claimable that the last claim left (it filled every free
+	// slot), or that were announced since. A freed slot claims only then: after a
+	// claim that took all there was, nothing can have become claimable unannounced
+	// (the timer covers what becomes claimable later).
+	more := true
 	backoff := 100 * time.Millisecond
-	var wakeAt time.Time // when the timer fires
+	var wakeAt time.Time  // when the timer fires
+	var askedAt time.Time // when NextWake was last asked
 	setTimer := func(t time.Time) {
 		if poll := time.Now().Add(w.cfg.PollInterval); t.IsZero() || t.After(poll) {
 			t = poll
@@ -363,18 +369,30 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 					w.logger.Error("kagzi: the pool was closed; the worker stops", "error", err)
 					return err
 				}
+				more = true
 				w.logger.Warn("kagzi: claim failed; retrying", "error", err, "retry_in", backoff)
 				wakeAt = time.Time{}
 				setTimer(time.Now().Add(backoff))
 				backoff = min(backoff*2, 5*time.Second)
 			case full:
 				backoff = 100 * time.Millisecond
+				more = true
 				claimNow = w.freeSlots() > 0 // more work may be waiting
+			case wakeAt.After(time.Now()) && !wakeAt.After(askedAt.Add(w.cfg.LeaseDuration)):
+				// Fewer runs than free slots, and the timer set from the last answer
+				// still waits: nothing that answer saw has become claimable, a run
+				// that becomes claimable later announces its time (a start, a sleep,
+				// a retry notifies), and a lease taken since expires a lease from now,
+				// after the timer. Asking again would repeat the answer.
+				backoff = 100 * time.Millisecond
+				more = false
 			default:
 				// Fewer runs than free slots: ask when the next one becomes claimable.
 				// (Asking in the claim's own batch costs every claim that statement, and
 				// most claims under load fill their slots.)
 				backoff = 100 * time.Millisecond
+				more = false
+				askedAt = time.Now()
 				next, err := store.NextWake(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID)
 				wakeAt = time.Time{}
 				if err != nil || next == nil {
@@ -394,17 +412,17 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 			wakeAt = time.Time{}
 			claimNow = true
 		case <-w.slotFree:
-			claimNow = true
+			claimNow = more
 		case n := <-sub.C:
 			switch {
 			case n.Topic == store.CancelTopic(w.client.ns):
 				w.cancelRun(n.Extra)
 			case n.Topic == "":
-				claimNow = true
+				claimNow, more = true, true
 			default:
 				ms, err := strconv.ParseInt(n.Extra, 10, 64)
 				if err != nil || time.Until(time.UnixMilli(ms)) <= 5*time.Millisecond {
-					claimNow = true
+					claimNow, more = true, true
 				} else {
 					setTimer(time.UnixMilli(ms))
 				}

@@ -432,3 +432,28 @@ func TestAWorkerExecutesAtMostMaxConcurrentWorkflowFunctionsAtOnce(t *testing.T)
 		t.Fatalf("at most %d workflow functions ran at once, want exactly MaxConcurrent (3): slots are freed when a function returns, before its end is written", m)
 	}
 }
+
+func TestAWorkerFedByNotificationsClaimsOncePerRunAndDoesNotAskForItsNextWake(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	workerPool, rt := tracedPool(t, e.url)
+	wf := kagzi.Define("notified", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	runWorker(t, newClient(t, workerPool, ""), kagzi.WorkerConfig{}, wf)
+	// Each start is announced and claimed on its own, and leaves slots free. Before,
+	// each such claim was followed by a query for the next wake time, and each run's
+	// end freed a slot that claimed again (twice) though nothing had been announced.
+	for i := range 40 {
+		run, err := kagzi.Start(ctx, e.client, wf, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := run.Wait(ctx); err != nil || out != i {
+			t.Fatalf("run %d: got %d, %v", i, out, err)
+		}
+	}
+	// A claim is a pipelined batch (here the only one: lone writes are not batched).
+	claims, asked := rt.count("BATCH"), rt.count("SELECT min(available_at) FROM kagzi.runs")
+	if claims < 20 || claims > 60 || asked > 2 {
+		t.Fatalf("%d claims and %d next-wake queries for 40 runs started one by one; want 20 to 60 claims, at most 2 queries", claims, asked)
+	}
+}
