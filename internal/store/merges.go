@@ -11,6 +11,11 @@ import (
 // sends them as one statement that takes one array per parameter. Each returns, per
 // request, its 1-based index and then the columns of the single-row statement, so the
 // callers read their results as if they had run alone.
+//
+// The single-row statements stay for the lone write: sending a lone step record as
+// recordStepsSQL with one-element arrays made each step of a sequential workflow
+// about 80 µs slower (BenchmarkSequentialSteps: 0.43 ms against 0.35 ms a step), so
+// each statement here and its single-row twin must keep the same fencing.
 var Merges = map[string]committer.Merge{
 	recordStepSQL: mergeRecordSteps,
 	finishRunSQL:  mergeFinishRuns,
