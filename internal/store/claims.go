@@ -53,7 +53,10 @@ type StepRecord struct {
 // number of workers claim side by side without waiting on each other. Each claim
 // bumps the lease epoch. A worker claims only the versions it registered ($6,
 // parallel to the types $2); a run started without a version is pinned to the
-// claiming worker's.
+// claiming worker's. It also tells, per run, whether the run can have recorded steps:
+// only a run claimed before (its epoch was already bumped) or a fork (its steps were
+// copied in before its first claim) can; every other step write is fenced by the
+// run's own lease.
 const claimSQL = `
 WITH locked AS (
 	SELECT c.run_id, c.available_at, t.version AS claim_version
@@ -82,91 +85,65 @@ UPDATE kagzi.runs r SET
 FROM locked
 WHERE r.run_id = locked.run_id
 RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.version, r.input, r.attempt,
-	r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now(), locked.available_at, r.trace_carrier`
+	r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now(), locked.available_at, r.trace_carrier,
+	r.lease_epoch > 1 OR r.forked_from_run_id IS NOT NULL`
 
-// claimedStepsSQL loads the recorded steps of the runs this transaction has just
-// claimed. It runs after claimSQL in the same implicit transaction (one pipelined
-// round trip) but with a fresh snapshot, so it sees every step the previous owner
-// recorded before the claim locked the run: a fenced step write holds a lock that
-// the claim's SKIP LOCKED skips, so it either committed before the claim or fails.
-// The claimed runs are found through runs_claimable: the claim set their
-// available_at to now() + lease, and now() is the transaction's, the same in both
-// statements. An empty claim assigned no transaction id, and _if_assigned keeps it
-// so: asking for one would make the claim's implicit transaction write (and flush) a
-// commit record for nothing, on every idle poll.
+// claimedStepsSQL loads the recorded steps of runs the caller has just claimed ($1).
+// It runs after the claim committed, so it sees every step the previous owner
+// recorded: a fenced step write holds a lock on the run that the claim's SKIP LOCKED
+// skips, so it either committed before the claim or records nothing.
 const claimedStepsSQL = `
-SELECT s.run_id, s.step_key, s.name, s.position, s.kind, s.status, s.output, s.error, s.attempts, s.wake_at
-FROM kagzi.runs r
-JOIN kagzi.steps s ON s.run_id = r.run_id
-WHERE r.namespace = $2 AND r.workflow_type = ANY($3) AND r.status = 'RUNNING'
-  AND r.available_at = now() + $4 * interval '1 millisecond'
-  AND r.locked_by = $1 AND r.xmin = pg_current_xact_id_if_assigned()::xid`
+SELECT run_id, step_key, name, position, kind, status, output, error, attempts, wake_at
+FROM kagzi.steps WHERE run_id = ANY($1)`
 
-// ClaimRuns claims up to limit runs for the worker and loads their recorded steps,
-// in one round trip.
+// ClaimRuns claims up to limit runs for the worker and loads their recorded steps:
+// one round trip, and a second one when a claimed run can have steps (a run resumed
+// after a sleep, a retry, a crash or a hand-back, or a fork).
 func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions []string, workerID string,
 	lease time.Duration, limit int) ([]ClaimedRun, error) {
-	var b pgx.Batch
-	b.Queue(claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
-	b.Queue(claimedStepsSQL, workerID, namespace, types, lease.Milliseconds())
-	br := sendBatch(ctx, db, &b)
-	defer br.Close()
-	claimed, err := scanClaim(br)
+	rows, err := db.Query(ctx, claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
 	if err != nil {
 		return nil, err
 	}
-	return claimed, br.Close()
-}
-
-// scanClaim reads the claimed runs and their recorded steps from a claim's batch.
-func scanClaim(br pgx.BatchResults) ([]ClaimedRun, error) {
-	rows, err := br.Query()
-	if err != nil {
-		return nil, err
-	}
+	var resumed [][16]byte
 	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ClaimedRun, error) {
 		var c ClaimedRun
+		var hasSteps bool
 		err := row.Scan(&c.RunID, &c.Namespace, &c.WorkflowID, &c.WorkflowType, &c.Version, &c.Input, &c.Attempt,
-			&c.LeaseEpoch, &c.CancelRequested, &c.Deadline, &c.CreatedAt, &c.DBNow, &c.AvailableAt, &c.Carrier)
+			&c.LeaseEpoch, &c.CancelRequested, &c.Deadline, &c.CreatedAt, &c.DBNow, &c.AvailableAt, &c.Carrier, &hasSteps)
 		c.Steps = map[string]StepRecord{}
+		if hasSteps {
+			resumed = append(resumed, c.RunID)
+		}
 		return c, err
 	})
-	if err != nil {
-		return nil, err
+	if err != nil || len(resumed) == 0 {
+		return claimed, err
 	}
 	byID := make(map[uuid.UUID]*ClaimedRun, len(claimed))
 	for i := range claimed {
 		byID[claimed[i].RunID] = &claimed[i]
 	}
-	rows, err = br.Query()
+	rows, err = db.Query(ctx, claimedStepsSQL, resumed)
 	if err != nil {
 		return nil, err
 	}
+	defer rows.Close()
 	for rows.Next() {
 		var runID uuid.UUID
 		var key string
 		var s StepRecord
 		if err := rows.Scan(&runID, &key, &s.Name, &s.Position, &s.Kind, &s.Status, &s.Output, &s.Error, &s.Attempts, &s.WakeAt); err != nil {
-			rows.Close()
 			return nil, err
 		}
 		if c := byID[runID]; c != nil {
 			c.Steps[key] = s
 		}
 	}
-	rows.Close()
 	if err := rows.Err(); err != nil {
 		return nil, err
 	}
 	return claimed, nil
-}
-
-// sendBatch runs a batch on db, which must be able to (a pool, a connection or a transaction).
-func sendBatch(ctx context.Context, db DBTX, b *pgx.Batch) pgx.BatchResults {
-	type batcher interface {
-		SendBatch(context.Context, *pgx.Batch) pgx.BatchResults
-	}
-	return db.(batcher).SendBatch(ctx, b)
 }
 
 // NextWake returns when the earliest unfinished run of the worker's types becomes

@@ -20,13 +20,21 @@ func TestAClaimLoadsTheRecordedStepsOfTheRunsItClaimsAndOfNoOther(t *testing.T) 
 	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, inputs, make([][]byte, 3), time.Time{}, nil); err != nil {
 		t.Fatal(err)
 	}
-	// The first two carry steps of an earlier execution (as a resumed run does).
+	// The first two carry steps of an earlier execution: the first was claimed before
+	// (as a run resumed after a sleep or a crash is), the second is a fork (its steps
+	// were copied in before its first claim).
 	for i, id := range ids[:2] {
 		_, err := pool.Exec(ctx, `INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, attempts)
 			VALUES ($1, 'a#1', 'a', 'STEP', 'COMPLETED', $2, 1)`, id, inputs[i])
 		if err != nil {
 			t.Fatal(err)
 		}
+	}
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET lease_epoch = 1 WHERE run_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET forked_from_run_id = $2 WHERE run_id = $1`, ids[1], ids[2]); err != nil {
+		t.Fatal(err)
 	}
 	seen := map[uuid.UUID]bool{}
 	for claim := range 3 {

@@ -54,7 +54,8 @@ func RerunRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (
 // CopyStepsBefore copies into the run to the completed steps of the origin run
 // recorded before its step fromKey (in the order they were first recorded), with
 // their attempt history. It returns how many steps it copied, or ErrNotFound when the
-// origin has no step fromKey.
+// origin has no step fromKey. The run to must be a fork (forked_from_run_id set): a
+// claim loads the steps of a run it claims for the first time only if it is one.
 func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, fromKey string, to uuid.UUID) (int, error) {
 	var found bool
 	var copied int
