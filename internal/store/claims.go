@@ -98,7 +98,9 @@ FROM kagzi.steps WHERE run_id = ANY($1)`
 
 // ClaimRuns claims up to limit runs for the worker and loads their recorded steps:
 // one round trip, and a second one when a claimed run can have steps (a run resumed
-// after a sleep, a retry, a crash or a hand-back, or a fork).
+// after a sleep, a retry, a crash or a hand-back, or a fork). The claim has committed
+// by then: when the steps cannot be loaded, the claimed runs are handed back at once
+// (or, if that fails too, when their lease passes) and the error returned.
 func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions []string, workerID string,
 	lease time.Duration, limit int) ([]ClaimedRun, error) {
 	rows, err := db.Query(ctx, claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
@@ -120,13 +122,27 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions [
 	if err != nil || len(resumed) == 0 {
 		return claimed, err
 	}
+	if err := loadSteps(ctx, db, claimed, resumed); err != nil {
+		held := make([]HeldRun, len(claimed))
+		for i, c := range claimed {
+			held[i] = HeldRun{RunID: c.RunID, Epoch: c.LeaseEpoch}
+		}
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		return nil, errors.Join(err, ReleaseRuns(rctx, db, held))
+	}
+	return claimed, nil
+}
+
+// loadSteps fills in the recorded steps of the claimed runs named in ids.
+func loadSteps(ctx context.Context, db DBTX, claimed []ClaimedRun, ids [][16]byte) error {
 	byID := make(map[uuid.UUID]*ClaimedRun, len(claimed))
 	for i := range claimed {
 		byID[claimed[i].RunID] = &claimed[i]
 	}
-	rows, err = db.Query(ctx, claimedStepsSQL, resumed)
+	rows, err := db.Query(ctx, claimedStepsSQL, ids)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer rows.Close()
 	for rows.Next() {
@@ -134,16 +150,13 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions [
 		var key string
 		var s StepRecord
 		if err := rows.Scan(&runID, &key, &s.Name, &s.Position, &s.Kind, &s.Status, &s.Output, &s.Error, &s.Attempts, &s.WakeAt); err != nil {
-			return nil, err
+			return err
 		}
 		if c := byID[runID]; c != nil {
 			c.Steps[key] = s
 		}
 	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return claimed, nil
+	return rows.Err()
 }
 
 // NextWake returns when the earliest unfinished run of the worker's types becomes

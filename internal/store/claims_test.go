@@ -2,11 +2,13 @@ package store
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/kagzi/kagzi/internal/testdb"
 )
@@ -109,5 +111,48 @@ func TestALookupByWorkflowIDReadsItsTwoPartialIndexesEvenBeforeTheTableIsAnalyze
 		if strings.Contains(p, "runs_claimable") || strings.Contains(p, "Seq Scan on runs") {
 			t.Errorf("%s scans unfinished runs beyond the workflow id's:\n%s", name, p)
 		}
+	}
+}
+
+// failingStepsLoad is the pool, except that loading a claim's recorded steps fails
+// (as when the connection breaks between the claim and the load).
+type failingStepsLoad struct{ DBTX }
+
+var errStepsLoad = errors.New("connection lost while loading steps")
+
+func (f failingStepsLoad) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if sql == claimedStepsSQL {
+		return nil, errStepsLoad
+	}
+	return f.DBTX.Query(ctx, sql, args...)
+}
+
+func TestAClaimWhoseStepsCannotBeLoadedHandsItsRunsBackAtOnce(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	ids := []uuid.UUID{uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, [][]byte{[]byte(`1`), []byte(`2`)}, make([][]byte, 2), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The first run was claimed before and has a step: the claim must load it.
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET lease_epoch = 1 WHERE run_id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	claimed, err := ClaimRuns(ctx, failingStepsLoad{pool}, "default", []string{"wf"}, []string{"v1"}, "w", time.Minute, 10)
+	if !errors.Is(err, errStepsLoad) || claimed != nil {
+		t.Fatalf("got %d runs and %v, want no run and the load's error", len(claimed), err)
+	}
+	var pending int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE status = 'PENDING' AND available_at <= now()
+		AND locked_by IS NULL`).Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	if pending != 2 {
+		t.Fatalf("%d of 2 runs claimable again, want both handed back at once", pending)
+	}
+	claimed, err = ClaimRuns(ctx, pool, "default", []string{"wf"}, []string{"v1"}, "w", time.Minute, 10)
+	if err != nil || len(claimed) != 2 {
+		t.Fatalf("the next claim got %d runs, %v; want both", len(claimed), err)
 	}
 }
