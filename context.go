@@ -224,6 +224,9 @@ func (c *Context) nextKey(name string, kind StepKind) (key string, pos int, err 
 	c.sc.pos++
 	key, pos = c.sc.prefix+name+"#"+strconv.Itoa(c.sc.counts[name]), c.sc.pos
 	c.sc.mu.Unlock()
+	if len(c.x.positions) == 0 { // a fresh run: no history to check against
+		return key, pos, nil
+	}
 	if rec, ok := c.x.positions[c.sc.prefix+"@"+strconv.Itoa(pos)]; ok && (rec.Name != name || rec.Kind != string(kind)) {
 		c.x.mu.Lock()
 		c.x.nondeterminism = &ErrorDetail{Code: CodeNonDeterministic, NonRetryable: true, Subject: key,
