@@ -13,6 +13,7 @@ import (
 type params struct {
 	n           int           // runs per burn-down
 	burnTimeout time.Duration // a burn-down still going after this reports its rate so far
+	burnReps    int           // burn-downs per figure; the median rate is reported
 
 	starters  int           // concurrent starters in the steady-state workload
 	steadyFor time.Duration // length of the steady-state window
