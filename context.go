@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/kagzi/kagzi/internal/gopool"
 	"github.com/kagzi/kagzi/internal/store"
 )
 
@@ -59,7 +60,7 @@ func (c *Context) WorkflowType() string { return c.x.run.WorkflowType }
 func (c *Context) Attempt() int { return c.x.run.Attempt }
 
 // Logger returns a logger that tags every record with the run's ids.
-func (c *Context) Logger() *slog.Logger { return c.x.logger }
+func (c *Context) Logger() *slog.Logger { return c.x.log() }
 
 // Sleep pauses the run durably for d. The wake time is fixed and recorded the first
 // time the sleep runs: a crash or a restart during the sleep does not restart the
@@ -157,7 +158,11 @@ type execution struct {
 	run    store.ClaimedRun
 	cancel context.CancelCauseFunc
 	ctx    context.Context
-	logger *slog.Logger
+	// goroutines runs the workflow function (the worker's pool when it claimed the run).
+	goroutines *gopool.Pool
+	// logger is made on first use (see log): most runs never log.
+	loggerOnce sync.Once
+	logger     *slog.Logger
 	// dbOffset is the database's clock minus ours, measured at the claim.
 	dbOffset time.Duration
 	// leaseUntil (Unix nanoseconds, our clock) is how long the last successful
@@ -188,6 +193,17 @@ type execution struct {
 	maxPosition map[string]int
 	// stepsMu guards run.Steps, which branches read and write concurrently.
 	stepsMu sync.Mutex
+}
+
+// log returns the logger that tags every record with the run's ids. It is built on
+// first use: a logger with attributes costs a dozen allocations, and most runs never
+// log.
+func (x *execution) log() *slog.Logger {
+	x.loggerOnce.Do(func() {
+		x.logger = x.w.logger.With("run_id", x.run.RunID, "workflow_id", x.run.WorkflowID,
+			"workflow_type", x.run.WorkflowType)
+	})
+	return x.logger
 }
 
 func (x *execution) dbNow() time.Time { return time.Now().Add(x.dbOffset) }
@@ -269,7 +285,7 @@ func (x *execution) indexPositions() {
 // the steps recorded after it.
 func (c *Context) Patched(changeID string) bool {
 	if err := validName("change id", changeID); err != nil {
-		c.x.logger.Error("kagzi: invalid change id; Patched answers false", "error", err)
+		c.x.log().Error("kagzi: invalid change id; Patched answers false", "error", err)
 		return false
 	}
 	c.sc.mu.Lock()
@@ -501,10 +517,10 @@ func (x *execution) writeNow(op func(context.Context) error) error {
 			return err
 		}
 		if time.Now().Add(backoff).UnixNano() > x.leaseUntil.Load() {
-			x.logger.Warn("kagzi: giving up a write: the lease ran out", "error", err)
+			x.log().Warn("kagzi: giving up a write: the lease ran out", "error", err)
 			return errLeaseLost
 		}
-		x.logger.Warn("kagzi: write failed; retrying", "error", err, "retry_in", backoff)
+		x.log().Warn("kagzi: write failed; retrying", "error", err, "retry_in", backoff)
 		time.Sleep(backoff)
 		backoff = min(backoff*2, time.Second)
 	}

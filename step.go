@@ -102,7 +102,7 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		finished := time.Now()
 		if res.abandoned {
 			n := x.w.abandoned.Add(1)
-			x.logger.Warn("kagzi: step ignored its timeout; its goroutine is abandoned",
+			x.log().Warn("kagzi: step ignored its timeout; its goroutine is abandoned",
 				"step", key, "timeout", o.timeout, "abandoned_total", n)
 		}
 		if ctx.Err() != nil {
@@ -173,7 +173,7 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		if _, err := ctx.recordStep(w); err != nil {
 			return zero, err
 		}
-		x.logger.Debug("kagzi: step attempt failed; retrying", "step", key, "attempt", attempts, "retry_in", delay)
+		x.log().Debug("kagzi: step attempt failed; retrying", "step", key, "attempt", attempts, "retry_in", delay)
 		ctx.waitInProcess(delay)
 	}
 }

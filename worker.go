@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/kagzi/kagzi/internal/committer"
+	"github.com/kagzi/kagzi/internal/gopool"
 	"github.com/kagzi/kagzi/internal/notifier"
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -92,7 +93,12 @@ type Worker struct {
 	// handBack holds runs whose executions stopped for the shutdown.
 	handBack []store.HeldRun
 	slotFree chan struct{}
+	// goroutines runs the executions (set by Run; see internal/gopool).
+	goroutines *gopool.Pool
 }
+
+// idleGoroutineTime is how long a worker keeps a goroutine that has no run to execute.
+const idleGoroutineTime = 10 * time.Second
 
 // NewWorker returns a worker for the given workflows. Each workflow type may be
 // registered once.
@@ -294,6 +300,8 @@ func (w *Worker) Run(ctx context.Context) error {
 		}()
 	}
 
+	w.goroutines = gopool.New(idleGoroutineTime)
+	defer w.goroutines.Close()
 	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
 	err := w.loop(ctx, sub)
 	w.setStatus(store.WorkerDraining)
@@ -477,7 +485,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 	return len(claimed) == free, nil
 }
 
-// start executes a claimed run on its own goroutine.
+// start executes a claimed run on a goroutine of its own (one of w.goroutines).
 func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
 	ctx, cancel := context.WithCancelCause(w.beginExecution(run))
 	if run.Deadline != nil {
@@ -487,8 +495,7 @@ func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
 		ctx, cancel = dctx, func(cause error) { cancelRun(cause); stop() }
 	}
 	x := &execution{w: w, def: w.defs[run.WorkflowType], run: run, cancel: cancel, ctx: ctx,
-		dbOffset: run.DBNow.Sub(claimedAt),
-		logger:   w.logger.With("run_id", run.RunID, "workflow_id", run.WorkflowID, "workflow_type", run.WorkflowType)}
+		dbOffset: run.DBNow.Sub(claimedAt), goroutines: w.goroutines}
 	x.leaseUntil.Store(claimedAt.Add(w.cfg.LeaseDuration).UnixNano())
 	x.indexPositions()
 	switch {
@@ -506,11 +513,11 @@ func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
 	}
 	w.active[run.RunID] = x
 	w.mu.Unlock()
-	go w.execute(x)
+	x.goroutines.Go(func() { w.execute(x) })
 }
 
-// execute runs the workflow function on its own goroutine (so that Step and Sleep
-// can unwind it) and records how it ended.
+// execute runs the workflow function on a goroutine of its own (so that Step and
+// Sleep can unwind it) and records how it ended.
 func (w *Worker) execute(x *execution) {
 	defer func() {
 		x.cancel(nil)
@@ -535,7 +542,7 @@ func (w *Worker) execute(x *execution) {
 	}
 	var res *result
 	done := make(chan struct{})
-	go func() {
+	x.goroutines.Go(func() {
 		defer close(done)
 		defer func() {
 			if r := recover(); r != nil {
@@ -552,7 +559,7 @@ func (w *Worker) execute(x *execution) {
 		}
 		out, err := x.def.run(wctx, input)
 		res = &result{out: out, err: err}
-	}()
+	})
 	<-done
 
 	reason := x.exitReason()
@@ -568,7 +575,7 @@ func (w *Worker) execute(x *execution) {
 		// A completed step whose record was held back is written before the run is
 		// handed back, so the next worker does not run it again.
 		if err := x.flush(); err != nil {
-			x.logger.Warn("kagzi: cannot record the last step before handing the run back", "error", err)
+			x.log().Warn("kagzi: cannot record the last step before handing the run back", "error", err)
 		}
 		w.mu.Lock()
 		w.handBack = append(w.handBack, store.HeldRun{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch})
@@ -596,7 +603,7 @@ func (w *Worker) execute(x *execution) {
 		x.mu.Lock()
 		status, detail = store.StatusFailed, encodeDetail(*x.nondeterminism)
 		x.mu.Unlock()
-		x.logger.Error("kagzi: " + x.nondeterminism.Message)
+		x.log().Error("kagzi: " + x.nondeterminism.Message)
 	}
 	if reason == exitNone {
 		switch {
@@ -649,7 +656,7 @@ func (w *Worker) execute(x *execution) {
 	if err != nil && !errors.Is(err, errLeaseLost) && status == store.StatusCompleted {
 		// The database rejects the output itself (jsonb cannot hold a NUL character,
 		// say): record that, or the run would be retried forever.
-		x.logger.Error("kagzi: the run's output cannot be recorded", "error", err)
+		x.log().Error("kagzi: the run's output cannot be recorded", "error", err)
 		status = store.StatusFailed
 		err = finish(status, nil, encodeDetail(ErrorDetail{Code: CodeInvalidOutput,
 			NonRetryable: true, Subject: x.run.WorkflowType,
@@ -657,9 +664,9 @@ func (w *Worker) execute(x *execution) {
 	}
 	switch {
 	case errors.Is(err, errLeaseLost):
-		x.logger.Info("kagzi: the run's lease was lost before its end was recorded; another worker takes it over")
+		x.log().Info("kagzi: the run's lease was lost before its end was recorded; another worker takes it over")
 	case err != nil:
-		x.logger.Error("kagzi: cannot record the end of the run", "error", err)
+		x.log().Error("kagzi: cannot record the end of the run", "error", err)
 	case status == store.StatusCompleted:
 		w.completed.Add(1)
 	case status == store.StatusFailed:
@@ -693,9 +700,9 @@ func (w *Worker) retryRun(x *execution, err error) bool {
 	if err := x.write(func(ctx context.Context) error {
 		return store.RetryRun(ctx, w.client.pool, x.run.RunID, x.run.LeaseEpoch, encodeDetail(d), delay)
 	}); err != nil && !errors.Is(err, errLeaseLost) {
-		x.logger.Error("kagzi: cannot schedule the run's next attempt", "error", err)
+		x.log().Error("kagzi: cannot schedule the run's next attempt", "error", err)
 	}
-	x.logger.Info("kagzi: run attempt failed; retrying", "attempt", x.run.Attempt, "retry_in", delay, "error", d.Message)
+	x.log().Info("kagzi: run attempt failed; retrying", "attempt", x.run.Attempt, "retry_in", delay, "error", d.Message)
 	return true
 }
 

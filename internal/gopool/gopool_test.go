@@ -1,0 +1,108 @@
+package gopool
+
+import (
+	"bytes"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// goroutineID returns the id of the calling goroutine.
+func goroutineID() uint64 {
+	buf := make([]byte, 64)
+	buf = buf[:runtime.Stack(buf, false)]
+	buf = bytes.TrimPrefix(buf, []byte("goroutine "))
+	id, _ := strconv.ParseUint(string(buf[:bytes.IndexByte(buf, ' ')]), 10, 64)
+	return id
+}
+
+// runOn runs f through the pool and returns the id of the goroutine it ran on.
+func runOn(p *Pool, f func()) uint64 {
+	ids := make(chan uint64, 1)
+	p.Go(func() {
+		defer func() { ids <- goroutineID() }()
+		f()
+	})
+	return <-ids
+}
+
+// waitIdle waits until n goroutines of the pool wait for work.
+func waitIdle(t *testing.T, p *Pool, n int32) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for p.idling.Load() != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d goroutines wait for work, want %d", p.idling.Load(), n)
+		}
+		runtime.Gosched()
+	}
+}
+
+func TestAFunctionRunsOnTheGoroutineTheLastOneLeftIdle(t *testing.T) {
+	p := New(time.Minute)
+	defer p.Close()
+	first := runOn(p, func() {})
+	waitIdle(t, p, 1)
+	if second := runOn(p, func() {}); second != first {
+		t.Fatalf("second function ran on goroutine %d, want %d (the idle one)", second, first)
+	}
+}
+
+func TestBusyGoroutinesDoNotHoldBackNewFunctions(t *testing.T) {
+	p := New(time.Minute)
+	defer p.Close()
+	release := make(chan struct{})
+	started := make(chan struct{}, 3)
+	for range 3 {
+		p.Go(func() {
+			started <- struct{}{}
+			<-release
+		})
+	}
+	for range 3 {
+		select {
+		case <-started:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a function waited for another to return")
+		}
+	}
+	close(release)
+}
+
+func TestAFunctionThatEndsItsGoroutineDoesNotStopThePool(t *testing.T) {
+	p := New(time.Minute)
+	defer p.Close()
+	exited := runOn(p, runtime.Goexit)
+	if next := runOn(p, func() {}); next == exited {
+		t.Fatalf("ran on goroutine %d, which had exited", next)
+	}
+}
+
+func TestIdleGoroutinesExitAfterTheIdleTimeAndOnClose(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		idle  time.Duration
+		close bool
+	}{{"idle time", 10 * time.Millisecond, false}, {"close", time.Hour, true}} {
+		t.Run(c.name, func(t *testing.T) {
+			p := New(c.idle)
+			defer p.Close()
+			before := runtime.NumGoroutine()
+			runOn(p, func() {})
+			if c.close {
+				p.Close()
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for runtime.NumGoroutine() > before {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d goroutines, want %d: the idle one did not exit", runtime.NumGoroutine(), before)
+				}
+				time.Sleep(time.Millisecond)
+			}
+			if id := runOn(p, func() {}); id == 0 {
+				t.Fatal("no goroutine ran the function after the idle one exited")
+			}
+		})
+	}
+}
