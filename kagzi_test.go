@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi"
@@ -304,6 +306,40 @@ func TestDelayedStartIsNotClaimedBeforeItsTime(t *testing.T) {
 	}
 	if info.StartedAt.Before(start.Add(700 * time.Millisecond)) {
 		t.Fatalf("run started at %v, before its start time %v", info.StartedAt, start.Add(700*time.Millisecond))
+	}
+}
+
+func TestARunsEndIsNotifiedToWaitersOnlyOnceItHasCommitted(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	listener, err := pgx.Connect(ctx, e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(context.Background())
+	if _, err := listener.Exec(ctx, "LISTEN kagzi"); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, e.client, fastWorker(), greet)
+	run, err := kagzi.Start(ctx, e.client, greet, greetIn{Name: "n"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "d|" + run.RunID + "|COMPLETED"
+	for {
+		msg, err := listener.WaitForNotification(ctx)
+		if err != nil {
+			t.Fatalf("no notification of the run's end: %v", err)
+		}
+		// A notification holds one payload, or several, one per line after a newline.
+		if !slices.Contains(strings.Split(strings.TrimPrefix(msg.Payload, "\n"), "\n"), want) {
+			continue
+		}
+		var status string
+		if err := e.pool.QueryRow(ctx, `SELECT status FROM kagzi.runs WHERE run_id = $1`, run.RunID).Scan(&status); err != nil || status != "COMPLETED" {
+			t.Fatalf("notified of the end while the run reads %s (%v)", status, err)
+		}
+		return
 	}
 }
 

@@ -19,7 +19,9 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// Notification is one message on the channel: "topic|extra".
+// Notification is one message on the channel: "topic|extra". A payload that starts
+// with a newline holds several messages, one per line, so that a statement
+// ending many runs sends one notification instead of one per run.
 type Notification struct {
 	// Topic is empty for the "reconnected, look again" signal.
 	Topic string
@@ -149,6 +151,14 @@ func (n *Notifier) dispatch(msg Notification, all bool) {
 	deliver(n.subs[msg.Topic])
 }
 
+// parse splits a payload "topic|extra" at its last '|'.
+func parse(payload string) Notification {
+	if i := strings.LastIndexByte(payload, '|'); i >= 0 {
+		return Notification{Topic: payload[:i], Extra: payload[i+1:]}
+	}
+	return Notification{Topic: payload}
+}
+
 func (n *Notifier) listen(ctx context.Context) {
 	backoff := 100 * time.Millisecond
 	first := true
@@ -189,11 +199,13 @@ func (n *Notifier) listen(ctx context.Context) {
 				}
 				break
 			}
-			topic, extra := pn.Payload, ""
-			if i := strings.LastIndexByte(pn.Payload, '|'); i >= 0 {
-				topic, extra = pn.Payload[:i], pn.Payload[i+1:]
+			if batch, ok := strings.CutPrefix(pn.Payload, "\n"); ok {
+				for payload := range strings.SplitSeq(batch, "\n") {
+					n.dispatch(parse(payload), false)
+				}
+				continue
 			}
-			n.dispatch(Notification{Topic: topic, Extra: extra}, false)
+			n.dispatch(parse(pn.Payload), false)
 		}
 	}
 }

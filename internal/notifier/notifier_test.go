@@ -56,3 +56,47 @@ func TestSubscribersShareOneConnectionThatOutlivesThemForALinger(t *testing.T) {
 		t.Fatalf("%d connections for 3 subscribers in a row, want 1", c)
 	}
 }
+
+func TestABatchedPayloadReachesTheSubscribersOfEachOfItsLines(t *testing.T) {
+	t.Parallel()
+	url := testdb.New(t)
+	n := notifier.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) },
+		"kagzi", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer n.Close()
+	ctx := context.Background()
+	sender, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Close(ctx)
+	a, b, other := n.Subscribe("d|a"), n.Subscribe("d|b"), n.Subscribe("d|other")
+	for _, s := range []*notifier.Subscription{a, b, other} {
+		select {
+		case <-s.C: // "connected: look again"
+		case <-time.After(10 * time.Second):
+			t.Fatal("no connected signal")
+		}
+	}
+	if _, err := sender.Exec(ctx, "SELECT pg_notify('kagzi', E'\\nd|a|COMPLETED\\nd|b|FAILED')"); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		sub   *notifier.Subscription
+		topic string
+		extra string
+	}{{a, "d|a", "COMPLETED"}, {b, "d|b", "FAILED"}} {
+		select {
+		case got := <-c.sub.C:
+			if got.Topic != c.topic || got.Extra != c.extra {
+				t.Fatalf("got %+v, want %s|%s", got, c.topic, c.extra)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s not delivered", c.topic)
+		}
+	}
+	select {
+	case got := <-other.C:
+		t.Fatalf("a subscriber of a topic not in the batch got %+v", got)
+	case <-time.After(100 * time.Millisecond):
+	}
+}

@@ -2,10 +2,12 @@ package store
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi/internal/testdb"
@@ -154,5 +156,54 @@ func TestMergedSuspendsAreFencedAndPutEachHeldRunToSleep(t *testing.T) {
 	}
 	if err := pool.QueryRow(ctx, `SELECT status FROM kagzi.runs WHERE run_id = $1`, taken).Scan(&status); err != nil || status != "RUNNING" {
 		t.Fatalf("the run held by another epoch is %s (%v), want it untouched", status, err)
+	}
+}
+
+func TestMergedRunEndsNotifyEachRunsWaitersInFewNotifications(t *testing.T) {
+	t.Parallel()
+	pool, url := testdb.NewPool(t)
+	ctx := context.Background()
+	listener, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer listener.Close(ctx)
+	if _, err := listener.Exec(ctx, "LISTEN "+Channel); err != nil {
+		t.Fatal(err)
+	}
+	const n = 320
+	ends := make([][]any, n)
+	want := map[string]bool{}
+	for i := range ends {
+		run := runningRun(t, pool, 1, false)
+		ends[i] = []any{[16]byte(run), int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
+			(*string)(nil), (*string)(nil), []byte(nil), (*time.Time)(nil), (*time.Time)(nil), (*int)(nil)}
+		want[DoneTopic(run)+"|COMPLETED"] = true
+	}
+	sql, args := mergeFinishRuns(ends)
+	if got := mergedRows(t, pool, sql, args); len(got) != n {
+		t.Fatalf("%d runs ended, want %d", len(got), n)
+	}
+	var notifications int
+	for len(want) > 0 {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		msg, err := listener.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("%d runs' ends not notified after %d notifications: %v", len(want), notifications, err)
+		}
+		notifications++
+		if len(msg.Payload) >= 8000 || !strings.HasPrefix(msg.Payload, "\n") {
+			t.Fatalf("a payload of %d bytes starting %q: want a batch under 8000 bytes", len(msg.Payload), msg.Payload[:1])
+		}
+		for _, line := range strings.Split(msg.Payload[1:], "\n") {
+			if !want[line] {
+				t.Fatalf("unexpected or repeated line %q", line)
+			}
+			delete(want, line)
+		}
+	}
+	if notifications != 3 { // 150 runs a notification
+		t.Fatalf("%d notifications for %d runs, want 3", notifications, n)
 	}
 }
