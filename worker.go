@@ -767,7 +767,9 @@ func (w *Worker) heartbeat(ctx context.Context) {
 		for _, r := range res {
 			kept[r.RunID] = true
 			x := execs[r.RunID]
-			x.leaseUntil.Store(beat.Add(w.cfg.LeaseDuration).UnixNano())
+			if r.Extended {
+				x.leaseUntil.Store(beat.Add(w.cfg.LeaseDuration).UnixNano())
+			}
 			if r.CancelRequested {
 				x.cancel(ErrCancelled)
 			}

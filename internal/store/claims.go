@@ -185,6 +185,9 @@ type HeldRun struct {
 type HeartbeatResult struct {
 	RunID           uuid.UUID
 	CancelRequested bool
+	// Extended: the beat extended the run's lease. A run whose row another
+	// transaction was writing is not waited for, nor extended, this beat.
+	Extended bool
 }
 
 // ReleaseRuns hands runs back at once (a worker shutting down): they become PENDING

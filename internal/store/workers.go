@@ -99,6 +99,12 @@ type WorkerBeat struct {
 // row, and marks OFFLINE the workers of the namespace that stopped beating (three of
 // their own intervals) and prunes those offline for a day. SKIP LOCKED keeps two
 // beating workers from waiting on (or deadlocking over) the same dead rows.
+//
+// It never waits for a run's row either: a run whose row another transaction holds
+// (the worker's own committer ending it, most often) is skipped, and comes back as
+// held but not extended. Waiting there deadlocked with merged run ends, which lock
+// their rows in another order, once or twice a minute under load; each deadlock
+// stalled both statements for a second (deadlock_timeout) and failed the beat.
 const heartbeatSQL = `
 WITH me AS (
 	UPDATE kagzi.workers SET last_heartbeat_at = now(), active_runs = $5, completed_total = $6,
@@ -121,15 +127,27 @@ WITH me AS (
 		WHERE namespace = $3 AND status = 'OFFLINE' AND stopped_at < now() - interval '1 day'
 		FOR UPDATE SKIP LOCKED)
 	RETURNING 1
+), mine AS (
+	SELECT r.run_id, r.lease_epoch, r.cancel_requested
+	FROM kagzi.runs r JOIN unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
+		ON r.run_id = h.run_id AND r.lease_epoch = h.epoch
+	WHERE r.status = 'RUNNING'
+), free AS (
+	SELECT r.run_id FROM kagzi.runs r JOIN mine m ON r.run_id = m.run_id
+	WHERE r.lease_epoch = m.lease_epoch AND r.status = 'RUNNING'
+	FOR NO KEY UPDATE OF r SKIP LOCKED
+), extended AS (
+	UPDATE kagzi.runs r SET available_at = now() + $8 * interval '1 millisecond'
+	FROM free f WHERE r.run_id = f.run_id
+	RETURNING r.run_id
 )
-UPDATE kagzi.runs r SET available_at = now() + $8 * interval '1 millisecond'
-FROM unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
-WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND r.status = 'RUNNING'
-RETURNING r.run_id, r.cancel_requested`
+SELECT m.run_id, m.cancel_requested, e.run_id IS NOT NULL
+FROM mine m LEFT JOIN extended e ON e.run_id = m.run_id`
 
 // Heartbeat extends the leases of all the given runs and refreshes the worker's row,
 // in one statement. Runs missing from the result are no longer held by this worker:
-// their lease was taken over or they finished.
+// their lease was taken over or they finished. A run in the result but not Extended
+// is still held; its row was being written, so its lease keeps its old end.
 func Heartbeat(ctx context.Context, db DBTX, beat WorkerBeat, held []HeldRun, lease time.Duration) ([]HeartbeatResult, error) {
 	ids := make([]uuid.UUID, len(held))
 	epochs := make([]int64, len(held))
@@ -143,7 +161,7 @@ func Heartbeat(ctx context.Context, db DBTX, beat WorkerBeat, held []HeldRun, le
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (HeartbeatResult, error) {
 		var h HeartbeatResult
-		err := row.Scan(&h.RunID, &h.CancelRequested)
+		err := row.Scan(&h.RunID, &h.CancelRequested, &h.Extended)
 		return h, err
 	})
 }

@@ -1,0 +1,62 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+func TestAHeartbeatDoesNotWaitForARunWhoseRowIsBeingWrittenAndKeepsItHeld(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	busy := runningRun(t, pool, 1, false)
+	free := runningRun(t, pool, 1, false)
+	taken := runningRun(t, pool, 2, false) // claimed again since: epoch 1 is stale
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	// Another transaction writes the busy run (the worker's own committer ending it,
+	// say) and has not committed yet.
+	if _, err := tx.Exec(ctx, `UPDATE kagzi.runs SET updated_at = now() WHERE run_id = $1`, busy); err != nil {
+		t.Fatal(err)
+	}
+	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	res, err := Heartbeat(bctx, pool, WorkerBeat{Namespace: "default", WorkerID: "w"},
+		[]HeldRun{{busy, 1}, {free, 1}, {taken, 1}}, time.Hour)
+	if err != nil {
+		t.Fatalf("heartbeat: %v (it waited for the busy row?)", err)
+	}
+	got := map[uuid.UUID]bool{}
+	for _, r := range res {
+		got[r.RunID] = r.Extended
+	}
+	if ext, ok := got[busy]; !ok || ext {
+		t.Fatalf("busy run in result: %t, extended: %t; want held, not extended", ok, ext)
+	}
+	if ext, ok := got[free]; !ok || !ext {
+		t.Fatalf("free run in result: %t, extended: %t; want extended", ok, ext)
+	}
+	if _, ok := got[taken]; ok {
+		t.Fatal("a run held under another epoch came back as held")
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var inAnHour bool
+	if err := pool.QueryRow(ctx, `SELECT available_at > now() + interval '50 minutes' FROM kagzi.runs WHERE run_id = $1`,
+		free).Scan(&inAnHour); err != nil || !inAnHour {
+		t.Fatalf("free run's lease extended by an hour: %t (%v)", inAnHour, err)
+	}
+	if err := pool.QueryRow(ctx, `SELECT available_at > now() + interval '50 minutes' FROM kagzi.runs WHERE run_id = $1`,
+		busy).Scan(&inAnHour); err != nil || inAnHour {
+		t.Fatalf("busy run's lease extended: %t (%v), want its old end", inAnHour, err)
+	}
+}
