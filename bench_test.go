@@ -33,10 +33,14 @@ func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.Tra
 	return ctx
 }
 func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	r.n.Add(1)
+	var sqls []string
+	for _, q := range d.Batch.QueuedQueries {
+		sqls = append(sqls, q.SQL)
+	}
 	r.mu.Lock()
-	r.sql = append(r.sql, "BATCH")
+	r.sql = append(r.sql, "BATCH["+strings.Join(sqls, "; ")+"]")
 	r.mu.Unlock()
 	return ctx
 }

@@ -57,6 +57,12 @@ type StepRecord struct {
 // only a run claimed before (its epoch was already bumped) or a fork (its steps were
 // copied in before its first claim) can; every other step write is fenced by the
 // run's own lease.
+//
+// It runs with Postgres's generic plan (see genericPlanSQL): planning it anew at each
+// claim, as Postgres chose to, took 0.26 ms, more than the claim of one run itself
+// (0.15 ms). The redundant "= ANY (ARRAY(...))" keeps that plan reading runs by its
+// primary key: a generic plan cannot know the limit $4 and assumes a tenth of the
+// claimable runs, for which a join through a sequential scan of runs looked cheaper.
 const claimSQL = `
 WITH locked AS (
 	SELECT c.run_id, c.available_at, t.version AS claim_version
@@ -83,7 +89,7 @@ UPDATE kagzi.runs r SET
 	version = coalesce(r.version, locked.claim_version),
 	updated_at = now()
 FROM locked
-WHERE r.run_id = locked.run_id
+WHERE r.run_id = locked.run_id AND r.run_id = ANY (ARRAY(SELECT run_id FROM locked))
 RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.version, r.input, r.attempt,
 	r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now(), locked.available_at, r.trace_carrier,
 	r.lease_epoch > 1 OR r.forked_from_run_id IS NOT NULL`
@@ -103,24 +109,32 @@ FROM kagzi.steps WHERE run_id = ANY($1)`
 // (or, if that fails too, when their lease passes) and the error returned.
 func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions []string, workerID string,
 	lease time.Duration, limit int) ([]ClaimedRun, error) {
-	rows, err := db.Query(ctx, claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
+	rows, err := queryGeneric(ctx, db, claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
 	if err != nil {
 		return nil, err
 	}
 	var resumed [][16]byte
-	claimed, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ClaimedRun, error) {
+	var claimed []ClaimedRun
+	for rows.Next() {
 		var c ClaimedRun
 		var hasSteps bool
-		err := row.Scan(&c.RunID, &c.Namespace, &c.WorkflowID, &c.WorkflowType, &c.Version, &c.Input, &c.Attempt,
-			&c.LeaseEpoch, &c.CancelRequested, &c.Deadline, &c.CreatedAt, &c.DBNow, &c.AvailableAt, &c.Carrier, &hasSteps)
+		if err := rows.Scan(&c.RunID, &c.Namespace, &c.WorkflowID, &c.WorkflowType, &c.Version, &c.Input, &c.Attempt,
+			&c.LeaseEpoch, &c.CancelRequested, &c.Deadline, &c.CreatedAt, &c.DBNow, &c.AvailableAt, &c.Carrier, &hasSteps); err != nil {
+			rows.Close()
+			return nil, err
+		}
 		c.Steps = map[string]StepRecord{}
 		if hasSteps {
 			resumed = append(resumed, c.RunID)
 		}
-		return c, err
-	})
-	if err != nil || len(resumed) == 0 {
-		return claimed, err
+		claimed = append(claimed, c)
+	}
+	rows.Close() // after the commit: Err tells whether it failed
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	if len(resumed) == 0 {
+		return claimed, nil
 	}
 	if err := loadSteps(ctx, db, claimed, resumed); err != nil {
 		held := make([]HeldRun, len(claimed))
@@ -132,6 +146,61 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions [
 		return nil, errors.Join(err, ReleaseRuns(rctx, db, held))
 	}
 	return claimed, nil
+}
+
+// genericPlanSQL makes the statement sent after it in the same implicit transaction
+// use its generic plan (made once per connection) instead of one planned for its
+// parameters.
+const genericPlanSQL = `SET LOCAL plan_cache_mode = force_generic_plan`
+
+// batcher is a DBTX that can pipeline statements (a pool, a connection, a transaction).
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// queryGeneric runs the query with its generic plan (see genericPlanSQL), in the same
+// round trip, when db can pipeline; otherwise as usual. Inside the caller's own
+// transaction the setting lasts until that transaction ends.
+func queryGeneric(ctx context.Context, db DBTX, sql string, args ...any) (pgx.Rows, error) {
+	b, ok := db.(batcher)
+	if !ok {
+		return db.Query(ctx, sql, args...)
+	}
+	var batch pgx.Batch
+	batch.Queue(genericPlanSQL)
+	batch.Queue(sql, args...)
+	br := b.SendBatch(ctx, &batch)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+// batchRows closes its batch with its rows.
+type batchRows struct {
+	pgx.Rows
+	br  pgx.BatchResults
+	err error // from closing the batch: the commit's, if it failed
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	if err := r.br.Close(); err != nil && r.Rows.Err() == nil {
+		r.err = err
+	}
+}
+
+func (r *batchRows) Err() error {
+	if r.err != nil {
+		return r.err
+	}
+	return r.Rows.Err()
 }
 
 // loadSteps fills in the recorded steps of the claimed runs named in ids.

@@ -156,3 +156,74 @@ func TestAClaimWhoseStepsCannotBeLoadedHandsItsRunsBackAtOnce(t *testing.T) {
 		t.Fatalf("the next claim got %d runs, %v; want both", len(claimed), err)
 	}
 }
+
+func TestAClaimUsesItsGenericPlanAndLeavesTheSessionsPlanSettingAlone(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	const n = 500
+	ids, inputs := make([]uuid.UUID, n), make([][]byte, n)
+	for i := range ids {
+		ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
+	}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, inputs, make([][]byte, n), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE kagzi.runs"); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	const claims = 10
+	for range claims {
+		claimed, err := ClaimRuns(ctx, conn, "default", []string{"wf"}, []string{"v1"}, "w", time.Minute, 5)
+		if err != nil || len(claimed) != 5 {
+			t.Fatalf("claimed %d runs (%v), want 5", len(claimed), err)
+		}
+	}
+	var generic, custom int64
+	if err := conn.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements
+		WHERE statement = $1`, claimSQL).Scan(&generic, &custom); err != nil {
+		t.Fatal(err)
+	}
+	if generic != claims || custom != 0 {
+		t.Fatalf("the claim ran %d times with its generic plan and %d with a custom one, want %d and 0", generic, custom, claims)
+	}
+	var mode string
+	if err := conn.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&mode); err != nil || mode != "auto" {
+		t.Fatalf("plan_cache_mode is %q after the claims (%v), want auto", mode, err)
+	}
+	// The generic plan reads the claimed runs by their key, not through a scan of runs.
+	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(ctx, "RESET plan_cache_mode")
+	rows, err := conn.Query(ctx, "EXPLAIN (FORMAT TEXT) EXECUTE "+claimStatementName(t, conn)+
+		"('default', ARRAY['wf'], 'w', 5, 60000, ARRAY['v1'])")
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text := strings.Join(plan, "\n"); strings.Contains(text, "Seq Scan") {
+		t.Fatalf("the claim's generic plan scans a table:\n%s", text)
+	}
+}
+
+// claimStatementName returns the name under which the connection prepared claimSQL.
+func claimStatementName(t *testing.T, conn interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) string {
+	t.Helper()
+	var name string
+	if err := conn.QueryRow(context.Background(), `SELECT name FROM pg_prepared_statements WHERE statement = $1`,
+		claimSQL).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	return pgx.Identifier{name}.Sanitize()
+}
