@@ -58,6 +58,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -108,6 +109,11 @@ const DefaultRetention = 30 * 24 * time.Hour
 // Client starts, reads and cancels runs in one namespace. It is safe for concurrent
 // use; create one per namespace and share it.
 type Client struct {
+	// id tells this client's registration as a waiter for run ends from others'
+	// (see waiters.go).
+	id        uuid.UUID
+	waiter    waiterRegistration
+	waitPoll  time.Duration // Wait's first look after its first, doubling to 5 s
 	pool      *pgxpool.Pool
 	ns        string
 	logger    *slog.Logger
@@ -165,7 +171,8 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	if cfg.Retention == 0 {
 		cfg.Retention = DefaultRetention
 	}
-	c := &Client{pool: pool, ns: cfg.Namespace, logger: cfg.Logger, maxBytes: cfg.MaxPayloadSize, retention: cfg.Retention}
+	c := &Client{id: uuid.New(), waitPoll: 250 * time.Millisecond, pool: pool, ns: cfg.Namespace, logger: cfg.Logger, maxBytes: cfg.MaxPayloadSize,
+		retention: cfg.Retention}
 	c.sender = notifier.NewSender(pool, store.Channel, cfg.Logger)
 	// Starts that commit on their own share commits when they come together (group
 	// commit, as the workers' step records do). Its two goroutines idle on a channel

@@ -309,37 +309,99 @@ func TestDelayedStartIsNotClaimedBeforeItsTime(t *testing.T) {
 	}
 }
 
-func TestARunsEndIsNotifiedToWaitersOnlyOnceItHasCommitted(t *testing.T) {
-	e := newEnv(t)
-	ctx := waitCtx(t)
-	listener, err := pgx.Connect(ctx, e.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(context.Background())
-	if _, err := listener.Exec(ctx, "LISTEN kagzi"); err != nil {
-		t.Fatal(err)
-	}
-	runWorker(t, e.client, fastWorker(), greet)
-	run, err := kagzi.Start(ctx, e.client, greet, greetIn{Name: "n"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := "d|" + run.RunID + "|COMPLETED"
-	for {
-		msg, err := listener.WaitForNotification(ctx)
-		if err != nil {
-			t.Fatalf("no notification of the run's end: %v", err)
-		}
-		// A notification holds one payload, or several, one per line after a newline.
-		if !slices.Contains(strings.Split(strings.TrimPrefix(msg.Payload, "\n"), "\n"), want) {
-			continue
-		}
-		var status string
-		if err := e.pool.QueryRow(ctx, `SELECT status FROM kagzi.runs WHERE run_id = $1`, run.RunID).Scan(&status); err != nil || status != "COMPLETED" {
-			t.Fatalf("notified of the end while the run reads %s (%v)", status, err)
-		}
-		return
+func TestAWaitIsWokenByTheRunsEndFromAWorkerOfItsOwnClientOrOfAnother(t *testing.T) {
+	for _, sameClient := range []bool{true, false} {
+		t.Run(fmt.Sprintf("same client %t", sameClient), func(t *testing.T) {
+			e := newEnv(t)
+			ctx := waitCtx(t)
+			listener, err := pgx.Connect(ctx, e.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer listener.Close(context.Background())
+			if _, err := listener.Exec(ctx, "LISTEN kagzi"); err != nil {
+				t.Fatal(err)
+			}
+			waiterPool, rt := tracedPool(t, e.url)
+			waiter := newClient(t, waiterPool, "")
+			kagzi.SetWaitPoll(waiter, time.Hour) // only a notification can wake the Wait
+			workerClient := newClient(t, e.pool, "")
+			if sameClient {
+				workerClient = waiter
+			}
+			release := make(chan struct{})
+			wf := kagzi.Define("held", func(ctx *kagzi.Context, n int) (int, error) {
+				<-release
+				return n, nil
+			})
+			runWorker(t, workerClient, fastWorker(), wf)
+			// Let the clients' LISTEN connections come up first (a Wait on a finished run
+			// opens the waiter's): one that connects during the Wait tells it to look again.
+			first, err := kagzi.Start(ctx, waiter, wf, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			release <- struct{}{}
+			if _, err := first.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			listeners := 3 // the test's, the worker's client's and the waiter's
+			if sameClient {
+				listeners = 2
+			}
+			for {
+				var n int
+				if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+					WHERE datname = current_database() AND query LIKE 'LISTEN%'`).Scan(&n); err != nil {
+					t.Fatal(err)
+				}
+				if n >= listeners {
+					break
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			run, err := kagzi.Start(ctx, waiter, wf, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			reads := func() int { return rt.count("FROM kagzi.runs\n\t\tWHERE namespace = $1 AND run_id = $2") }
+			before := reads()
+			done := make(chan error, 1)
+			go func() {
+				out, err := run.Wait(ctx)
+				if err == nil && out != 7 {
+					err = fmt.Errorf("output %d, want 7", out)
+				}
+				done <- err
+			}()
+			for reads() == before { // the Wait has looked once and waits
+				time.Sleep(time.Millisecond)
+			}
+			close(release)
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			if n := reads() - before; n != 2 {
+				t.Fatalf("the Wait read the run %d times, want 2 (before the end, and once woken)", n)
+			}
+			// The end went out as a NOTIFY only for a waiter of another client.
+			want := "d|" + run.RunID + "|COMPLETED"
+			notified := false
+			for {
+				nctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+				msg, err := listener.WaitForNotification(nctx)
+				cancel()
+				if err != nil {
+					break
+				}
+				if slices.Contains(strings.Split(strings.TrimPrefix(msg.Payload, "\n"), "\n"), want) {
+					notified = true
+				}
+			}
+			if notified == sameClient {
+				t.Fatalf("same client %t: the end was sent as a NOTIFY: %t", sameClient, notified)
+			}
+		})
 	}
 }
 

@@ -510,6 +510,7 @@ func (s *scheduler) run(ctx context.Context) {
 			}
 			blockSub = next
 			if len(blockers) > 0 && !relooked {
+				s.c.awaitEnds(ctx) // before looking again: their ends notify this client
 				relooked = true
 				continue
 			}
@@ -518,6 +519,7 @@ func (s *scheduler) run(ctx context.Context) {
 		var done <-chan notifier.Notification
 		if blockSub != nil {
 			done = blockSub.C
+			s.c.awaitEnds(ctx)
 		}
 		if wait > 0 {
 			timer := time.NewTimer(wait)

@@ -259,8 +259,9 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 // Wait blocks until the run ends or ctx is done, and returns the run's output. A run
 // that ended FAILED returns a *WorkflowError (errors.Is ErrWorkflowFailed); a
 // CANCELLED one returns ErrCancelled. Wait does not poll in a tight loop: it listens
-// for the run's completion notification, and looks at the run every few seconds in
-// case a notification was missed.
+// for the run's completion notification (told in process when a worker of the same
+// client ends the run; else sent by the run's end, because the client registers as a
+// waiter), and looks at the run every few seconds in case a notification was missed.
 func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 	var zero Out
 	id, err := uuid.Parse(r.RunID)
@@ -270,8 +271,9 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 	c := r.client
 	sub := c.notifier.Subscribe(store.DoneTopic(id))
 	defer sub.Close()
-	poll := 250 * time.Millisecond
+	poll := c.waitPoll
 	for {
+		c.awaitEnds(ctx) // before each look: an end after it notifies this client
 		run, err := store.GetRun(ctx, c.pool, c.ns, id)
 		if err != nil {
 			return zero, wrapStoreErr("kagzi: wait for run "+r.RunID, err)

@@ -628,9 +628,10 @@ func (w *Worker) execute(x *execution) {
 	}
 	// The run's last step, if its record was held back, is written with the end.
 	last := x.takePending()
+	var final string // the status the run ended with (CANCELLED if a cancel came first)
 	finish := func(status string, output, detail []byte) error {
-		return x.writeNow(func(ctx context.Context) error {
-			_, err := store.FinishRun(ctx, w.db, x.run.RunID, x.run.LeaseEpoch, status, output, detail, last)
+		return x.writeNow(func(ctx context.Context) (err error) {
+			final, err = store.FinishRun(ctx, w.db, w.client.id, x.run.RunID, x.run.LeaseEpoch, status, output, detail, last)
 			return err
 		})
 	}
@@ -661,6 +662,11 @@ func (w *Worker) execute(x *execution) {
 		err = finish(status, nil, encodeDetail(ErrorDetail{Code: CodeInvalidOutput,
 			NonRetryable: true, Subject: x.run.WorkflowType,
 			Message: "the output cannot be recorded: " + err.Error()}))
+	}
+	if err == nil {
+		// This client's waiters hear of the end from us; others' from the end's own
+		// NOTIFY, when there are any (see waiters.go).
+		w.client.notifier.Publish(store.DoneTopic(x.run.RunID) + "|" + final)
 	}
 	switch {
 	case errors.Is(err, errLeaseLost):

@@ -151,6 +151,12 @@ func (n *Notifier) dispatch(msg Notification, all bool) {
 	deliver(n.subs[msg.Topic])
 }
 
+// Publish delivers a payload to this process's subscribers of its topic at once,
+// without the database: for news that only this process needs to hear from itself.
+func (n *Notifier) Publish(payload string) {
+	n.dispatch(parse(payload), false)
+}
+
 // parse splits a payload "topic|extra" at its last '|'.
 func parse(payload string) Notification {
 	if i := strings.LastIndexByte(payload, '|'); i >= 0 {

@@ -511,12 +511,14 @@ func Suspend(ctx context.Context, db DBTX, w SleepWrite) (status string, err err
 
 // finishRunSQL ends a run the caller holds: COMPLETED with its output, FAILED with its
 // error, or CANCELLED. A cancel requested before this commits wins: the run ends
-// CANCELLED and the output is discarded. Waiters are notified. When $6 (a step key)
+// CANCELLED and the output is discarded. Waiters in other clients are notified when
+// there are any (see remoteWaitersSQL); the caller ($12, its client) tells its own
+// client's waiters in process. When $6 (a step key)
 // is set, the same statement also records that step as completed (output $8): the
 // run's last step, whose record was held back until the end so that both share one
 // write (see FinishRun). The update of the run is the fence: the step is recorded
 // only if the run was still held under the caller's epoch.
-const finishRunSQL = `
+var finishRunSQL = `
 WITH upd AS (
 	UPDATE kagzi.runs r SET
 		status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE $3 END,
@@ -524,7 +526,7 @@ WITH upd AS (
 		error = CASE WHEN r.cancel_requested THEN NULL ELSE $5::jsonb END,
 		finished_at = now(), locked_by = NULL, updated_at = now()
 	WHERE r.run_id = $1 AND r.lease_epoch = $2 AND r.status = 'RUNNING'
-	RETURNING r.run_id, r.status
+	RETURNING r.run_id, r.namespace, r.status
 ), step AS (
 	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, attempts, position,
 		started_at, finished_at)
@@ -538,12 +540,38 @@ WITH upd AS (
 	INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, started_at, finished_at)
 	SELECT $1, $6, attempts, 'COMPLETED', $9, $10 FROM step WHERE attempts > 1
 )
-SELECT status, pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)::text FROM upd`
+SELECT status, coalesce(CASE WHEN ` + remoteWaitersSQL("upd.namespace", "$12::uuid") + `
+	THEN pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)::text END, '') FROM upd`
 
-// FinishRun ends a run; see finishRunSQL. It returns the status the run ended with.
+// remoteWaitersSQL is true when a client other than me waits for run ends in the
+// namespace (kagzi.waiters). A run's end notifies only then: a notifying transaction
+// holds a server-wide lock through its commit, and the ending worker tells its own
+// client's waiters in process.
+func remoteWaitersSQL(namespace, me string) string {
+	return `EXISTS (SELECT 1 FROM kagzi.waiters w WHERE w.namespace = ` + namespace +
+		` AND w.client_id <> ` + me + ` AND w.expires_at > now())`
+}
+
+// RegisterWaiter records that the client waits for run ends in the namespace until ttl
+// from now (see remoteWaitersSQL), and deletes the namespace's registrations expired
+// for an hour.
+func RegisterWaiter(ctx context.Context, db DBTX, namespace string, clientID uuid.UUID, ttl time.Duration) error {
+	_, err := db.Exec(ctx, `
+WITH gone AS (
+	DELETE FROM kagzi.waiters WHERE namespace = $1 AND expires_at < now() - interval '1 hour'
+)
+INSERT INTO kagzi.waiters (namespace, client_id, expires_at)
+VALUES ($1, $2, now() + $3 * interval '1 millisecond')
+ON CONFLICT (namespace, client_id) DO UPDATE SET expires_at = excluded.expires_at`,
+		namespace, clientID, ttl.Milliseconds())
+	return err
+}
+
+// FinishRun ends a run for the worker of the client clientID; see finishRunSQL. It
+// returns the status the run ended with.
 // last, when not nil, is a completed step not yet recorded: it is recorded in the
 // same statement (its Status and StepStatus are COMPLETED, Error is nil).
-func FinishRun(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, status string,
+func FinishRun(ctx context.Context, db DBTX, clientID, runID uuid.UUID, epoch int64, status string,
 	output, errDetail []byte, last *StepWrite) (string, error) {
 	var final, ignored string
 	var key, name *string
@@ -555,7 +583,7 @@ func FinishRun(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, statu
 		started, finished, position = &last.StartedAt, &last.FinishedAt, &last.Position
 	}
 	err := db.QueryRow(ctx, finishRunSQL, [16]byte(runID), epoch, status, output, errDetail,
-		key, name, stepOut, started, finished, position).Scan(&final, &ignored)
+		key, name, stepOut, started, finished, position, [16]byte(clientID)).Scan(&final, &ignored)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrLeaseLost
 	}

@@ -58,7 +58,7 @@ func BenchmarkRunCycle(b *testing.B) {
 		now := time.Now()
 		for i, c := range claimed {
 			args[i] = []any{[16]byte(c.RunID), c.LeaseEpoch, "COMPLETED", []byte(`{"ok":true}`), []byte(nil),
-				&key, &name, []byte(`2`), &now, &now, &pos}
+				&key, &name, []byte(`2`), &now, &now, &pos, [16]byte{}}
 		}
 		sql, merged := mergeFinishRuns(args)
 		rows, err := conn.Query(ctx, sql, merged...)

@@ -81,10 +81,10 @@ func mergeRecordSteps(args [][]any) (string, []any) {
 	return recordStepsSQL, []any{runIDs, epochs, keys, names, statuses, outputs, errs, started, finished, stepStatus, positions}
 }
 
-// finishRunsSQL is finishRunSQL for many runs. Their waiters are notified in batches:
-// each notification costs the listening backend and process a message, and one per
-// run was a tenth of a busy worker's CPU.
-const finishRunsSQL = `
+// finishRunsSQL is finishRunSQL for many runs. Waiters in other clients, when there are
+// any, are notified in batches: each notification costs the listening backend and
+// process a message, and one per run was a tenth of a busy worker's CPU.
+var finishRunsSQL = `
 WITH i AS (
 	SELECT * FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::jsonb[], $5::jsonb[],
 		$6::text[], $7::text[], $8::jsonb[], $9::timestamptz[], $10::timestamptz[], $11::integer[])
@@ -98,7 +98,7 @@ WITH i AS (
 		finished_at = now(), locked_by = NULL, updated_at = now()
 	FROM i
 	WHERE r.run_id = i.run_id AND r.lease_epoch = i.epoch AND r.status = 'RUNNING'
-	RETURNING i.ord, r.run_id, r.status
+	RETURNING i.ord, r.run_id, r.namespace, r.status
 ), step AS (
 	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, attempts, position,
 		started_at, finished_at)
@@ -120,7 +120,8 @@ WITH i AS (
 	-- One notification per 150 runs, not one per run: a newline, then the runs'
 	-- DoneTopic payloads, one per line (Postgres takes payloads under 8000 bytes).
 	SELECT pg_notify('` + Channel + `', string_agg(E'\n' || 'd|' || run_id || '|' || status, ''))
-	FROM (SELECT run_id, status, (row_number() OVER () - 1) / 150 AS chunk FROM upd) u
+	FROM (SELECT run_id, status, (row_number() OVER () - 1) / 150 AS chunk FROM upd
+		WHERE ` + remoteWaitersSQL("upd.namespace", "$12::uuid") + `) u
 	GROUP BY chunk
 )
 SELECT ord, status, (SELECT count(*) FROM notified)::text FROM upd`
@@ -137,7 +138,9 @@ func mergeFinishRuns(args [][]any) (string, []any) {
 		keys[i], names[i], stepOuts[i] = a[5].(*string), a[6].(*string), a[7].([]byte)
 		started[i], finished[i], positions[i] = a[8].(*time.Time), a[9].(*time.Time), a[10].(*int)
 	}
-	return finishRunsSQL, []any{runIDs, epochs, statuses, outputs, errs, keys, names, stepOuts, started, finished, positions}
+	// The client ($12) is the same for every request: one worker's committer sends them.
+	return finishRunsSQL, []any{runIDs, epochs, statuses, outputs, errs, keys, names, stepOuts, started, finished, positions,
+		args[0][11]}
 }
 
 // suspendsSQL is suspendSQL for many runs: each run held under its epoch goes to

@@ -107,10 +107,10 @@ func TestMergedRunEndsAreFencedAndRecordTheirLastStep(t *testing.T) {
 	end := func(run uuid.UUID, withStep bool) []any {
 		if !withStep {
 			return []any{[16]byte(run), int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
-				(*string)(nil), (*string)(nil), []byte(nil), (*time.Time)(nil), (*time.Time)(nil), (*int)(nil)}
+				(*string)(nil), (*string)(nil), []byte(nil), (*time.Time)(nil), (*time.Time)(nil), (*int)(nil), [16]byte{}}
 		}
 		return []any{[16]byte(run), int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
-			&key, &name, []byte(`"step"`), &now, &now, &pos}
+			&key, &name, []byte(`"step"`), &now, &now, &pos, [16]byte{}}
 	}
 	sql, args := mergeFinishRuns([][]any{end(held, true), end(taken, true), end(cancelled, false), end(plain, false)})
 	got := mergedRows(t, pool, sql, args)
@@ -159,16 +159,13 @@ func TestMergedSuspendsAreFencedAndPutEachHeldRunToSleep(t *testing.T) {
 	}
 }
 
-func TestMergedRunEndsNotifyEachRunsWaitersInFewNotifications(t *testing.T) {
+func TestMergedRunEndsNotifyAnotherClientsWaitersInFewNotifications(t *testing.T) {
 	t.Parallel()
 	pool, url := testdb.NewPool(t)
 	ctx := context.Background()
-	listener, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer listener.Close(ctx)
-	if _, err := listener.Exec(ctx, "LISTEN "+Channel); err != nil {
+	listener := listen(t, url)
+	me, other := uuid.New(), uuid.New()
+	if err := RegisterWaiter(ctx, pool, "default", other, time.Minute); err != nil {
 		t.Fatal(err)
 	}
 	const n = 320
@@ -176,8 +173,7 @@ func TestMergedRunEndsNotifyEachRunsWaitersInFewNotifications(t *testing.T) {
 	want := map[string]bool{}
 	for i := range ends {
 		run := runningRun(t, pool, 1, false)
-		ends[i] = []any{[16]byte(run), int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
-			(*string)(nil), (*string)(nil), []byte(nil), (*time.Time)(nil), (*time.Time)(nil), (*int)(nil)}
+		ends[i] = runEnd(run, me)
 		want[DoneTopic(run)+"|COMPLETED"] = true
 	}
 	sql, args := mergeFinishRuns(ends)
@@ -206,4 +202,90 @@ func TestMergedRunEndsNotifyEachRunsWaitersInFewNotifications(t *testing.T) {
 	if notifications != 3 { // 150 runs a notification
 		t.Fatalf("%d notifications for %d runs, want 3", notifications, n)
 	}
+}
+
+func TestARunsEndNotifiesOnlyWhileAnotherClientWaitsInItsNamespace(t *testing.T) {
+	t.Parallel()
+	pool, url := testdb.NewPool(t)
+	ctx := context.Background()
+	listener := listen(t, url)
+	me, other := uuid.New(), uuid.New()
+	end := func(merged bool) {
+		t.Helper()
+		a, b := runningRun(t, pool, 1, false), runningRun(t, pool, 1, false)
+		if merged {
+			sql, args := mergeFinishRuns([][]any{runEnd(a, me), runEnd(b, me)})
+			if got := mergedRows(t, pool, sql, args); len(got) != 2 {
+				t.Fatalf("%d runs ended, want 2", len(got))
+			}
+			return
+		}
+		if _, err := FinishRun(ctx, pool, me, a, 1, "COMPLETED", []byte(`1`), nil, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent := func() int {
+		t.Helper()
+		n := 0
+		for {
+			wctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+			_, err := listener.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				if wctx.Err() == nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+			n++
+		}
+	}
+	register := func(ns string, client uuid.UUID, ttl time.Duration) {
+		t.Helper()
+		if err := RegisterWaiter(ctx, pool, ns, client, ttl); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, merged := range []bool{false, true} {
+		if _, err := pool.Exec(ctx, "DELETE FROM kagzi.waiters"); err != nil {
+			t.Fatal(err)
+		}
+		end(merged)
+		if n := sent(); n != 0 {
+			t.Fatalf("merged %t, nobody waiting: %d notifications, want 0", merged, n)
+		}
+		register("default", me, time.Minute)          // the ending worker's own client: told in process
+		register("other", other, time.Minute)         // another namespace
+		register("default", uuid.New(), -time.Second) // expired
+		end(merged)
+		if n := sent(); n != 0 {
+			t.Fatalf("merged %t, only the ending client, another namespace and an expired registration: %d notifications, want 0", merged, n)
+		}
+		register("default", other, time.Minute)
+		end(merged)
+		if n := sent(); n != 1 {
+			t.Fatalf("merged %t, another client waiting: %d notifications, want 1", merged, n)
+		}
+	}
+}
+
+// listen returns a connection listening on Channel.
+func listen(t *testing.T, url string) *pgx.Conn {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	if _, err := conn.Exec(ctx, "LISTEN "+Channel); err != nil {
+		t.Fatal(err)
+	}
+	return conn
+}
+
+// runEnd is the arguments of a run's end (COMPLETED, no held-back step) by client.
+func runEnd(run, client uuid.UUID) []any {
+	return []any{[16]byte(run), int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
+		(*string)(nil), (*string)(nil), []byte(nil), (*time.Time)(nil), (*time.Time)(nil), (*int)(nil), [16]byte(client)}
 }
