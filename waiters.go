@@ -22,8 +22,12 @@ import (
 // seconds, so a notification missed for any reason (a registration in the same
 // instant as the end, a lost connection) delays it, nothing more.
 
-// waiterTTL is how long a registration as a waiter lasts.
-const waiterTTL = time.Minute
+// waiterTTL is how long a registration as a waiter lasts; waiterRetry is how long a
+// client that could not register waits before trying again.
+const (
+	waiterTTL   = time.Minute
+	waiterRetry = 10 * time.Second
+)
 
 // waiterRegistration is a client's registration as a waiter for run ends.
 type waiterRegistration struct {
@@ -44,7 +48,9 @@ func (c *Client) awaitEnds(ctx context.Context) {
 	if err := store.RegisterWaiter(ctx, c.pool, c.ns, c.id, waiterTTL); err != nil {
 		if ctx.Err() == nil {
 			c.logger.Warn("kagzi: cannot register as a waiter for run ends; waits will look at the runs instead",
-				"error", err)
+				"error", err, "retry_in", waiterRetry)
+			// Not before waiterRetry: a wait looks at its run every few seconds.
+			c.waiter.until = begun.Add(waiterTTL/2 + waiterRetry)
 		}
 		return
 	}
