@@ -16,19 +16,9 @@ import (
 
 func TestSubscribersShareOneConnectionThatOutlivesThemForALinger(t *testing.T) {
 	t.Parallel()
-	url := testdb.New(t)
 	var connects atomic.Int32
-	n := notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
-		connects.Add(1)
-		return pgx.Connect(ctx, url)
-	}, "kagzi", slog.New(slog.NewTextHandler(io.Discard, nil)))
-	defer n.Close()
+	n, sender := newNotifier(t, &connects)
 	ctx := context.Background()
-	sender, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sender.Close(ctx)
 
 	for i := range 3 { // one subscriber after another, as sequential Waits do
 		sub := n.Subscribe("d|run")
@@ -59,16 +49,8 @@ func TestSubscribersShareOneConnectionThatOutlivesThemForALinger(t *testing.T) {
 
 func TestABatchedPayloadReachesTheSubscribersOfEachOfItsLines(t *testing.T) {
 	t.Parallel()
-	url := testdb.New(t)
-	n := notifier.New(func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, url) },
-		"kagzi", slog.New(slog.NewTextHandler(io.Discard, nil)))
-	defer n.Close()
+	n, sender := newNotifier(t, new(atomic.Int32))
 	ctx := context.Background()
-	sender, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sender.Close(ctx)
 	a, b, other := n.Subscribe("d|a"), n.Subscribe("d|b"), n.Subscribe("d|other")
 	for _, s := range []*notifier.Subscription{a, b, other} {
 		select {
@@ -99,4 +81,22 @@ func TestABatchedPayloadReachesTheSubscribersOfEachOfItsLines(t *testing.T) {
 		t.Fatalf("a subscriber of a topic not in the batch got %+v", got)
 	case <-time.After(100 * time.Millisecond):
 	}
+}
+
+// newNotifier returns a notifier on a database of the test's own, counting its
+// connections in connects, and a connection to send notifications with.
+func newNotifier(t *testing.T, connects *atomic.Int32) (*notifier.Notifier, *pgx.Conn) {
+	t.Helper()
+	url := testdb.New(t)
+	n := notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
+		connects.Add(1)
+		return pgx.Connect(ctx, url)
+	}, "kagzi", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	t.Cleanup(n.Close)
+	sender, err := pgx.Connect(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sender.Close(context.Background()) })
+	return n, sender
 }
