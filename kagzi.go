@@ -113,7 +113,7 @@ type Client struct {
 	// (see waiters.go).
 	id        uuid.UUID
 	waiter    waiterRegistration
-	waitPoll  time.Duration // Wait's first look after its first, doubling to 5 s
+	waitPoll  time.Duration // how long Wait waits for news before its second look (doubling to 5 s)
 	pool      *pgxpool.Pool
 	ns        string
 	logger    *slog.Logger
@@ -171,8 +171,8 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	if cfg.Retention == 0 {
 		cfg.Retention = DefaultRetention
 	}
-	c := &Client{id: uuid.New(), waitPoll: 250 * time.Millisecond, pool: pool, ns: cfg.Namespace, logger: cfg.Logger, maxBytes: cfg.MaxPayloadSize,
-		retention: cfg.Retention}
+	c := &Client{id: uuid.New(), waitPoll: 250 * time.Millisecond, pool: pool, ns: cfg.Namespace,
+		logger: cfg.Logger, maxBytes: cfg.MaxPayloadSize, retention: cfg.Retention}
 	c.sender = notifier.NewSender(pool, store.Channel, cfg.Logger)
 	// Starts that commit on their own share commits when they come together (group
 	// commit, as the workers' step records do). Its two goroutines idle on a channel
