@@ -89,8 +89,8 @@ func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, fromKey str
 }
 
 // PruneFinished deletes up to limit runs of the namespace that finished before
-// olderThan ago, oldest first, with their steps and attempts (deleted here), signals
-// and events (their foreign keys cascade). SKIP LOCKED keeps concurrent pruners out
+// olderThan ago, oldest first, with their steps and attempts and their place in
+// ListRuns' order (deleted here), signals and events (their foreign keys cascade). SKIP LOCKED keeps concurrent pruners out
 // of each other's way and never waits on a row in use.
 func PruneFinished(ctx context.Context, db DBTX, namespace string, olderThan time.Duration, limit int) (int64, error) {
 	var n int64
@@ -103,9 +103,11 @@ func PruneFinished(ctx context.Context, db DBTX, namespace string, olderThan tim
 				ORDER BY finished_at
 				LIMIT $3
 				FOR UPDATE SKIP LOCKED)
-			RETURNING run_id
+			RETURNING namespace, created_at, run_id
 		), steps AS (
 			DELETE FROM kagzi.steps WHERE run_id IN (SELECT run_id FROM gone)
+		), listed AS (
+			DELETE FROM kagzi.runs_created WHERE (namespace, created_at, run_id) IN (SELECT * FROM gone)
 		)
 		SELECT count(*) FROM gone`, namespace, olderThan.Milliseconds(), limit).Scan(&n)
 	return n, err

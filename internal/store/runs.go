@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -95,6 +96,15 @@ const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input
 	started_at, finished_at, updated_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
 	version, forked_from_run_id, forked_from_step`
 
+// runColumnsOfR is runColumns of a table aliased r.
+var runColumnsOfR = func() string {
+	cols := strings.Split(runColumns, ",")
+	for i, c := range cols {
+		cols[i] = "r." + strings.TrimSpace(c)
+	}
+	return strings.Join(cols, ", ")
+}()
+
 // newestByWorkflowIDSQL selects (runColumns and a rank) the run of a workflow id that
 // a lookup by id means: its active run, else, where finished (a condition) holds, its
 // newest finished run. Each branch reads its own partial index
@@ -161,6 +171,11 @@ type NewRun struct {
 	Carrier []byte
 }
 
+// runsCreatedSQL, followed by a FROM whose rows have namespace, created_at and run_id,
+// enters new runs in ListRuns' order (kagzi.runs_created, migration 00011): written
+// once with its run, never updated, so rewrites of the run add nothing to it.
+const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, run_id) SELECT namespace, created_at, run_id`
+
 // insertRunSQL starts a run in one statement and notifies the workers of its type in the
 // same transaction (unless $17: the caller notifies after the commit, see NewRun.NotifyLater). It returns the new run (inserted = true) or, when the workflow id
 // is taken, the run holding it (inserted = false): the active one, or with $7 (reuse
@@ -181,6 +196,8 @@ WITH prev AS (` + newestByWorkflowIDSQL("$2", "$3", "$7 AND id_reuse_never") + `
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
 	RETURNING ` + runColumns + `
+), listed AS (
+	` + runsCreatedSQL + ` FROM ins
 )
 SELECT ins.*, true, CASE WHEN $17 THEN '' ELSE pg_notify('` + Channel + `',
 	'w|' || ins.namespace || '|' || ins.workflow_type || '|' || (extract(epoch FROM ins.available_at) * 1000)::bigint)::text END
@@ -246,20 +263,40 @@ type ListRunsParams struct {
 	Limit        int
 }
 
-// ListRuns lists runs newest first, one page at a time.
+// ListRuns lists runs newest first, one page at a time. A filter with an index of its
+// own (workflow id, schedule, parent) reads that index; otherwise the page is read in
+// order from kagzi.runs_created, each entry joined to its run.
 func ListRuns(ctx context.Context, db DBTX, p ListRunsParams) ([]Run, error) {
+	sql, args := listRunsQuery(p)
+	rows, err := db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
+}
+
+// listRunsQuery is ListRuns' statement and arguments.
+func listRunsQuery(p ListRunsParams) (string, []any) {
+	byOrder := p.WorkflowID == "" && p.ScheduleID == "" && p.ParentRunID == nil
+	r, o := "", "" // the qualifiers of runs' columns and of the order's
+	if byOrder {
+		r, o = "r.", "c."
+	}
 	args := []any{p.Namespace}
-	where := "namespace = $1"
+	where := r + "namespace = $1"
+	if byOrder {
+		where += " AND c.namespace = $1"
+	}
 	add := func(cond string, v any) {
 		args = append(args, v)
 		where += " AND " + cond + "$" + strconv.Itoa(len(args))
 	}
 	if len(p.Statuses) > 0 {
 		args = append(args, p.Statuses)
-		where += " AND status = ANY($" + strconv.Itoa(len(args)) + ")"
+		where += " AND " + r + "status = ANY($" + strconv.Itoa(len(args)) + ")"
 	}
 	if p.WorkflowType != "" {
-		add("workflow_type = ", p.WorkflowType)
+		add(r+"workflow_type = ", p.WorkflowType)
 	}
 	if p.WorkflowID != "" {
 		add("workflow_id = ", p.WorkflowID)
@@ -274,27 +311,28 @@ func ListRuns(ctx context.Context, db DBTX, p ListRunsParams) ([]Run, error) {
 		add("parent_run_id = ", *p.ParentRunID)
 	}
 	if p.Version != nil {
-		add("version = ", *p.Version)
+		add(r+"version = ", *p.Version)
 	}
 	if p.CreatedAfter != nil {
-		add("created_at >= ", *p.CreatedAfter)
+		add(o+"created_at >= ", *p.CreatedAfter)
 	}
 	if p.CreatedBefore != nil {
-		add("created_at < ", *p.CreatedBefore)
+		add(o+"created_at < ", *p.CreatedBefore)
 	}
 	if p.AfterCreated != nil {
 		args = append(args, *p.AfterCreated, p.AfterRunID)
 		n := len(args)
-		where += " AND (created_at, run_id) < ($" + strconv.Itoa(n-1) + ", $" + strconv.Itoa(n) + ")"
+		where += " AND (" + o + "created_at, " + o + "run_id) < ($" + strconv.Itoa(n-1) + ", $" + strconv.Itoa(n) + ")"
 	}
 	args = append(args, p.Limit)
-	sql := `SELECT ` + runColumns + ` FROM kagzi.runs WHERE ` + where +
-		` ORDER BY created_at DESC, run_id DESC LIMIT $` + strconv.Itoa(len(args))
-	rows, err := db.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
+	from := "kagzi.runs"
+	columns := runColumns
+	if byOrder {
+		from = "kagzi.runs_created c JOIN kagzi.runs r ON r.run_id = c.run_id"
+		columns = runColumnsOfR
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
+	return `SELECT ` + columns + ` FROM ` + from + ` WHERE ` + where +
+		` ORDER BY ` + o + `created_at DESC, ` + o + `run_id DESC LIMIT $` + strconv.Itoa(len(args)), args
 }
 
 // cancelRunSQL cancels a run. A PENDING or SLEEPING run ends CANCELLED at once; a
@@ -354,7 +392,9 @@ func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, ve
 				available_at, deadline_at, version, trace_carrier)
 			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now()), $6), $6, $7, carrier
 			FROM unnest($3::uuid[], $4::jsonb[], $8::jsonb[]) AS t(id, input, carrier)
-			RETURNING available_at
+			RETURNING namespace, created_at, run_id, available_at
+		), listed AS (
+			`+runsCreatedSQL+` FROM ins
 		)
 		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || $1 || '|' || $2 || '|'
 			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins)
