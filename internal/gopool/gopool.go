@@ -18,8 +18,9 @@ import (
 type Pool struct {
 	work chan func()
 	idle time.Duration
-	// idling counts the goroutines waiting for work.
-	idling atomic.Int32
+	// idling counts the goroutines waiting for work; spawned, those started.
+	idling  atomic.Int32
+	spawned atomic.Int64
 
 	closeOnce sync.Once
 	closed    chan struct{}
@@ -36,6 +37,7 @@ func (p *Pool) Go(f func()) {
 	select {
 	case p.work <- f:
 	default:
+		p.spawned.Add(1)
 		go p.run(f)
 	}
 }

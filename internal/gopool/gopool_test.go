@@ -39,13 +39,21 @@ func waitIdle(t *testing.T, p *Pool, n int32) {
 	}
 }
 
-func TestAFunctionRunsOnTheGoroutineTheLastOneLeftIdle(t *testing.T) {
+func TestFunctionsRunOneAfterAnotherReuseTheGoroutineLeftIdle(t *testing.T) {
 	p := New(time.Minute)
 	defer p.Close()
-	first := runOn(p, func() {})
-	waitIdle(t, p, 1)
-	if second := runOn(p, func() {}); second != first {
-		t.Fatalf("second function ran on goroutine %d, want %d (the idle one)", second, first)
+	const n = 50
+	ids := map[uint64]bool{}
+	for range n {
+		ids[runOn(p, func() {})] = true
+		waitIdle(t, p, int32(p.spawned.Load())) // all of them
+		time.Sleep(time.Millisecond)            // into its wait for work
+	}
+	// A goroutine counts itself idle just before it waits: a function handed over in
+	// that instant gets a new one. Without reuse, each function would.
+	if s := p.spawned.Load(); s > n/10 || len(ids) != int(s) {
+		t.Fatalf("%d functions run one after another started %d goroutines (%d seen), want at most %d",
+			n, s, len(ids), n/10)
 	}
 }
 
