@@ -161,17 +161,7 @@ func TestAClaimUsesItsGenericPlanAndLeavesTheSessionsPlanSettingAlone(t *testing
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
-	const n = 500
-	ids, inputs := make([]uuid.UUID, n), make([][]byte, n)
-	for i := range ids {
-		ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
-	}
-	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, inputs, make([][]byte, n), time.Time{}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, "ANALYZE kagzi.runs"); err != nil {
-		t.Fatal(err)
-	}
+	analyzedPendingRuns(t, pool, 500)
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi/internal/testdb"
 )
@@ -16,17 +17,7 @@ func TestAPageOfRunsIsReadInOrderFromRunsCreatedWithoutSortingOrScanningRuns(t *
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
-	const n = 2000
-	ids, inputs := make([]uuid.UUID, n), make([][]byte, n)
-	for i := range ids {
-		ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
-	}
-	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, inputs, make([][]byte, n), time.Time{}, nil); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(ctx, "ANALYZE kagzi.runs, kagzi.runs_created"); err != nil {
-		t.Fatal(err)
-	}
+	ids := analyzedPendingRuns(t, pool, 2000)
 	after := time.Now().Add(time.Hour)
 	for _, p := range []ListRunsParams{
 		{Namespace: "default", Limit: 50},
@@ -80,4 +71,22 @@ func TestPruningARunRemovesItFromTheListOrder(t *testing.T) {
 	if err != nil || len(page) != 1 || page[0].RunID != ids[1] {
 		t.Fatalf("listed %d runs (%v), want the unpruned one", len(page), err)
 	}
+}
+
+// analyzedPendingRuns starts n runs of type "wf" in the default namespace, analyzes the
+// tables, and returns the runs' ids.
+func analyzedPendingRuns(t *testing.T, pool *pgxpool.Pool, n int) []uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	ids, inputs := make([]uuid.UUID, n), make([][]byte, n)
+	for i := range ids {
+		ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
+	}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, inputs, make([][]byte, n), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE kagzi.runs, kagzi.runs_created"); err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }
