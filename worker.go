@@ -73,9 +73,15 @@ type Worker struct {
 	versions []string // the version of each of types
 	logger   *slog.Logger
 
-	// db batches the hot fenced writes (step records, sleeps, run ends) of all the
-	// worker's runs into shared commits; see internal/committer.
+	// db batches the hot fenced writes of all the worker's runs (step records, sleeps)
+	// into shared commits, and ends batches the runs' ends; see internal/committer.
+	// Each sends one batch at a time. A run's end is off its run's path (the slot is
+	// free once the end is queued), so ends gather while an end is in flight: sent
+	// apart from step records, which runs wait for, they go out in half as many
+	// statements (1-step burn-down: 3,002 → 1,631 per 60,000 runs) and steps do not
+	// wait behind them.
 	db        *committer.Committer
+	ends      *committer.Committer
 	running   atomic.Bool
 	abandoned atomic.Int64
 	completed atomic.Int64
@@ -156,7 +162,8 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 	case cfg.DefaultRetry.Err() != nil:
 		return nil, fmt.Errorf("DefaultRetry: %w", cfg.DefaultRetry.Err())
 	}
-	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{}, db: committer.New(client.pool, 256, store.Merges),
+	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{},
+		db: committer.New(client.pool, 256, store.Merges), ends: committer.New(client.pool, 256, store.Merges),
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
 		active: map[uuid.UUID]*execution{}, slotFree: make(chan struct{}, 1)}
 	for _, wf := range workflows {
@@ -238,15 +245,18 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	defer w.running.Store(false)
 	w.startedAt = time.Now()
-	// The committer outlives everything below: the drain's writes go through it.
-	commitCtx, stopCommitter := context.WithCancel(context.Background())
-	commitDone := make(chan struct{})
-	go func() {
-		defer close(commitDone)
-		w.db.Run(commitCtx, 2)
-	}()
+	// The committers outlive everything below: the drain's writes go through them.
+	commitCtx, stopCommitters := context.WithCancel(context.Background())
+	commitDone := make(chan struct{}, 2)
+	for _, c := range []*committer.Committer{w.db, w.ends} {
+		go func() {
+			defer func() { commitDone <- struct{}{} }()
+			c.Run(commitCtx, 1)
+		}()
+	}
 	defer func() {
-		stopCommitter()
+		stopCommitters()
+		<-commitDone
 		<-commitDone
 	}()
 
@@ -631,7 +641,7 @@ func (w *Worker) execute(x *execution) {
 	var final string // the status the run ended with (CANCELLED if a cancel came first)
 	finish := func(status string, output, detail []byte) error {
 		return x.writeNow(func(ctx context.Context) (err error) {
-			final, err = store.FinishRun(ctx, w.db, w.client.id, x.run.RunID, x.run.LeaseEpoch, status, output, detail, last)
+			final, err = store.FinishRun(ctx, w.ends, w.client.id, x.run.RunID, x.run.LeaseEpoch, status, output, detail, last)
 			return err
 		})
 	}
