@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kagzi/kagzi/internal/testdb"
 )
@@ -202,6 +204,38 @@ func TestAClaimUsesItsGenericPlanAndLeavesTheSessionsPlanSettingAlone(t *testing
 	}
 	if text := strings.Join(plan, "\n"); strings.Contains(text, "Seq Scan") {
 		t.Fatalf("the claim's generic plan scans a table:\n%s", text)
+	}
+}
+
+func TestAClaimMakesPostgresWarnNothing(t *testing.T) {
+	t.Parallel()
+	pool, url := testdb.NewPool(t)
+	ctx := context.Background()
+	analyzedPendingRuns(t, pool, 20)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var notices []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		mu.Lock()
+		defer mu.Unlock()
+		notices = append(notices, n.Severity+": "+n.Message)
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	claimed, err := ClaimRuns(ctx, conn, "default", []string{"wf"}, []string{"v1"}, "w", time.Minute, 5)
+	if err != nil || len(claimed) != 5 {
+		t.Fatalf("claimed %d runs (%v), want 5", len(claimed), err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(notices) != 0 {
+		t.Fatalf("a claim made Postgres send (and log) %q", notices)
 	}
 }
 
