@@ -79,9 +79,15 @@ type Worker struct {
 	// free once the end is queued), so ends gather while an end is in flight: sent
 	// apart from step records, which runs wait for, they go out in half as many
 	// statements (1-step burn-down: 3,002 → 1,631 per 60,000 runs) and steps do not
-	// wait behind them.
-	db        *committer.Committer
-	ends      *committer.Committer
+	// wait behind them. While ends keep coming (endsGatherMin or more to a batch) and
+	// the worker has a backlog, the ends committer also holds each batch back until
+	// endsGather after the last one.
+	db   *committer.Committer
+	ends *committer.Committer
+	// backlog: the last claim got as many runs as it asked for (more may wait). Only
+	// then does the ends committer hold batches back: runs are queueing for this
+	// worker anyway, and fewer end statements leave it more room for them.
+	backlog   atomic.Bool
 	running   atomic.Bool
 	abandoned atomic.Int64
 	completed atomic.Int64
@@ -163,9 +169,10 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 		return nil, fmt.Errorf("DefaultRetry: %w", cfg.DefaultRetry.Err())
 	}
 	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{},
-		db: committer.New(client.pool, 256, store.Merges), ends: committer.New(client.pool, 256, store.Merges),
+		db: committer.New(client.pool, 256, store.Merges), ends: committer.New(client.pool, maxEndsBatch, store.Merges),
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
 		active: map[uuid.UUID]*execution{}, slotFree: make(chan struct{}, 1)}
+	w.ends.GatherWhenBusy(endsGather, endsGatherMin, w.backlog.Load)
 	for _, wf := range workflows {
 		if wf == nil {
 			return nil, invalidArgument("nil workflow")
@@ -455,13 +462,27 @@ func (w *Worker) freeSlots() int {
 	return w.cfg.MaxConcurrent - (len(w.active) - w.finishing)
 }
 
+// How the ends of runs are batched (see Worker.ends and releaseSlot). Measured on a
+// 2-core box, 1-step burn-down of 100,000 runs with 100 slots, alternating rounds:
+// at most MaxConcurrent finishing and no holding back, ~16,000 runs/s; 4× and
+// 8× MaxConcurrent, ~17,700; 8× with ends held back 10 ms while busy, ~18,000-19,800
+// with 12-14% less CPU (end statements of ~40 runs became ~200).
+const (
+	finishingPerSlot = 8
+	endsGather       = 10 * time.Millisecond
+	endsGatherMin    = 16
+	maxEndsBatch     = 512
+)
+
 // releaseSlot frees the slot of a run whose workflow function has returned, before
 // its end is written: the next run need not wait for that commit. The run stays
-// active (heartbeats keep its lease) until the write is done. At most MaxConcurrent
-// runs are finishing at once, which bounds what a slow database lets pile up.
+// active (heartbeats keep its lease) until the write is done. At most
+// finishingPerSlot × MaxConcurrent runs are finishing at once: enough for the ends
+// committer to gather large batches while busy, and a bound on what a slow database
+// lets pile up.
 func (w *Worker) releaseSlot(x *execution) {
 	w.mu.Lock()
-	if x.finishing || w.finishing >= w.cfg.MaxConcurrent {
+	if x.finishing || w.finishing >= finishingPerSlot*w.cfg.MaxConcurrent {
 		w.mu.Unlock()
 		return
 	}
@@ -492,6 +513,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 	for _, run := range claimed {
 		w.start(run, now)
 	}
+	w.backlog.Store(len(claimed) == free)
 	return len(claimed) == free, nil
 }
 

@@ -12,6 +12,10 @@
 // A statement registered with a Merge goes further: the requests of that statement
 // in one batch become a single set-based statement (one array per parameter), so
 // Postgres plans, starts and checks constraints once for all of them.
+//
+// A committer whose callers need not wait for their rows right away (see
+// GatherWhenBusy) can also hold a batch back while it is busy, so that fewer, larger
+// batches carry the same requests.
 package committer
 
 import (
@@ -19,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -35,6 +40,13 @@ type Committer struct {
 	// with, so no hand-off to pay for.
 	inFlight atomic.Int32
 	merges   map[string]Merge
+	// gather, gatherMin and loaded: see GatherWhenBusy. holdUntil (Unix
+	// nanoseconds) is when the batch being gathered goes: until then no statement
+	// goes out on its own.
+	gather    time.Duration
+	gatherMin int
+	loaded    func() bool
+	holdUntil atomic.Int64
 }
 
 // Merge turns the arguments of k ≥ 2 requests of one statement (args[i] are the
@@ -59,6 +71,18 @@ func New(pool *pgxpool.Pool, maxBatch int, merges map[string]Merge) *Committer {
 	return &Committer{pool: pool, reqs: make(chan *request), maxBatch: maxBatch, merges: merges}
 }
 
+// GatherWhenBusy makes the committer wait for company while it is busy: after it
+// sent a batch of at least min requests while loaded (nil: always) reported true,
+// its next batch goes no sooner than d after that one (or once maxBatch requests
+// are queued), and meanwhile no request goes out on its own. Each statement and
+// commit has a fixed cost in the database, so fewer, larger batches cost less per
+// request; the price is up to d of added latency per request, and only while
+// requests keep coming at least min to a batch: after a smaller batch the next goes
+// at once. Call it before Run.
+func (c *Committer) GatherWhenBusy(d time.Duration, min int, loaded func() bool) {
+	c.gather, c.gatherMin, c.loaded = d, min, loaded
+}
+
 // Run sends batches until ctx is done, with up to senders batches in flight at once.
 // A request made after that waits for its own context to end.
 func (c *Committer) Run(ctx context.Context, senders int) {
@@ -76,6 +100,8 @@ func (c *Committer) Run(ctx context.Context, senders int) {
 
 func (c *Committer) send(ctx context.Context) {
 	batch := make([]*request, 0, c.maxBatch)
+	var last time.Time // when this sender's last batch went
+	hold := false      // whether the next batch waits until gather after it
 	for {
 		batch = batch[:0]
 		select {
@@ -83,6 +109,11 @@ func (c *Committer) send(ctx context.Context) {
 			return
 		case r := <-c.reqs:
 			batch = append(batch, r)
+		}
+		if hold {
+			if wait := time.Until(last.Add(c.gather)); wait > 0 {
+				batch = c.gatherFor(ctx, wait, batch)
+			}
 		}
 	collect:
 		for len(batch) < c.maxBatch {
@@ -93,8 +124,40 @@ func (c *Committer) send(ctx context.Context) {
 				break collect
 			}
 		}
+		last = time.Now()
+		hold = c.gather > 0 && len(batch) >= c.gatherMin && (c.loaded == nil || c.loaded())
+		if hold {
+			c.holdUntil.Store(last.Add(c.gather).UnixNano())
+		}
 		c.commit(ctx, batch)
 	}
+}
+
+// released tells whether no batch is being held back (see GatherWhenBusy).
+func (c *Committer) released() bool {
+	h := c.holdUntil.Load()
+	return h == 0 || time.Now().UnixNano() >= h
+}
+
+// gatherFor adds requests to the batch for d, until it is full or until ctx is done.
+// It counts as in flight meanwhile, so that requests queue rather than go out on
+// their own.
+func (c *Committer) gatherFor(ctx context.Context, d time.Duration, batch []*request) []*request {
+	c.inFlight.Add(1)
+	defer c.inFlight.Add(-1)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for len(batch) < c.maxBatch {
+		select {
+		case r := <-c.reqs:
+			batch = append(batch, r)
+		case <-t.C:
+			return batch
+		case <-ctx.Done():
+			return batch
+		}
+	}
+	return batch
 }
 
 // commit runs the batch in one implicit transaction and releases its callers after
@@ -250,7 +313,7 @@ type row struct {
 }
 
 func (r *row) Scan(dest ...any) error {
-	if r.c.inFlight.CompareAndSwap(0, 1) {
+	if r.c.inFlight.Load() == 0 && r.c.released() && r.c.inFlight.CompareAndSwap(0, 1) {
 		defer r.c.inFlight.Add(-1)
 		return r.c.pool.QueryRow(r.ctx, r.sql, r.args...).Scan(dest...)
 	}

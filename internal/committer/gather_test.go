@@ -1,0 +1,100 @@
+package committer_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi/internal/committer"
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+// gathering returns a running committer with one sender that gathers while busy.
+func gathering(t *testing.T, d time.Duration, min int, loaded func() bool) *committer.Committer {
+	t.Helper()
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), testdb.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c := committer.New(pool, 64, nil)
+	c.GatherWhenBusy(d, min, loaded)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx, 1) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return c
+}
+
+// txid runs a statement through the committer and returns its transaction's id:
+// statements of one batch share a transaction.
+func txid(t *testing.T, c *committer.Committer) int64 {
+	t.Helper()
+	var id int64
+	if err := c.QueryRow(context.Background(), `SELECT txid_current()`).Scan(&id); err != nil {
+		t.Error(err)
+	}
+	return id
+}
+
+// busyFor keeps a statement in flight for d; wait returns when it is done.
+func busyFor(t *testing.T, c *committer.Committer, d time.Duration) (wait func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var one int
+		if err := c.QueryRow(context.Background(), `SELECT 1 FROM pg_sleep($1)`, d.Seconds()).Scan(&one); err != nil {
+			t.Error(err)
+		}
+	}()
+	time.Sleep(d / 5) // the sleeper is in flight: what comes next queues for the sender
+	return func() { <-done }
+}
+
+func TestWhileBusyTheNextBatchWaitsForCompanyAndNothingGoesOutAlone(t *testing.T) {
+	c := gathering(t, 2*time.Second, 1, nil)
+	wait := busyFor(t, c, time.Second)
+	first := txid(t, c) // a batch of one through the sender: from now on the committer holds back
+	wait()              // nothing in flight any more: only the hold keeps the next ones together
+
+	ids := make(chan int64, 2)
+	go func() { ids <- txid(t, c) }()
+	time.Sleep(300 * time.Millisecond)
+	go func() { ids <- txid(t, c) }()
+	a, b := <-ids, <-ids
+	if a != b {
+		t.Fatalf("statements 300 ms apart within the gather time committed apart (transactions %d and %d)", a, b)
+	}
+	if a == first {
+		t.Fatalf("the held-back batch shares transaction %d with the batch before it", a)
+	}
+}
+
+func TestAfterASmallBatchTheNextGoesAtOnce(t *testing.T) {
+	notHeldBack(t, gathering(t, time.Hour, 2, nil)) // a batch of one: below the minimum
+}
+
+func TestWhenNotLoadedTheNextBatchGoesAtOnce(t *testing.T) {
+	notHeldBack(t, gathering(t, time.Hour, 1, func() bool { return false }))
+}
+
+// notHeldBack sends a batch of one through the sender, then checks that the next
+// statement is not held back.
+func notHeldBack(t *testing.T, c *committer.Committer) {
+	t.Helper()
+	wait := busyFor(t, c, time.Second)
+	txid(t, c)
+
+	done := make(chan struct{})
+	go func() { defer close(done); txid(t, c) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the statement after that batch was held back")
+	}
+	wait()
+}
