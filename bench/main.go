@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"regexp"
 	"runtime/pprof"
 	"sort"
 	"strings"
@@ -38,6 +39,7 @@ func main() {
 		slots     = flag.Int("slots", 100, "execution slots: Kagzi MaxConcurrent, DBOS worker concurrency, River MaxWorkers (the tuned-2000 River variant keeps 2000)")
 		conns     = flag.Int("conns", 20, "max connections of each pool")
 		systems   = flag.String("systems", "kagzi,dbos,river", "systems to run, comma-separated")
+		columns   = flag.String("columns", "", "run only the system variants whose column name matches this regular expression (e.g. \"Kagzi|tuned, 100\")")
 		workloads = flag.String("workloads", "burn1,burn3,open,steady,latency,sleep,steps,idle", "workloads to run, comma-separated")
 		verbose   = flag.Bool("v", false, "log the systems' warnings")
 		sqlTop    = flag.Int("sql", 0, "print the N statements of each system variant that took the most time (to stderr)")
@@ -102,11 +104,16 @@ func main() {
 		sys[strings.TrimSpace(s)] = true
 	}
 
+	columnRE, err := regexp.Compile(*columns)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "-columns: %v\n", err)
+		os.Exit(2)
+	}
 	res := newResults()
 	started := time.Now()
 	res.loadBefore = loadavg()
 	for _, v := range variants(p, logger) {
-		if !sys[v.system] {
+		if !sys[v.system] || !columnRE.MatchString(v.col) {
 			continue
 		}
 		res.cols = append(res.cols, v.col)
