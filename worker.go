@@ -173,6 +173,9 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
 		active: map[uuid.UUID]*execution{}, slotFree: make(chan struct{}, 1)}
 	w.ends.GatherWhenBusy(endsGather, endsGatherMin, w.backlog.Load)
+	for _, c := range []*committer.Committer{w.db, w.ends} {
+		c.SetupMergedBatches(store.KeyedPlansSQL)
+	}
 	for _, wf := range workflows {
 		if wf == nil {
 			return nil, invalidArgument("nil workflow")

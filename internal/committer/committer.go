@@ -47,6 +47,16 @@ type Committer struct {
 	gatherMin int
 	loaded    func() bool
 	holdUntil atomic.Int64
+	// setup: see SetupMergedBatches.
+	setup string
+}
+
+// SetupMergedBatches makes every batch that holds a merged statement run sql first,
+// in the same implicit transaction (for transaction-local settings made with
+// set_config(..., true), say). A failing sql fails its batch like any statement
+// (each request then runs alone). Call it before Run.
+func (c *Committer) SetupMergedBatches(sql string) {
+	c.setup = sql
 }
 
 // Merge turns the arguments of k ≥ 2 requests of one statement (args[i] are the
@@ -173,12 +183,26 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	}
 	units := c.plan(batch)
 	var b pgx.Batch
+	setup := false
+	if c.setup != "" {
+		for _, u := range units {
+			setup = setup || u.merged
+		}
+		if setup {
+			b.Queue(c.setup)
+		}
+	}
 	for _, u := range units {
 		b.Queue(u.sql, u.args...)
 	}
 	errs := make([]error, len(batch))
 	br := c.pool.SendBatch(ctx, &b)
 	failed := false
+	if setup {
+		if _, err := br.Exec(); err != nil {
+			failed = true
+		}
+	}
 	for _, u := range units {
 		if err := u.read(br, errs); err != nil {
 			failed = true

@@ -98,3 +98,49 @@ func notHeldBack(t *testing.T, c *committer.Committer) {
 	}
 	wait()
 }
+
+func TestAMergedBatchRunsTheSetupFirstInItsOwnTransaction(t *testing.T) {
+	const (
+		single = `SELECT coalesce(current_setting('kagzi.setup', true), '') || $1::text`
+		merged = `SELECT ord, coalesce(current_setting('kagzi.setup', true), '') || v
+			FROM unnest($1::text[]) WITH ORDINALITY AS i(v, ord)`
+	)
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), testdb.New(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c := committer.New(pool, 64, map[string]committer.Merge{single: func(args [][]any) (string, []any) {
+		vs := make([]string, len(args))
+		for i, a := range args {
+			vs[i] = a[0].(string)
+		}
+		return merged, []any{vs}
+	}})
+	c.SetupMergedBatches(`SELECT set_config('kagzi.setup', 'set:', true)`)
+	c.GatherWhenBusy(2*time.Second, 1, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(ctx, 1) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	wait := busyFor(t, c, time.Second)
+	txid(t, c) // through the sender: the next batch is held back and gathers both below
+	wait()
+	got := make(chan string, 2)
+	for _, v := range []string{"a", "b"} {
+		go func() {
+			var s string
+			if err := c.QueryRow(context.Background(), single, v).Scan(&s); err != nil {
+				t.Error(err)
+			}
+			got <- s
+		}()
+	}
+	for range 2 {
+		if s := <-got; s != "set:a" && s != "set:b" {
+			t.Fatalf("a merged request read %q, want the setup's setting before its value", s)
+		}
+	}
+}

@@ -150,10 +150,12 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions [
 
 // genericPlanSQL makes the statement sent after it in the same implicit transaction
 // use its generic plan (made once per connection) instead of one planned for its
-// parameters. It is set_config(..., true), not SET LOCAL: the pipelined statements
-// share a transaction, but not a transaction block, and SET LOCAL outside one makes
-// Postgres log a WARNING (and send it to the client) at every claim.
-const genericPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true)`
+// parameters, and plan it as KeyedPlansSQL says. It is set_config(..., true), not
+// SET LOCAL: the pipelined statements share a transaction, but not a transaction
+// block, and SET LOCAL outside one makes Postgres log a WARNING (and send it to the
+// client) at every claim.
+const genericPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+	set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
 
 // batcher is a DBTX that can pipeline statements (a pool, a connection, a transaction).
 type batcher interface {

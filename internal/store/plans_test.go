@@ -1,0 +1,129 @@
+package store
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+// explainPlan returns the plan Postgres uses for sql with args under the given
+// transaction-local settings and plan cache mode, as a prepared statement would run.
+func explainPlan(t *testing.T, conn *pgx.Conn, settings, mode, sql string, args ...any) string {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		tx.Rollback(ctx)
+		conn.Exec(ctx, "DEALLOCATE planned") // PREPARE outlives its transaction
+	}()
+	if _, err := tx.Exec(ctx, settings); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "SELECT set_config('plan_cache_mode', $1, true)", mode); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "PREPARE planned AS "+sql); err != nil {
+		t.Fatal(err)
+	}
+	// EXECUTE takes no parameters of its own: its arguments go in as literals.
+	var types []string
+	if err := tx.QueryRow(ctx, `SELECT parameter_types::text[] FROM pg_prepared_statements WHERE name = 'planned'`).
+		Scan(&types); err != nil {
+		t.Fatal(err)
+	}
+	literals := make([]string, len(args))
+	for i, arg := range args {
+		var lit string
+		if err := tx.QueryRow(ctx, fmt.Sprintf("SELECT quote_nullable(($1::%s)::text)", types[i]), arg).Scan(&lit); err != nil {
+			t.Fatal(err)
+		}
+		literals[i] = lit + "::" + types[i]
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN EXECUTE planned("+strings.Join(literals, ", ")+")")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(lines, "\n")
+}
+
+func TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	// 1,000 running runs with a step each, never analyzed: the planner knows the
+	// table's size but nothing of its columns, as in a new installation's first minute.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, available_at, lease_epoch)
+		SELECT gen_random_uuid(), 'default', 'w' || g, 'wf', 'RUNNING', '1', now(), 1 FROM generate_series(1, 1000) g;
+		INSERT INTO kagzi.steps (run_id, step_key, name, kind, status)
+		SELECT run_id, 's#1', 's', 'STEP', 'COMPLETED' FROM kagzi.runs`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+
+	// 200 requests of each set-based statement, as a busy worker's committer sends them.
+	const n = 200
+	now := time.Now()
+	key, name, client := "s#2", "s", [16]byte(uuid.New())
+	var records, ends, suspends [][]any
+	for i := range n {
+		id := [16]byte(uuid.New())
+		records = append(records, []any{id, int64(1), "s#2", "s", "COMPLETED", []byte(`1`), []byte(nil), now, now, "COMPLETED", i})
+		ends = append(ends, []any{id, int64(1), "COMPLETED", []byte(`1`), []byte(nil), &key, &name, []byte(`1`), &now, &now, &i, client})
+		suspends = append(suspends, []any{id, int64(1), "nap#1", "nap", &now, int64(1000), i})
+	}
+	type statement struct {
+		name     string
+		settings string
+		sql      string
+		args     []any
+	}
+	var statements []statement
+	sql, args := mergeRecordSteps(records)
+	statements = append(statements, statement{"merged step records", KeyedPlansSQL, sql, args})
+	sql, args = mergeFinishRuns(ends)
+	statements = append(statements, statement{"merged run ends", KeyedPlansSQL, sql, args})
+	sql, args = mergeSuspends(suspends)
+	statements = append(statements, statement{"merged suspensions", KeyedPlansSQL, sql, args})
+	statements = append(statements, statement{"claim", genericPlanSQL, claimSQL,
+		[]any{"default", []string{"wf"}, "w", n, int64(60000), []string{"v1"}}})
+
+	for _, analyzed := range []bool{false, true} {
+		if analyzed {
+			if _, err := pool.Exec(ctx, "ANALYZE kagzi.runs, kagzi.steps"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, st := range statements {
+			for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+				plan := explainPlan(t, conn.Conn(), st.settings, mode, st.sql, st.args...)
+				for _, bad := range []string{"Seq Scan on runs", "Bitmap Heap Scan on runs", "runs_one_active_per_workflow_id"} {
+					if strings.Contains(plan, bad) {
+						t.Errorf("%s (analyzed: %v, %s) has %q:\n%s", st.name, analyzed, mode, bad, plan)
+					}
+				}
+				if !strings.Contains(plan, "runs_pkey") {
+					t.Errorf("%s (analyzed: %v, %s) does not read runs by key:\n%s", st.name, analyzed, mode, plan)
+				}
+			}
+		}
+	}
+}
