@@ -467,9 +467,9 @@ func (w *Worker) freeSlots() int {
 
 // How the ends of runs are batched (see Worker.ends and releaseSlot). Measured on a
 // 2-core box, 1-step burn-down of 100,000 runs with 100 slots, alternating rounds:
-// at most MaxConcurrent finishing and no holding back, ~16,000 runs/s; 4× and
-// 8× MaxConcurrent, ~17,700; 8× with ends held back 10 ms while busy, ~18,000-19,800
-// with 12-14% less CPU (end statements of ~40 runs became ~200).
+// at most MaxConcurrent finishing and no holding back, ~15,500-16,500 runs/s; 4×
+// and 8× MaxConcurrent, ~17,700; 8× with ends held back 10 ms while busy,
+// ~17,700-19,800 with 8-14% less CPU (end statements of ~40 runs became ~200).
 const (
 	finishingPerSlot = 8
 	endsGather       = 10 * time.Millisecond

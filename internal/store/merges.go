@@ -14,7 +14,7 @@ import (
 // connection's generic plan until the table is analyzed again: with 20,000 runs in
 // the table, such a plan made each claim and each end of 200 runs take 160-300 ms
 // instead of 1-3. Without sequential and bitmap scans, and with their status tests
-// written as coalesce(status, ”) = 'RUNNING' (which does not let the planner scan
+// wrapped in coalesce (status = 'RUNNING' would let the planner scan
 // runs_one_active_per_workflow_id whole), the primary key is the only way left;
 // TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics checks the plans.
 const KeyedPlansSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
