@@ -476,7 +476,7 @@ func RecordSleep(ctx context.Context, db DBTX, w SleepWrite) (wakeAt, dbNow time
 }
 
 // suspendSQL releases a running run until a wake time, recording the sleep step
-// first when it is new ($3 <> ”), in one statement: the run becomes SLEEPING with
+// first when it is new ($3 not empty), in one statement: the run becomes SLEEPING with
 // available_at = the wake time (or its deadline, if sooner), holds no lease and no worker slot, and every worker
 // of its type is told the wake time. A run whose cancel was requested ends CANCELLED.
 const suspendSQL = `
