@@ -58,7 +58,7 @@ type StepRecord struct {
 // copied in before its first claim) can; every other step write is fenced by the
 // run's own lease.
 //
-// It runs with Postgres's generic plan (see genericPlanSQL): planning it anew at each
+// It runs with Postgres's generic plan (see genericPlanSQL and KeyedPlansSQL): planning it anew at each
 // claim, as Postgres chose to, took 0.26 ms, more than the claim of one run itself
 // (0.15 ms). The redundant "= ANY (ARRAY(...))" keeps that plan reading runs by its
 // primary key: a generic plan cannot know the limit $4 and assumes a tenth of the
@@ -109,7 +109,7 @@ FROM kagzi.steps WHERE run_id = ANY($1)`
 // (or, if that fails too, when their lease passes) and the error returned.
 func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions []string, workerID string,
 	lease time.Duration, limit int) ([]ClaimedRun, error) {
-	rows, err := queryGeneric(ctx, db, claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
+	rows, err := queryAfter(ctx, db, genericPlanSQL, claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
 	if err != nil {
 		return nil, err
 	}
@@ -162,16 +162,17 @@ type batcher interface {
 	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
-// queryGeneric runs the query with its generic plan (see genericPlanSQL), in the same
-// round trip, when db can pipeline; otherwise as usual. Inside the caller's own
-// transaction the setting lasts until that transaction ends.
-func queryGeneric(ctx context.Context, db DBTX, sql string, args ...any) (pgx.Rows, error) {
+// queryAfter runs setup (transaction-local settings: genericPlanSQL, KeyedPlansSQL)
+// and then the query, in one round trip and one implicit transaction, when db can
+// pipeline; otherwise the query alone. Inside the caller's own transaction the
+// settings last until that transaction ends.
+func queryAfter(ctx context.Context, db DBTX, setup, sql string, args ...any) (pgx.Rows, error) {
 	b, ok := db.(batcher)
 	if !ok {
 		return db.Query(ctx, sql, args...)
 	}
 	var batch pgx.Batch
-	batch.Queue(genericPlanSQL)
+	batch.Queue(setup)
 	batch.Queue(sql, args...)
 	br := b.SendBatch(ctx, &batch)
 	if _, err := br.Exec(); err != nil {
@@ -213,7 +214,7 @@ func loadSteps(ctx context.Context, db DBTX, claimed []ClaimedRun, ids [][16]byt
 	for i := range claimed {
 		byID[claimed[i].RunID] = &claimed[i]
 	}
-	rows, err := db.Query(ctx, claimedStepsSQL, ids)
+	rows, err := queryAfter(ctx, db, KeyedPlansSQL, claimedStepsSQL, ids)
 	if err != nil {
 		return err
 	}
@@ -273,19 +274,26 @@ func ReleaseRuns(ctx context.Context, db DBTX, held []HeldRun) error {
 	for i, h := range held {
 		ids[i], epochs[i] = h.RunID, h.Epoch
 	}
-	_, err := db.Exec(ctx, `
-		WITH upd AS (
-			UPDATE kagzi.runs r SET
-				status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
-				finished_at = CASE WHEN r.cancel_requested THEN now() END,
-				available_at = now(), locked_by = NULL, updated_at = now()
-			FROM unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
-			WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND r.status = 'RUNNING'
-			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
-		)
-		SELECT `+notifyRunSQL+` FROM upd`, ids, epochs)
-	return err
+	rows, err := queryAfter(ctx, db, KeyedPlansSQL, releaseRunsSQL, ids, epochs)
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
 }
+
+// releaseRunsSQL: see ReleaseRuns and KeyedPlansSQL.
+const releaseRunsSQL = `
+WITH upd AS (
+	UPDATE kagzi.runs r SET
+		status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'PENDING' END,
+		finished_at = CASE WHEN r.cancel_requested THEN now() END,
+		available_at = now(), locked_by = NULL, updated_at = now()
+	FROM unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
+	WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND coalesce(r.status, '') = 'RUNNING'
+	RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
+)
+SELECT ` + notifyRunSQL + ` FROM upd`
 
 // ownerCTE is the fence of a worker's write that adds to a run (a step, a sleep, a
 // signal taken): "owner" holds the run only while it is RUNNING under the caller's

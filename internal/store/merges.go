@@ -6,8 +6,9 @@ import (
 	"github.com/kagzi/kagzi/internal/committer"
 )
 
-// KeyedPlansSQL is sent before the set-based statements (the committer's batches
-// that hold one, and the claim) in the same implicit transaction. They reach runs by
+// KeyedPlansSQL is sent before the set-based statements (the committers' batches
+// that hold one, the claim, the load of claimed runs' steps, the heartbeat, the
+// hand-back) in the same implicit transaction. They reach runs (and steps) by
 // primary key, one lookup per run in their arrays, but a plan made while kagzi.runs
 // is small, or before it was first analyzed, would rather scan the table (or every
 // active run through runs_one_active_per_workflow_id) and join, and Postgres keeps a

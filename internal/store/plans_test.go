@@ -95,16 +95,26 @@ func TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics(t *testing.
 		settings string
 		sql      string
 		args     []any
+		table    string // the table read by key: runs unless said
 	}
 	var statements []statement
 	sql, args := mergeRecordSteps(records)
-	statements = append(statements, statement{"merged step records", KeyedPlansSQL, sql, args})
+	statements = append(statements, statement{name: "merged step records", settings: KeyedPlansSQL, sql: sql, args: args})
 	sql, args = mergeFinishRuns(ends)
-	statements = append(statements, statement{"merged run ends", KeyedPlansSQL, sql, args})
+	statements = append(statements, statement{name: "merged run ends", settings: KeyedPlansSQL, sql: sql, args: args})
 	sql, args = mergeSuspends(suspends)
-	statements = append(statements, statement{"merged suspensions", KeyedPlansSQL, sql, args})
-	statements = append(statements, statement{"claim", genericPlanSQL, claimSQL,
-		[]any{"default", []string{"wf"}, "w", n, int64(60000), []string{"v1"}}})
+	statements = append(statements, statement{name: "merged suspensions", settings: KeyedPlansSQL, sql: sql, args: args})
+	statements = append(statements, statement{name: "claim", settings: genericPlanSQL, sql: claimSQL,
+		args: []any{"default", []string{"wf"}, "w", n, int64(60000), []string{"v1"}}})
+	ids, epochs := make([][16]byte, n), make([]int64, n)
+	for i, r := range ends {
+		ids[i], epochs[i] = r[0].([16]byte), 1
+	}
+	statements = append(statements,
+		statement{name: "heartbeat", settings: KeyedPlansSQL, sql: heartbeatSQL,
+			args: []any{ids, epochs, "default", "w", n, int64(0), int64(0), int64(10000)}},
+		statement{name: "hand-back", settings: KeyedPlansSQL, sql: releaseRunsSQL, args: []any{ids, epochs}},
+		statement{name: "claimed runs' steps", settings: KeyedPlansSQL, sql: claimedStepsSQL, args: []any{ids}, table: "steps"})
 
 	for _, analyzed := range []bool{false, true} {
 		if analyzed {
@@ -115,13 +125,18 @@ func TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics(t *testing.
 		for _, st := range statements {
 			for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
 				plan := explainPlan(t, conn.Conn(), st.settings, mode, st.sql, st.args...)
-				for _, bad := range []string{"Seq Scan on runs", "Bitmap Heap Scan on runs", "runs_one_active_per_workflow_id"} {
+				table := st.table
+				if table == "" {
+					table = "runs"
+				}
+				for _, bad := range []string{"Seq Scan on runs", "Bitmap Heap Scan on runs", "runs_one_active_per_workflow_id",
+					"Seq Scan on steps", "Bitmap Heap Scan on steps"} {
 					if strings.Contains(plan, bad) {
 						t.Errorf("%s (analyzed: %v, %s) has %q:\n%s", st.name, analyzed, mode, bad, plan)
 					}
 				}
-				if !strings.Contains(plan, "runs_pkey") {
-					t.Errorf("%s (analyzed: %v, %s) does not read runs by key:\n%s", st.name, analyzed, mode, plan)
+				if !strings.Contains(plan, table+"_pkey") {
+					t.Errorf("%s (analyzed: %v, %s) does not read %s by key:\n%s", st.name, analyzed, mode, table, plan)
 				}
 			}
 		}

@@ -131,10 +131,10 @@ WITH me AS (
 	SELECT r.run_id, r.lease_epoch, r.cancel_requested
 	FROM kagzi.runs r JOIN unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
 		ON r.run_id = h.run_id AND r.lease_epoch = h.epoch
-	WHERE r.status = 'RUNNING'
+	WHERE coalesce(r.status, '') = 'RUNNING' -- see KeyedPlansSQL
 ), free AS (
 	SELECT r.run_id FROM kagzi.runs r JOIN mine m ON r.run_id = m.run_id
-	WHERE r.lease_epoch = m.lease_epoch AND r.status = 'RUNNING'
+	WHERE r.lease_epoch = m.lease_epoch AND coalesce(r.status, '') = 'RUNNING'
 	FOR NO KEY UPDATE OF r SKIP LOCKED
 ), extended AS (
 	UPDATE kagzi.runs r SET available_at = now() + $8 * interval '1 millisecond'
@@ -154,7 +154,7 @@ func Heartbeat(ctx context.Context, db DBTX, beat WorkerBeat, held []HeldRun, le
 	for i, h := range held {
 		ids[i], epochs[i] = h.RunID, h.Epoch
 	}
-	rows, err := db.Query(ctx, heartbeatSQL, ids, epochs, beat.Namespace, beat.WorkerID,
+	rows, err := queryAfter(ctx, db, KeyedPlansSQL, heartbeatSQL, ids, epochs, beat.Namespace, beat.WorkerID,
 		beat.ActiveRuns, beat.Completed, beat.Failed, lease.Milliseconds())
 	if err != nil {
 		return nil, err
