@@ -23,6 +23,9 @@ type kagziRunner struct {
 	pool   *pgxpool.Pool
 	obs    *pgxpool.Pool // untraced: progress polls
 	nsSeq  int
+	// clients are closed before the database is dropped, so that their LISTEN
+	// connections do not find it gone and warn.
+	clients []*kagzi.Client
 }
 
 func newKagziRunner(ctx context.Context, p params, logger *slog.Logger) (*kagziRunner, error) {
@@ -44,6 +47,9 @@ func newKagziRunner(ctx context.Context, p params, logger *slog.Logger) (*kagziR
 }
 
 func (r *kagziRunner) close() {
+	for _, c := range r.clients {
+		c.Close()
+	}
 	for _, p := range []*pgxpool.Pool{r.pool, r.obs} {
 		if p != nil {
 			p.Close()
@@ -69,6 +75,9 @@ func (r *kagziRunner) client() (*kagzi.Client, string, error) {
 	r.nsSeq++
 	ns := fmt.Sprintf("bench-%d", r.nsSeq)
 	c, err := kagzi.NewClient(r.pool, kagzi.Config{Namespace: ns, Logger: r.logger})
+	if err == nil {
+		r.clients = append(r.clients, c)
+	}
 	return c, ns, err
 }
 
