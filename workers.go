@@ -30,6 +30,9 @@ type WorkerInfo struct {
 	HeartbeatInterval time.Duration
 	Status            WorkerStatus
 	// ActiveRuns, CompletedTotal and FailedTotal are as of the last heartbeat.
+	// ActiveRuns counts the runs the worker holds: those executing (at most
+	// MaxConcurrent) and those whose function returned and whose end is still being
+	// written (while the worker has a backlog, up to 8 × MaxConcurrent of them).
 	ActiveRuns      int
 	CompletedTotal  int64
 	FailedTotal     int64
