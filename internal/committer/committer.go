@@ -35,9 +35,10 @@ type Committer struct {
 	pool     *pgxpool.Pool
 	reqs     chan *request
 	maxBatch int
-	// inFlight counts the statements and batches being sent. A statement that finds
-	// none goes out at once on its caller's goroutine: nothing to share a commit
-	// with, so no hand-off to pay for.
+	// inFlight counts the statements and batches being sent (and a batch being
+	// gathered). A statement that finds none, and no batch held back, goes out at
+	// once on its caller's goroutine: nothing to share a commit with, so no
+	// hand-off to pay for.
 	inFlight atomic.Int32
 	merges   map[string]Merge
 	// gather, gatherMin and loaded: see GatherWhenBusy. holdUntil (Unix
