@@ -25,11 +25,21 @@ import (
 // KAGZI_CHAOS_RUNS and KAGZI_CHAOS_KILLS for a longer run. Figures are printed with -v.
 
 // chaosSetup creates the effects table, where every step body records each of its
-// executions, and a trigger that logs every change of a run's lease, status or
+// executions (started: the moment the body began, by the worker's clock); a trigger
+// that records when each step's output was recorded (step_recorded, at the record's
+// statement); and a trigger that logs every change of a run's lease, status or
 // available_at, so that lease overlaps can be checked afterwards.
 const chaosSetup = `
 CREATE TABLE effects (run_id text, step text, pid int, started timestamptz DEFAULT clock_timestamp(),
 	finished timestamptz);
+CREATE TABLE step_recorded (run_id uuid, step_key text, at timestamptz);
+CREATE FUNCTION log_step() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+	INSERT INTO step_recorded VALUES (NEW.run_id, NEW.step_key, clock_timestamp());
+	RETURN NEW;
+END $$;
+CREATE TRIGGER log_step AFTER INSERT OR UPDATE ON kagzi.steps FOR EACH ROW
+	WHEN (NEW.status = 'COMPLETED' AND NEW.kind = 'STEP') EXECUTE FUNCTION log_step();
 CREATE TABLE lease_log (run_id uuid, epoch bigint, locked_by text, status text, available_at timestamptz,
 	tx_now timestamptz, at timestamptz);
 CREATE FUNCTION log_lease() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -50,9 +60,10 @@ const chaosSteps = 4 // steps per chaotic run
 func chaoticWorkflow(pool *pgxpool.Pool) *kagzi.Workflow[int, int] {
 	step := func(ctx *kagzi.Context, name string, work time.Duration) (int, error) {
 		return kagzi.Step(ctx, name, func(c context.Context) (int, error) {
+			began := time.Now()
 			var id int64
-			if err := pool.QueryRow(c, `INSERT INTO effects (run_id, step, pid) VALUES ($1, $2, $3) RETURNING 1`,
-				ctx.RunID(), name, os.Getpid()).Scan(&id); err != nil {
+			if err := pool.QueryRow(c, `INSERT INTO effects (run_id, step, pid, started) VALUES ($1, $2, $3, $4) RETURNING 1`,
+				ctx.RunID(), name, os.Getpid(), began).Scan(&id); err != nil {
 				return 0, err
 			}
 			time.Sleep(work)
@@ -118,23 +129,14 @@ func chaosCheck(t *testing.T, pool *pgxpool.Pool, runs int, killed map[int]time.
 	if n := countRows(t, pool, `SELECT count(*) FROM kagzi.steps WHERE kind = 'STEP' AND status = 'COMPLETED'`); n != runs*chaosSteps {
 		t.Errorf("%d recorded step outputs, want exactly one per step key: %d", n, runs*chaosSteps)
 	}
-	killedPIDs := make([]int32, 0, len(killed))
-	for pid := range killed {
-		killedPIDs = append(killedPIDs, int32(pid))
-	}
-	// A step body that succeeded may run again only in place of an execution whose
-	// process was killed before its output was recorded, or after a recorded failed
-	// attempt (a terminated connection can fail a body whose own last write committed).
+	// Guarantee 2: once a step's output is recorded, its body never begins again. A
+	// body may run more than once before that (its process was killed, or lost its
+	// lease, before the record): that is allowed, and counted below as re-executions.
 	duplicates := countRows(t, pool, `
-		SELECT count(*) FROM (
-			SELECT e.run_id, e.step FROM effects e
-			WHERE e.finished IS NOT NULL AND e.pid <> ALL($1::int[])
-			GROUP BY e.run_id, e.step
-			HAVING count(*) > 1 + (SELECT count(*) FROM kagzi.step_attempts a
-				WHERE a.run_id::text = e.run_id AND a.step_key = e.step || '#1' AND a.status <> 'COMPLETED')
-		) d`, killedPIDs)
+		SELECT count(*) FROM effects e JOIN step_recorded r ON r.run_id::text = e.run_id AND r.step_key = e.step || '#1'
+		WHERE e.started > r.at`)
 	if duplicates != 0 {
-		t.Errorf("%d step keys succeeded more often than 1 + the kills that hit them", duplicates)
+		t.Errorf("%d step bodies began after their step's output was recorded", duplicates)
 	}
 	reruns := countRows(t, pool, `SELECT count(*) - count(DISTINCT (run_id, step)) FROM effects`)
 	failedAttempts := countRows(t, pool, `SELECT count(*) FROM kagzi.step_attempts WHERE status <> 'COMPLETED'`)
@@ -176,7 +178,8 @@ func chaosCheck(t *testing.T, pool *pgxpool.Pool, runs int, killed map[int]time.
 	if len(recoveries) > 0 {
 		p50, worst = recoveries[len(recoveries)/2], recoveries[len(recoveries)-1]
 	}
-	t.Logf("chaos: runs=%d kills=%d %s step re-executions=%d (failed attempts retried=%d) duplicates=%d "+
+	t.Logf("chaos: runs=%d kills=%d %s step re-executions before a record=%d (failed attempts retried=%d) "+
+		"bodies begun after their record=%d "+
 		"lease overlaps=%d recovered runs=%d recovery after kill p50=%v max=%v (lease 1s)",
 		runs, len(killed), extra, reruns, failedAttempts, duplicates, overlaps, len(recoveries),
 		p50.Round(time.Millisecond), worst.Round(time.Millisecond))
@@ -209,7 +212,8 @@ func startChaoticRuns(t *testing.T, c *kagzi.Client, pool *pgxpool.Pool, runs in
 	wf := chaoticWorkflow(pool)
 	for i := range runs {
 		if _, err := kagzi.Start(context.Background(), c, wf, i, kagzi.WithID(fmt.Sprint("chaos-", i))); err != nil {
-			t.Fatal(err)
+			t.Error(err)
+			return
 		}
 	}
 }
@@ -225,18 +229,26 @@ func TestChaosKilledWorkerProcessesLoseNothingAndRunNoCompletedStepAgain(t *test
 	for range 3 {
 		procs.start()
 	}
-	startChaoticRuns(t, e.client, e.pool, runs)
+	// The runs are started while the kills begin, and the kills are spread over the
+	// whole burn-down: kill k comes once (k-1)/kills of the runs completed, and at
+	// least 200-500 ms after the one before.
+	started := make(chan struct{})
+	go func() {
+		defer close(started)
+		startChaoticRuns(t, e.client, e.pool, runs)
+	}()
 	next := time.Now().Add(200 * time.Millisecond)
 	waitAllCompleted(t, e.pool, runs, func() {
-		if len(procs.killed) < kills && time.Now().After(next) {
+		done := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'COMPLETED'`)
+		if k := len(procs.killed); k < kills && time.Now().After(next) && done >= k*runs/kills {
 			procs.killRandom()
 			procs.start()
 			next = time.Now().Add(time.Duration(200+rand.IntN(300)) * time.Millisecond)
 		}
 	})
-	for len(procs.killed) < 2 { // the runs finished early: the kills must still happen
-		procs.killRandom()
-		procs.start()
+	<-started
+	if len(procs.killed) < kills {
+		t.Errorf("%d of %d kills were made before every run completed", len(procs.killed), kills)
 	}
 	chaosCheck(t, e.pool, runs, procs.killed, "")
 }
@@ -262,6 +274,9 @@ func TestChaosRunsCompleteWhenTheDatabaseDropsEveryConnection(t *testing.T) {
 		t.Fatal(err)
 	}
 	startChaoticRuns(t, e.client, e.pool, runs)
+	if t.Failed() {
+		return
+	}
 	terminated, rounds := 0, 0
 	next := time.Now().Add(300 * time.Millisecond)
 	waitAllCompleted(t, e.pool, runs, func() {
