@@ -38,6 +38,9 @@ type childRef struct {
 // its active children. WithID is not allowed (the id is derived); the other start
 // options are.
 func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], input In, opts ...StartOption) (*ChildRun[Out], error) {
+	if err := ctx.usable("StartChild", name); err != nil {
+		return nil, err
+	}
 	if wf == nil {
 		return nil, invalidArgument("child %q: nil workflow", name)
 	}
@@ -72,6 +75,7 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	opts = append([]StartOption{AtVersion(wf.version)}, opts...)
 	opts = append(opts, WithID(parentID.String()+"/"+key), WithIDReuse(IDReuseNever))
 	var run *Run[json.RawMessage]
+	ctx.ensureLease()
 	err = ctx.write(func(c context.Context) (err error) {
 		run, err = x.w.client.startChild(withValuesOf(c, ctx), wf.name, b, opts, parentID, key)
 		return err
@@ -95,6 +99,12 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 // child.
 func (c *ChildRun[Out]) Get() (Out, error) {
 	var zero Out
+	if c == nil || c.parent == nil {
+		return zero, invalidArgument("Get on a nil or zero ChildRun; use the one StartChild returned")
+	}
+	if err := c.parent.usable("ChildRun.Get", c.key); err != nil {
+		return zero, err
+	}
 	ctx, x := c.parent, c.parent.x
 	key := c.key + "/result"
 	ctx.checkAlive()

@@ -44,23 +44,69 @@ type scope struct {
 	pos int
 	// cancel ends a branch's context (a sibling failed); nil for the root.
 	cancel context.CancelCauseFunc
+	// inStep holds the key of the step whose body runs now on the scope's goroutine
+	// (nil: none). A durable call on the scope's Context meanwhile comes from inside
+	// that body, and is refused (see usable).
+	inStep atomic.Pointer[string]
+}
+
+// usable checks that call (Step, Sleep, ...) may be made with c: a Context the worker
+// gave to a workflow function or a branch, not nil or zero, and not used from inside
+// the body of one of its steps. A step's body gets a plain context.Context; a durable
+// call made from it with the workflow's Context would be recorded under keys that
+// depend on whether the body ran, so it is refused and records nothing.
+func (c *Context) usable(call, name string) error {
+	if c == nil || c.x == nil || c.sc == nil {
+		return invalidArgument("%s %q: nil or zero *kagzi.Context; use the one the workflow function (or branch) was given", call, name)
+	}
+	if step := c.sc.inStep.Load(); step != nil {
+		return fmt.Errorf("%w: %w: %s %q called with the workflow's Context from inside the body of step %s; "+
+			"durable calls belong to the workflow function, between steps", ErrInvalidArgument, ErrInsideStep, call, name, *step)
+	}
+	return nil
 }
 
 // RunID returns the id of the run being executed.
-func (c *Context) RunID() string { return c.x.run.RunID.String() }
+func (c *Context) RunID() string {
+	if c == nil || c.x == nil {
+		return ""
+	}
+	return c.x.run.RunID.String()
+}
 
 // WorkflowID returns the run's workflow id, its idempotency key.
-func (c *Context) WorkflowID() string { return c.x.run.WorkflowID }
+func (c *Context) WorkflowID() string {
+	if c == nil || c.x == nil {
+		return ""
+	}
+	return c.x.run.WorkflowID
+}
 
 // WorkflowType returns the name the workflow was defined with.
-func (c *Context) WorkflowType() string { return c.x.run.WorkflowType }
+func (c *Context) WorkflowType() string {
+	if c == nil || c.x == nil {
+		return ""
+	}
+	return c.x.run.WorkflowType
+}
 
 // Attempt returns the execution attempt of the whole workflow, 1 for the first.
 // Resuming after a sleep or a crash is not a new attempt.
-func (c *Context) Attempt() int { return c.x.run.Attempt }
+func (c *Context) Attempt() int {
+	if c == nil || c.x == nil {
+		return 0
+	}
+	return c.x.run.Attempt
+}
 
-// Logger returns a logger that tags every record with the run's ids.
-func (c *Context) Logger() *slog.Logger { return c.x.log() }
+// Logger returns a logger that tags every record with the run's ids (slog.Default
+// for a nil or zero Context).
+func (c *Context) Logger() *slog.Logger {
+	if c == nil || c.x == nil {
+		return slog.Default()
+	}
+	return c.x.log()
+}
 
 // Sleep pauses the run durably for d. The wake time is fixed and recorded the first
 // time the sleep runs: a crash or a restart during the sleep does not restart the
@@ -86,11 +132,11 @@ func (c *Context) SleepUntil(name string, t time.Time) error {
 }
 
 func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
-	x := c.x
 	key, pos, err := c.nextKey(name, KindSleep)
 	if err != nil {
 		return err
 	}
+	x := c.x
 	c.checkAlive()
 	threshold := x.w.cfg.MaxInProcessSleep
 	if !c.canSuspend() {
@@ -131,17 +177,35 @@ func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
 	return nil
 }
 
+// kindCall names the call that asks for a key of the kind, for errors.
+func kindCall(kind StepKind) string {
+	switch kind {
+	case KindSleep:
+		return "Sleep"
+	case KindSignal:
+		return "WaitSignal"
+	case KindEvent:
+		return "SetEvent"
+	case KindChild:
+		return "StartChild"
+	case kindBranch:
+		return "Go/Map"
+	}
+	return "Step"
+}
+
 // Why an execution stopped before the workflow function returned.
 type exitReason int
 
 const (
-	exitNone             exitReason = iota
-	exitSuspended                   // the run is asleep (or was cancelled) in the database; nothing to write
-	exitCancelled                   // the run was cancelled; end it CANCELLED
-	exitLeaseLost                   // another worker holds the run; write nothing
-	exitShutdown                    // the worker is shutting down; hand the run back
-	exitDeadline                    // the run passed its deadline; end it FAILED
-	exitNonDeterministic            // a replay asked for another step than its history holds; end it FAILED
+	exitNone              exitReason = iota
+	exitSuspended                    // the run is asleep (or was cancelled) in the database; nothing to write
+	exitCancelled                    // the run was cancelled; end it CANCELLED
+	exitLeaseLost                    // another worker holds the run; write nothing
+	exitShutdown                     // the worker is shutting down; hand the run back
+	exitDeadline                     // the run passed its deadline; end it FAILED
+	exitNonDeterministic             // a replay asked for another step than its history holds; end it FAILED
+	exitRecoveryExhausted            // the run was taken over more than MaxTakeovers times; end it FAILED
 )
 
 // Causes of the cancellation of a run's context.
@@ -149,6 +213,9 @@ var (
 	errLeaseLost   = errors.New("kagzi: lease lost: another worker holds the run")
 	errShutdown    = errors.New("kagzi: worker shutting down")
 	errRunDeadline = fmt.Errorf("kagzi: the run passed its deadline: %w", ErrDeadlineExceeded)
+	// errRecoveryExhausted: the claim took the run over once more than the worker's
+	// MaxTakeovers allows; it is failed without running.
+	errRecoveryExhausted = fmt.Errorf("kagzi: the run was taken over too many times: %w", ErrRecoveryExhausted)
 )
 
 // execution is one execution of a claimed run on a worker.
@@ -165,8 +232,10 @@ type execution struct {
 	logger     *slog.Logger
 	// dbOffset is the database's clock minus ours, measured at the claim.
 	dbOffset time.Duration
-	// leaseUntil (Unix nanoseconds, our clock) is how long the last successful
-	// heartbeat keeps the lease; writes are not retried past it.
+	// leaseUntil (see monoNow) is when the run's lease ends at the earliest, by our
+	// monotonic clock measured from before the statement that set it (the claim, a
+	// heartbeat, a renewal): writes are not retried past it, and nothing with effects
+	// outside the database begins past it without renewing it (ensureLease).
 	leaseUntil atomic.Int64
 	// branches counts the branches (Go, Map) running now: while any does, the run
 	// cannot be released, so sleeps and backoffs wait in process.
@@ -232,6 +301,9 @@ func (x *execution) exitReason() exitReason {
 // the run's history has another step at that position, the code changed under the
 // run: the execution stops and the run fails (non-deterministic).
 func (c *Context) nextKey(name string, kind StepKind) (key string, pos int, err error) {
+	if err := c.usable(kindCall(kind), name); err != nil {
+		return "", 0, err
+	}
 	if err := validName("step name", name); err != nil {
 		return "", 0, err
 	}
@@ -284,6 +356,10 @@ func (x *execution) indexPositions() {
 // Patched takes no position among the workflow's calls, so adding it does not shift
 // the steps recorded after it.
 func (c *Context) Patched(changeID string) bool {
+	if err := c.usable("Patched", changeID); err != nil {
+		c.Logger().Error("kagzi: Patched answers false and records nothing", "error", err)
+		return false
+	}
 	if err := validName("change id", changeID); err != nil {
 		c.x.log().Error("kagzi: invalid change id; Patched answers false", "error", err)
 		return false
@@ -346,6 +422,52 @@ func (c *Context) checkAlive() {
 	}
 }
 
+// monoBase anchors lease times to the monotonic clock, so that a change of the wall
+// clock (NTP) never moves a lease.
+var monoBase = time.Now()
+
+// monoNow is the monotonic time since monoBase, in nanoseconds; see execution.leaseUntil.
+func monoNow() int64 { return int64(time.Since(monoBase)) }
+
+// extendLease records that the lease was set to last d from sent, the moment its
+// statement was sent (so no later than the database's now() in it).
+func (x *execution) extendLease(sent time.Time, d time.Duration) {
+	x.leaseUntil.Store(int64(sent.Sub(monoBase) + d))
+}
+
+// ensureLease makes sure the run's lease holds before something with effects outside
+// the database begins: a step's body, a child's start, a signal taken, an event set.
+// A worker that froze after it claimed the run (SIGSTOP, a VM pause, a long GC pause)
+// may find on waking that another worker took the run over, even finished it, while
+// its heartbeat has not noticed yet; a step recorded by the other worker must not run
+// again here. While the lease holds by our own clock (measured from before the
+// statement that set it, so never later than the database's), this costs a clock
+// read. Past it, the lease is renewed at once with a fenced statement; when another
+// worker holds the run, the execution stops (lease lost) and nothing begins.
+func (c *Context) ensureLease() {
+	x := c.x
+	if monoNow() < x.leaseUntil.Load() {
+		return
+	}
+	var cancelRequested bool
+	sent := time.Now()
+	err := x.writeNow(func(ctx context.Context) (err error) {
+		cancelRequested, err = store.RenewLease(ctx, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, x.w.cfg.LeaseDuration)
+		return err
+	})
+	if err != nil {
+		if !errors.Is(err, errLeaseLost) {
+			x.log().Warn("kagzi: cannot renew a lease that passed; the run is left to another worker", "error", err)
+		}
+		c.stop(exitLeaseLost)
+	}
+	x.extendLease(sent, x.w.cfg.LeaseDuration)
+	if cancelRequested {
+		x.cancel(ErrCancelled)
+		c.checkAlive()
+	}
+}
+
 // reasonFor maps the cause of the run context's cancellation to an exit reason.
 func reasonFor(cause error) exitReason {
 	switch {
@@ -355,6 +477,8 @@ func reasonFor(cause error) exitReason {
 		return exitShutdown
 	case errors.Is(cause, errRunDeadline):
 		return exitDeadline
+	case errors.Is(cause, errRecoveryExhausted):
+		return exitRecoveryExhausted
 	default:
 		return exitCancelled
 	}
@@ -516,7 +640,7 @@ func (x *execution) writeNow(op func(context.Context) error) error {
 		case !transient(err):
 			return err
 		}
-		if time.Now().Add(backoff).UnixNano() > x.leaseUntil.Load() {
+		if monoNow()+int64(backoff) > x.leaseUntil.Load() {
 			x.log().Warn("kagzi: giving up a write: the lease ran out", "error", err)
 			return errLeaseLost
 		}

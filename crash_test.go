@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -18,8 +19,10 @@ import (
 // The crash tests run workers as real processes: this test binary, started again
 // with crashWorkerEnv set, runs a worker instead of the tests (see TestMain).
 const (
-	crashWorkerEnv = "KAGZI_TEST_CRASH_WORKER" // the database URL
-	crashBlockEnv  = "KAGZI_TEST_CRASH_BLOCK"  // "1": the "block" step hangs
+	crashWorkerEnv      = "KAGZI_TEST_CRASH_WORKER"        // the database URL
+	crashBlockEnv       = "KAGZI_TEST_CRASH_BLOCK"         // "1": the "block" step hangs
+	crashFreezeEnv      = "KAGZI_TEST_CRASH_FREEZE"        // "1": the process stops itself after its first claim (see freezingWorkflow)
+	crashMaxTakeoverEnv = "KAGZI_TEST_CRASH_MAX_TAKEOVERS" // WorkerConfig.MaxTakeovers
 )
 
 // crashy records every execution of every step body in the effects table, so the
@@ -78,9 +81,13 @@ func runCrashWorker() int {
 	cfg := fastWorker()
 	cfg.MaxConcurrent = 20
 	cfg.DisableScheduler = true
+	if n, err := strconv.Atoi(os.Getenv(crashMaxTakeoverEnv)); err == nil {
+		cfg.MaxTakeovers = n
+	}
 	block := os.Getenv(crashBlockEnv) == "1"
 	w, err := kagzi.NewWorker(client, cfg, crashyWorkflow(pool, block),
-		chaoticWorkflow(pool), stallingWorkflow(pool), fanOutWorkflow(pool, block))
+		chaoticWorkflow(pool), stallingWorkflow(pool), fanOutWorkflow(pool, block),
+		freezingWorkflow(pool), poisonWorkflow(pool), steadyWorkflow)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
@@ -94,11 +101,17 @@ func runCrashWorker() int {
 
 func startWorkerProcess(t *testing.T, dbURL string, block bool) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), crashWorkerEnv+"="+dbURL)
 	if block {
-		cmd.Env = append(cmd.Env, crashBlockEnv+"=1")
+		return startWorkerProcessEnv(t, dbURL, crashBlockEnv+"=1")
 	}
+	return startWorkerProcessEnv(t, dbURL)
+}
+
+// startWorkerProcessEnv starts a worker process with extra environment variables.
+func startWorkerProcessEnv(t *testing.T, dbURL string, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(append(os.Environ(), crashWorkerEnv+"="+dbURL), env...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -37,20 +37,28 @@ var (
 	ErrSchemaNotMigrated = errors.New("kagzi: schema not migrated (run kagzi.Migrate or the goose migrations first)")
 	// ErrClosed: the client's pool was closed.
 	ErrClosed = errors.New("kagzi: database pool closed")
+	// ErrInsideStep: a durable call (Step, Sleep, StartChild, WaitSignal, SetEvent,
+	// Go, Map) was made with the workflow's Context from inside a step's body. It also
+	// wraps ErrInvalidArgument; nothing was recorded.
+	ErrInsideStep = errors.New("kagzi: durable call inside a step body")
+	// ErrRecoveryExhausted: the run was taken over after a lost lease more times than
+	// the worker's MaxTakeovers allows, and failed (CodeRecoveryExhausted).
+	ErrRecoveryExhausted = errors.New("kagzi: recovery exhausted")
 )
 
 // Error codes stored in ErrorDetail.Code.
 const (
-	CodeWorkflowError    = "WORKFLOW_ERROR"    // the workflow function returned an error
-	CodeStepError        = "STEP_ERROR"        // a step's function returned an error
-	CodePanic            = "PANIC"             // the workflow or a step panicked
-	CodeInvalidInput     = "INVALID_INPUT"     // the stored input does not decode into the workflow's input type
-	CodeInvalidOutput    = "INVALID_OUTPUT"    // an output cannot be encoded or decoded
-	CodeDeadlineExceeded = "DEADLINE_EXCEEDED" // a timeout or deadline passed
-	CodeNonRetryable     = "NON_RETRYABLE"     // the error was marked non-retryable
-	CodeCancelled        = "CANCELLED"         // the run was cancelled
-	CodeInternal         = "INTERNAL"          // a fault in Kagzi itself
-	CodeNonDeterministic = "NON_DETERMINISTIC" // a replay asked for another step than the run's history holds
+	CodeWorkflowError     = "WORKFLOW_ERROR"     // the workflow function returned an error
+	CodeStepError         = "STEP_ERROR"         // a step's function returned an error
+	CodePanic             = "PANIC"              // the workflow or a step panicked
+	CodeInvalidInput      = "INVALID_INPUT"      // the stored input does not decode into the workflow's input type
+	CodeInvalidOutput     = "INVALID_OUTPUT"     // an output cannot be encoded or decoded
+	CodeDeadlineExceeded  = "DEADLINE_EXCEEDED"  // a timeout or deadline passed
+	CodeNonRetryable      = "NON_RETRYABLE"      // the error was marked non-retryable
+	CodeCancelled         = "CANCELLED"          // the run was cancelled
+	CodeInternal          = "INTERNAL"           // a fault in Kagzi itself
+	CodeNonDeterministic  = "NON_DETERMINISTIC"  // a replay asked for another step than the run's history holds
+	CodeRecoveryExhausted = "RECOVERY_EXHAUSTED" // the run was taken over more than WorkerConfig.MaxTakeovers times
 )
 
 // ErrorDetail is the error recorded for a failed run or step attempt.
@@ -101,6 +109,9 @@ func (e *WorkflowError) Unwrap() []error {
 	}
 	if e.Detail.Code == CodeNonDeterministic {
 		errs = append(errs, ErrNonDeterministic)
+	}
+	if e.Detail.Code == CodeRecoveryExhausted {
+		errs = append(errs, ErrRecoveryExhausted)
 	}
 	return errs
 }

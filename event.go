@@ -34,6 +34,7 @@ func (c *Context) SetEvent(key string, value any) error {
 	if b, err = x.w.client.encodePayload(fmt.Sprintf("kagzi: event %q", key), b); err != nil {
 		return NonRetryable(err)
 	}
+	c.ensureLease()
 	c.write(func(ctx context.Context) error {
 		return store.SetEvent(ctx, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, stepKey, key, pos, b)
 	})

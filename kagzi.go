@@ -223,6 +223,24 @@ func validName(what, s string) error {
 	return nil
 }
 
+// poolClosed reports whether the application closed the client's pool. pgxpool has
+// no such query: a closed pool holds no connection, and an Acquire from it fails at
+// once with "closed pool" without touching the network; an open pool with no
+// connection opens one (which it keeps for the next statement).
+func (c *Client) poolClosed() bool {
+	if c.pool.Stat().TotalConns() > 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	conn, err := c.pool.Acquire(ctx)
+	if err != nil {
+		return errors.Is(dbError("", err), ErrClosed)
+	}
+	conn.Release()
+	return false
+}
+
 // wrapStoreErr maps store errors to Kagzi's.
 func wrapStoreErr(op string, err error) error {
 	if errors.Is(err, store.ErrNotFound) {

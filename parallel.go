@@ -149,6 +149,9 @@ func (e *ParallelError) first() error {
 // (fail-fast); with CollectAll every item runs and the failures come back in a
 // *ParallelError.
 func Map[In, Out any](ctx *Context, name string, items []In, fn func(ctx *Context, item In) (Out, error), opts ...MapOption) ([]Out, error) {
+	if err := ctx.usable("Map", name); err != nil {
+		return nil, err
+	}
 	o := mapOptions{limit: DefaultMapParallelism}
 	for _, opt := range opts {
 		opt(&o)

@@ -138,9 +138,14 @@ func (r Retry) or(other Retry) Retry {
 }
 
 // next decides what follows a failed attempt (numbered from 1) with the given error
-// detail: retry after delay, or give up.
-func (r Retry) next(attempt int, d ErrorDetail) (delay time.Duration, retry bool) {
-	if d.NonRetryable || slices.Contains(r.nonRetryable, d.Code) {
+// detail: retry after delay, or give up. An error whose code the policy lists as
+// non-retryable is marked so in d: it stopped the retries by its nature, as an error
+// marked NonRetryable does (an error whose attempts ran out is not marked).
+func (r Retry) next(attempt int, d *ErrorDetail) (delay time.Duration, retry bool) {
+	if slices.Contains(r.nonRetryable, d.Code) {
+		d.NonRetryable = true
+	}
+	if d.NonRetryable {
 		return 0, false
 	}
 	if r.attempts > 0 && attempt >= r.attempts {

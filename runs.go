@@ -45,8 +45,15 @@ type RunInfo struct {
 	Output json.RawMessage
 	// Error is set once the run FAILED.
 	Error *ErrorDetail
-	// Attempt counts the executions of the whole workflow (1 for the first).
+	// Attempt is the number of the workflow-level attempt being (or last) executed:
+	// 1 for the first, bumped by each retry of the whole workflow (see
+	// WithWorkflowRetry); 0 for a run no worker has claimed yet. Resuming after a
+	// sleep, a hand-back or a takeover is not a new attempt.
 	Attempt int
+	// Takeovers counts the times the run was taken over after its worker lost the
+	// lease (the process died, froze or lost its database). Past the worker's
+	// MaxTakeovers the run fails with CodeRecoveryExhausted.
+	Takeovers int
 	// AvailableAt is when the run may next be claimed: its start time while PENDING,
 	// its wake time while SLEEPING, its lease expiry while RUNNING.
 	AvailableAt time.Time
@@ -78,9 +85,12 @@ func runInfo(r store.Run) RunInfo {
 	info := RunInfo{
 		RunID: r.RunID.String(), Namespace: r.Namespace, WorkflowID: r.WorkflowID,
 		WorkflowType: r.WorkflowType, Status: RunStatus(r.Status), Input: r.Input, Output: r.Output,
-		Error: decodeDetail(r.Error), Attempt: r.Attempt, AvailableAt: r.AvailableAt,
+		Error: decodeDetail(r.Error), Attempt: r.Attempt, Takeovers: r.Takeovers, AvailableAt: r.AvailableAt,
 		CancelRequested: r.CancelRequested, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt,
 		FinishedAt: r.FinishedAt, UpdatedAt: r.UpdatedAt, ScheduleTick: r.ScheduleTick,
+	}
+	if r.StartedAt == nil {
+		info.Attempt = 0 // never executed
 	}
 	if r.ScheduleID != nil {
 		info.ScheduleID = *r.ScheduleID

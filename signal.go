@@ -95,6 +95,7 @@ func WaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, err
 	poll := 50 * time.Millisecond
 	for {
 		var w store.SignalWait
+		ctx.ensureLease()
 		ctx.write(func(c context.Context) (err error) {
 			w, err = store.TakeSignal(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name, pos, timeout)
 			return err

@@ -247,6 +247,9 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	}
 	if inserted && n.NotifyLater {
 		c.sender.Send(store.WakeTopic(r.Namespace, r.WorkflowType) + "|" + strconv.FormatInt(r.AvailableAt.UnixMilli(), 10))
+		if r.Deadline != nil {
+			c.sender.Send(store.DeadlineTopic(r.Namespace) + "|" + strconv.FormatInt(r.Deadline.UnixMilli(), 10))
+		}
 	}
 	if !inserted && r.WorkflowType != workflowType {
 		return nil, fmt.Errorf("%w: workflow id %q is held by run %s of workflow type %q, not %q",
@@ -311,6 +314,21 @@ func runError(run store.Run) error {
 	return e
 }
 
+// failureDetail is the detail to record for an error a workflow function or step body
+// returned (code is the default code, subject what failed): errorOf's, with CodePanic
+// and the stack for a recovered panic.
+func failureDetail(err error, code, subject string) ErrorDetail {
+	var pe *panicError
+	if errors.As(err, &pe) {
+		code = CodePanic
+	}
+	d := errorOf(err, code, subject)
+	if pe != nil {
+		d.Metadata = map[string]string{"stack": pe.stack}
+	}
+	return d
+}
+
 // errorOf turns an error returned by a workflow or step into the detail to record:
 // an *Error in the chain sets the code, retry-after and metadata; a *StepError (a
 // step that failed for good, returned by the workflow) keeps its recorded detail.
@@ -321,9 +339,7 @@ func errorOf(err error, code, subject string) ErrorDetail {
 	}
 	var se *StepError
 	if errors.As(err, &se) {
-		d := se.Detail
-		d.Message = err.Error()
-		return d
+		return se.Detail // the step's recorded detail, as it is: code, message, subject
 	}
 	d := ErrorDetail{Code: code, Message: err.Error(), Subject: subject}
 	var ke *Error

@@ -53,8 +53,8 @@ func WithRetry(r Retry) StepOption { return func(o *stepOptions) { o.retry = r }
 // recorded and Step does not return: the workflow goroutine unwinds, see Context.
 func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts ...StepOption) (T, error) {
 	var zero T
-	if ctx == nil || ctx.x == nil {
-		return zero, invalidArgument("step %q: nil or foreign context", name)
+	if err := ctx.usable("Step", name); err != nil {
+		return zero, err
 	}
 	if fn == nil {
 		return zero, invalidArgument("step %q: nil function", name)
@@ -95,9 +95,12 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 	}
 	for {
 		attempts++
+		ctx.ensureLease() // a frozen worker must not run a body another worker recorded
 		started := time.Now()
 		att := ctx.beginAttempt(key, name, attempts)
+		ctx.sc.inStep.Store(&key)
 		res := callStep(att.ctx, stepBody(att, fn), o.timeout)
+		ctx.sc.inStep.Store(nil)
 		att.end(res.err, res.timedOut)
 		finished := time.Now()
 		if res.abandoned {
@@ -151,8 +154,8 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		if res.timedOut {
 			w.Status = string(StepTimedOut)
 		}
+		delay, retry := policy.next(attempts, &d)
 		w.Error = encodeDetail(d)
-		delay, retry := policy.next(attempts, d)
 		if !retry {
 			w.StepStatus = string(StepFailed)
 			if _, err := ctx.recordStep(w); err != nil {
@@ -205,20 +208,9 @@ func (c *Context) recordStep(w store.StepWrite) (stored []byte, err error) {
 
 // stepDetail is the error detail to record for a failed attempt.
 func stepDetail(err error, timedOut bool, key string) ErrorDetail {
-	var pe *panicError
-	code := CodeStepError
-	switch {
-	case timedOut:
-		code = CodeDeadlineExceeded
-	case errors.As(err, &pe):
-		code = CodePanic
-	}
-	d := errorOf(err, code, key)
+	d := failureDetail(err, CodeStepError, key)
 	if timedOut {
 		d.Code = CodeDeadlineExceeded
-	}
-	if pe != nil {
-		d.Metadata = map[string]string{"stack": pe.stack}
 	}
 	return d
 }

@@ -61,7 +61,18 @@ type WorkerConfig struct {
 	Labels map[string]string
 	// Logger receives the worker's logs. Default: the client's logger.
 	Logger *slog.Logger
+	// MaxTakeovers is how many times a run may be taken over after its worker lost
+	// the lease (the process died, froze or lost its database; RunInfo.Takeovers
+	// counts them). The claim that would take it over once more fails it instead,
+	// without running it, with CodeRecoveryExhausted (errors.Is ErrRecoveryExhausted):
+	// a run whose step kills its process (os.Exit, an out-of-memory kill, a crash in
+	// cgo) would otherwise be taken over for ever. Hand-backs of a graceful shutdown
+	// are not takeovers. Default DefaultMaxTakeovers; negative: no limit.
+	MaxTakeovers int
 }
+
+// DefaultMaxTakeovers is WorkerConfig.MaxTakeovers when none is given.
+const DefaultMaxTakeovers = 5
 
 // Worker claims and executes runs of the workflow types it registered, in its
 // client's namespace. Start it with Run.
@@ -154,6 +165,9 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 	}
 	if cfg.PruneInterval == 0 {
 		cfg.PruneInterval = time.Minute
+	}
+	if cfg.MaxTakeovers == 0 {
+		cfg.MaxTakeovers = DefaultMaxTakeovers
 	}
 	switch {
 	case cfg.MaxConcurrent < 0:
@@ -292,7 +306,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.client.removeWorker(w)
 
 	hbCtx, stopHeartbeat := context.WithCancel(context.Background())
-	hbDone := make(chan struct{}, 2)
+	hbDone := make(chan struct{}, 3)
 	go func() {
 		defer func() { hbDone <- struct{}{} }()
 		w.heartbeat(hbCtx)
@@ -301,8 +315,13 @@ func (w *Worker) Run(ctx context.Context) error {
 		defer func() { hbDone <- struct{}{} }()
 		w.prune(hbCtx)
 	}()
+	go func() {
+		defer func() { hbDone <- struct{}{} }()
+		w.failOverdue(hbCtx)
+	}()
 	defer func() {
 		stopHeartbeat()
+		<-hbDone
 		<-hbDone
 		<-hbDone
 	}()
@@ -384,6 +403,10 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 		wakeAt = t
 		timer.Reset(time.Until(t))
 	}
+	// A closed pool ends Run with ErrClosed; this probe notices one within a quarter
+	// second even while the worker has nothing to claim.
+	probe := time.NewTicker(closedPoolProbe)
+	defer probe.Stop()
 	for {
 		if claimNow && ctx.Err() == nil {
 			claimNow = false
@@ -436,6 +459,11 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case <-probe.C:
+			if w.client.poolClosed() {
+				w.logger.Error("kagzi: the pool was closed; the worker stops")
+				return fmt.Errorf("kagzi: worker %s: %w", w.cfg.ID, ErrClosed)
+			}
 		case <-timer.C:
 			wakeAt = time.Time{}
 			claimNow = true
@@ -458,6 +486,9 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 		}
 	}
 }
+
+// closedPoolProbe is how often a worker's loop looks whether its pool was closed.
+const closedPoolProbe = 250 * time.Millisecond
 
 func (w *Worker) freeSlots() int {
 	w.mu.Lock()
@@ -507,21 +538,36 @@ func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 		return true, nil
 	}
 	began := time.Now()
-	claimed, err := store.ClaimRuns(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID, w.cfg.LeaseDuration, free)
+	// A claim that reached the database commits whatever happens to ctx afterwards, so
+	// it is never abandoned half way: its runs would stay leased to a worker that
+	// dropped them until the lease passed. It is bounded by the lease instead, and the
+	// runs of a claim that returns after ctx ended are handed back (see drain).
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
+	claimed, err := store.ClaimRuns(cctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID, w.cfg.LeaseDuration, free)
+	cancel()
 	w.hookClaim(ctx, free, len(claimed), began, err)
 	if err != nil {
 		return false, dbError("kagzi: claim", err)
 	}
+	if ctx.Err() != nil {
+		w.mu.Lock()
+		for _, run := range claimed {
+			w.handBack = append(w.handBack, store.HeldRun{RunID: run.RunID, Epoch: run.LeaseEpoch})
+		}
+		w.mu.Unlock()
+		return false, nil
+	}
 	now := time.Now()
 	for _, run := range claimed {
-		w.start(run, now)
+		w.start(run, began, now)
 	}
 	w.backlog.Store(len(claimed) == free)
 	return len(claimed) == free, nil
 }
 
-// start executes a claimed run on a goroutine of its own (one of w.goroutines).
-func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
+// start executes a claimed run on a goroutine of its own (one of w.goroutines). sent
+// is when the claim was sent, claimedAt when its answer came.
+func (w *Worker) start(run store.ClaimedRun, sent, claimedAt time.Time) {
 	ctx, cancel := context.WithCancelCause(w.beginExecution(run))
 	if run.Deadline != nil {
 		// The deadline is the database's clock; the timer runs on ours.
@@ -531,13 +577,15 @@ func (w *Worker) start(run store.ClaimedRun, claimedAt time.Time) {
 	}
 	x := &execution{w: w, def: w.defs[run.WorkflowType], run: run, cancel: cancel, ctx: ctx,
 		dbOffset: run.DBNow.Sub(claimedAt), goroutines: w.goroutines}
-	x.leaseUntil.Store(claimedAt.Add(w.cfg.LeaseDuration).UnixNano())
+	x.extendLease(sent, w.cfg.LeaseDuration)
 	x.indexPositions()
 	switch {
 	case run.CancelRequested:
 		cancel(ErrCancelled)
 	case run.Deadline != nil && !run.Deadline.After(run.DBNow):
 		cancel(errRunDeadline)
+	case w.cfg.MaxTakeovers >= 0 && run.Takeovers > w.cfg.MaxTakeovers:
+		cancel(errRecoveryExhausted)
 	}
 	w.mu.Lock()
 	if old := w.active[run.RunID]; old != nil && old.finishing {
@@ -625,15 +673,26 @@ func (w *Worker) execute(x *execution) {
 	if reason == exitNone && res.err == nil {
 		res.out, res.err = w.client.encodeRunOutput(x, res.out)
 	}
-	if reason == exitNone && res.err != nil && w.retryRun(x, res.err) {
-		w.endExecution(x, OutcomeRetrying, encodeDetail(errorOf(res.err, CodeWorkflowError, x.run.WorkflowType)))
-		return
+	var failure ErrorDetail // the workflow function's error, when it returned one
+	if reason == exitNone && res.err != nil {
+		failure = failureDetail(res.err, CodeWorkflowError, x.run.WorkflowType)
+		if w.retryRun(x, res.err, &failure) {
+			w.endExecution(x, OutcomeRetrying, encodeDetail(failure))
+			return
+		}
 	}
 	status, output, detail := store.StatusCancelled, []byte(nil), []byte(nil)
 	switch reason {
 	case exitDeadline:
 		status, detail = store.StatusFailed, encodeDetail(ErrorDetail{Code: CodeDeadlineExceeded,
 			NonRetryable: true, Subject: x.run.WorkflowType, Message: "the run passed its deadline"})
+	case exitRecoveryExhausted:
+		status, detail = store.StatusFailed, encodeDetail(ErrorDetail{Code: CodeRecoveryExhausted,
+			NonRetryable: true, Subject: x.run.WorkflowType, Message: fmt.Sprintf(
+				"the run was taken over %d times after its worker lost its lease (died, froze or lost its "+
+					"database), more than MaxTakeovers (%d) allows: a step may be crashing its process",
+				x.run.Takeovers, w.cfg.MaxTakeovers)})
+		x.log().Error("kagzi: run failed: taken over too many times", "takeovers", x.run.Takeovers)
 	case exitNonDeterministic:
 		x.mu.Lock()
 		status, detail = store.StatusFailed, encodeDetail(*x.nondeterminism)
@@ -649,16 +708,7 @@ func (w *Worker) execute(x *execution) {
 		case res.err == nil:
 			status, output = store.StatusCompleted, res.out
 		default:
-			code := CodeWorkflowError
-			var pe *panicError
-			if errors.As(res.err, &pe) {
-				code = CodePanic
-			}
-			d := errorOf(res.err, code, x.run.WorkflowType)
-			if pe != nil {
-				d.Metadata = map[string]string{"stack": pe.stack}
-			}
-			status, detail = store.StatusFailed, encodeDetail(d)
+			status, detail = store.StatusFailed, encodeDetail(failure)
 		}
 	}
 	// The run's last step, if its record was held back, is written with the end.
@@ -718,20 +768,12 @@ func (w *Worker) execute(x *execution) {
 
 // retryRun schedules the next attempt of a run whose workflow function failed, if its
 // policy allows one, and reports whether it did. A *StepError (a step that already
-// had its own attempts) and non-retryable errors fail the run at once.
-func (w *Worker) retryRun(x *execution, err error) bool {
+// had its own attempts) and non-retryable errors fail the run at once. d is err's
+// detail; a code the policy lists as non-retryable is marked so in it.
+func (w *Worker) retryRun(x *execution, err error, d *ErrorDetail) bool {
 	var se *StepError
 	if errors.As(err, &se) {
 		return false
-	}
-	code := CodeWorkflowError
-	var pe *panicError
-	if errors.As(err, &pe) {
-		code = CodePanic
-	}
-	d := errorOf(err, code, x.run.WorkflowType)
-	if pe != nil {
-		d.Metadata = map[string]string{"stack": pe.stack}
 	}
 	policy := x.def.retry.or(w.cfg.DefaultRetry).or(DefaultRetry)
 	delay, retry := policy.next(x.run.Attempt, d)
@@ -739,7 +781,7 @@ func (w *Worker) retryRun(x *execution, err error) bool {
 		return false
 	}
 	if err := x.write(func(ctx context.Context) error {
-		return store.RetryRun(ctx, w.client.pool, x.run.RunID, x.run.LeaseEpoch, encodeDetail(d), delay)
+		return store.RetryRun(ctx, w.client.pool, x.run.RunID, x.run.LeaseEpoch, encodeDetail(*d), delay)
 	}); err != nil && !errors.Is(err, errLeaseLost) {
 		x.log().Error("kagzi: cannot schedule the run's next attempt", "error", err)
 	}
@@ -797,7 +839,7 @@ func (w *Worker) heartbeat(ctx context.Context) {
 			}
 			w.logger.Warn("kagzi: heartbeat failed", "error", err, "runs", len(held))
 			for _, x := range execs {
-				if time.Now().UnixNano() > x.leaseUntil.Load() {
+				if monoNow() > x.leaseUntil.Load() {
 					x.cancel(errLeaseLost)
 				}
 			}
@@ -809,7 +851,7 @@ func (w *Worker) heartbeat(ctx context.Context) {
 			kept[r.RunID] = true
 			x := execs[r.RunID]
 			if r.Extended {
-				x.leaseUntil.Store(beat.Add(w.cfg.LeaseDuration).UnixNano())
+				x.extendLease(beat, w.cfg.LeaseDuration)
 			}
 			if r.CancelRequested {
 				x.cancel(ErrCancelled)

@@ -34,6 +34,7 @@ type runJSON struct {
 	Output          json.RawMessage `json:"output,omitempty"`
 	Error           *errorJSON      `json:"error,omitempty"`
 	Attempt         int             `json:"attempt"`
+	Takeovers       int             `json:"takeovers"`
 	WorkerID        string          `json:"worker_id,omitempty"`
 	CancelRequested bool            `json:"cancel_requested,omitempty"`
 	ScheduleID      string          `json:"schedule_id,omitempty"`
@@ -130,7 +131,7 @@ func errorOf(d *kagzi.ErrorDetail) *errorJSON {
 
 func runOf(r *kagzi.RunInfo) runJSON {
 	return runJSON{RunID: r.RunID, WorkflowID: r.WorkflowID, Namespace: r.Namespace, WorkflowType: r.WorkflowType,
-		Status: string(r.Status), Input: r.Input, Output: r.Output, Error: errorOf(r.Error), Attempt: r.Attempt,
+		Status: string(r.Status), Input: r.Input, Output: r.Output, Error: errorOf(r.Error), Attempt: r.Attempt, Takeovers: r.Takeovers,
 		WorkerID: r.LockedBy, CancelRequested: r.CancelRequested, ScheduleID: r.ScheduleID,
 		ScheduleTick: utcp(r.ScheduleTick), AvailableAt: utc(r.AvailableAt), CreatedAt: utc(r.CreatedAt),
 		StartedAt: utcp(r.StartedAt), FinishedAt: utcp(r.FinishedAt), UpdatedAt: utc(r.UpdatedAt)}

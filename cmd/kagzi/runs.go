@@ -149,6 +149,9 @@ func (a *app) runsShow(ctx context.Context, args []string) error {
 	}
 	kv.row("Status:", status)
 	kv.row("Attempt:", fmt.Sprint(run.Attempt))
+	if run.Takeovers > 0 {
+		kv.row("Takeovers:", fmt.Sprintf("%d (taken over after its worker lost the lease)", run.Takeovers))
+	}
 	kv.row("Created:", when(run.CreatedAt))
 	kv.row("Started:", whenp(run.StartedAt))
 	kv.row("Finished:", whenp(run.FinishedAt))

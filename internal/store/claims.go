@@ -25,7 +25,10 @@ type ClaimedRun struct {
 	// DBNow is the database's clock at the claim, so that a worker can tell how far
 	// a recorded wake time is without trusting its own clock to agree.
 	DBNow time.Time
-	Steps map[string]StepRecord
+	// Takeovers counts the claims, this one included, that took the run over after
+	// its worker's lease passed.
+	Takeovers int
+	Steps     map[string]StepRecord
 	// AvailableAt is when the run became claimable (before this claim); Carrier the
 	// trace context stored at its start (nil: none).
 	AvailableAt time.Time
@@ -87,12 +90,13 @@ UPDATE kagzi.runs r SET
 	started_at = coalesce(r.started_at, now()),
 	waiting_signal = NULL, wake_pending = false,
 	version = coalesce(r.version, locked.claim_version),
+	takeovers = r.takeovers + CASE WHEN r.status = 'RUNNING' THEN 1 ELSE 0 END,
 	updated_at = now()
 FROM locked
 WHERE r.run_id = locked.run_id AND r.run_id = ANY (ARRAY(SELECT run_id FROM locked))
 RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.version, r.input, r.attempt,
 	r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now(), locked.available_at, r.trace_carrier,
-	r.lease_epoch > 1 OR r.forked_from_run_id IS NOT NULL`
+	r.lease_epoch > 1 OR r.forked_from_run_id IS NOT NULL, r.takeovers`
 
 // claimedStepsSQL loads the recorded steps of runs the caller has just claimed ($1).
 // It runs after the claim committed, so it sees every step the previous owner
@@ -119,7 +123,7 @@ func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions [
 		var c ClaimedRun
 		var hasSteps bool
 		if err := rows.Scan(&c.RunID, &c.Namespace, &c.WorkflowID, &c.WorkflowType, &c.Version, &c.Input, &c.Attempt,
-			&c.LeaseEpoch, &c.CancelRequested, &c.Deadline, &c.CreatedAt, &c.DBNow, &c.AvailableAt, &c.Carrier, &hasSteps); err != nil {
+			&c.LeaseEpoch, &c.CancelRequested, &c.Deadline, &c.CreatedAt, &c.DBNow, &c.AvailableAt, &c.Carrier, &hasSteps, &c.Takeovers); err != nil {
 			rows.Close()
 			return nil, err
 		}

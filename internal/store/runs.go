@@ -30,6 +30,11 @@ func WakeTopic(namespace, workflowType string) string { return "w|" + namespace 
 // DoneTopic is notified when the run reaches a terminal status; the extra part is the status.
 func DoneTopic(runID uuid.UUID) string { return "d|" + runID.String() }
 
+// DeadlineTopic is notified when a run of the namespace with a deadline starts; the
+// extra part is the deadline in Unix milliseconds. Workers fail the runs whose deadline
+// passed while they waited (see FailOverdueRuns).
+func DeadlineTopic(namespace string) string { return "t|" + namespace }
+
 // CancelTopic is notified when a cancel is requested for a running run of the namespace;
 // the extra part is the run id.
 func CancelTopic(namespace string) string { return "c|" + namespace }
@@ -89,12 +94,15 @@ type Run struct {
 	// ForkedFromRunID and ForkedFromStep name the run and step a fork was copied from.
 	ForkedFromRunID *uuid.UUID
 	ForkedFromStep  *string
+	// Takeovers counts the claims that took the run over after its worker's lease
+	// passed (see claimSQL).
+	Takeovers int
 }
 
 const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input, output, error,
 	attempt, available_at, locked_by, lease_epoch, cancel_requested, deadline_at, created_at,
 	started_at, finished_at, updated_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
-	version, forked_from_run_id, forked_from_step`
+	version, forked_from_run_id, forked_from_step, takeovers`
 
 // runColumnsOfR is runColumns of a table aliased r.
 var runColumnsOfR = func() string {
@@ -131,7 +139,7 @@ func scanRun(row pgx.Row, extra ...any) (Run, error) {
 		&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
 		&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
 		&r.ScheduleID, &r.ScheduleTick, &r.ParentRunID, &r.ParentStepKey,
-		&r.Version, &r.ForkedFromRunID, &r.ForkedFromStep}, extra...)...)
+		&r.Version, &r.ForkedFromRunID, &r.ForkedFromStep, &r.Takeovers}, extra...)...)
 	return r, err
 }
 
@@ -200,10 +208,18 @@ WITH prev AS (` + newestByWorkflowIDSQL("$2", "$3", "$7 AND id_reuse_never") + `
 	` + runsCreatedSQL + ` FROM ins
 )
 SELECT ins.*, true, CASE WHEN $17 THEN '' ELSE pg_notify('` + Channel + `',
-	'w|' || ins.namespace || '|' || ins.workflow_type || '|' || (extract(epoch FROM ins.available_at) * 1000)::bigint)::text END
+	'w|' || ins.namespace || '|' || ins.workflow_type || '|' || (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
+	|| coalesce(` + notifyDeadlineSQL("ins.namespace", "ins.deadline_at") + `, '') END
 FROM ins
 UNION ALL
 SELECT ` + runColumns + `, false, '' FROM prev`
+
+// notifyDeadlineSQL notifies DeadlineTopic of the namespace when deadline is not
+// null (it is NULL, as text, otherwise).
+func notifyDeadlineSQL(namespace, deadline string) string {
+	return `CASE WHEN ` + deadline + ` IS NOT NULL THEN pg_notify('` + Channel + `', 't|' || ` + namespace +
+		` || '|' || (extract(epoch FROM ` + deadline + `) * 1000)::bigint)::text END`
+}
 
 // InsertRun starts a run, or returns the run that already holds its workflow id.
 func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, err error) {
@@ -397,8 +413,9 @@ func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, ve
 			`+runsCreatedSQL+` FROM ins
 		)
 		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || $1 || '|' || $2 || '|'
-			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins)
-		FROM ins`, namespace, workflowType, raw, texts, start, deadline, version, carriers).Scan(&n, &ignored)
+			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins),
+			`+notifyDeadlineSQL("$1::text", "$6::timestamptz")+`
+		FROM ins`, namespace, workflowType, raw, texts, start, deadline, version, carriers).Scan(&n, &ignored, &ignored)
 	if err == nil && n != len(ids) {
 		err = fmt.Errorf("inserted %d of %d runs", n, len(ids))
 	}

@@ -1,0 +1,297 @@
+package kagzi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi"
+)
+
+// Contracts of errors and inputs that a user relies on: what is recorded, what is
+// refused, and what the reads report.
+
+func TestACodeThePolicyListsIsRecordedNonRetryableOnTheStepAndTheRun(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	fn, calls := failingStep(10, &kagzi.Error{Code: "card_declined", Message: "card was declined"})
+	wf := kagzi.Define("declined", func(ctx *kagzi.Context, _ int) (string, error) {
+		return kagzi.Step(ctx, "card", fn, kagzi.WithRetry(kagzi.Attempts(5).Initial(time.Millisecond).NonRetryable("card_declined")))
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = run.Wait(ctx)
+	var we *kagzi.WorkflowError
+	if !errors.As(err, &we) || !we.Detail.NonRetryable || !errors.Is(err, kagzi.ErrNonRetryable) {
+		t.Fatalf("run ended with %v; want its detail marked NonRetryable", err)
+	}
+	if calls.Load() != 1 {
+		t.Fatalf("the step ran %d times, want 1", calls.Load())
+	}
+	steps := stepsOf(t, e.client, run.RunID)
+	if len(steps) != 1 || steps[0].Error == nil || !steps[0].Error.NonRetryable ||
+		steps[0].Attempts[0].Error == nil || !steps[0].Attempts[0].Error.NonRetryable {
+		t.Fatalf("steps %+v: want the recorded step and attempt errors marked NonRetryable", steps)
+	}
+}
+
+func TestAnExhaustedStepIsNotRecordedNonRetryable(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	fn, _ := failingStep(10, errors.New("gateway down"))
+	wf := kagzi.Define("exhausted", func(ctx *kagzi.Context, _ int) (string, error) {
+		return kagzi.Step(ctx, "call", fn, kagzi.WithRetry(kagzi.Linear(2, time.Millisecond)))
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = run.Wait(ctx)
+	var we *kagzi.WorkflowError
+	if !errors.As(err, &we) || we.Detail.NonRetryable {
+		t.Fatalf("run ended with %v; an error whose attempts ran out is not NonRetryable", err)
+	}
+}
+
+func TestARunFailedByAStepRecordsTheStepsDetailUnchanged(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	fn, _ := failingStep(10, &kagzi.Error{Code: "card_declined", Message: "card was declined",
+		Metadata: map[string]string{"psp": "acme"}})
+	wf := kagzi.Define("charge-fails", func(ctx *kagzi.Context, _ int) (string, error) {
+		out, err := kagzi.Step(ctx, "card", fn, kagzi.WithRetry(kagzi.NoRetry()))
+		if err != nil {
+			return "", fmt.Errorf("charging the order: %w", err) // wrapped: the detail stays the step's
+		}
+		return out, nil
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = run.Wait(ctx)
+	var we *kagzi.WorkflowError
+	if !errors.As(err, &we) {
+		t.Fatalf("got %v", err)
+	}
+	step := stepsOf(t, e.client, run.RunID)[0].Error
+	if we.Detail.Message != "card was declined" || we.Detail.Code != "card_declined" || we.Detail.Subject != "card#1" ||
+		we.Detail.Message != step.Message || we.Detail.Code != step.Code || we.Detail.Subject != step.Subject ||
+		we.Detail.Metadata["psp"] != "acme" {
+		t.Fatalf("run detail %+v, step detail %+v: want the same message, code and subject", we.Detail, *step)
+	}
+}
+
+func TestDurableCallsFromInsideAStepBodyAreRefusedAndRecordNothing(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	child := kagzi.Define("inside-child", func(ctx *kagzi.Context, _ int) (int, error) { return 1, nil })
+	calls := map[string]func(*kagzi.Context) error{
+		"Step": func(c *kagzi.Context) error {
+			_, err := kagzi.Step(c, "inner", func(context.Context) (int, error) { return 1, nil })
+			return err
+		},
+		"Sleep":      func(c *kagzi.Context) error { return c.Sleep("nap", time.Millisecond) },
+		"SleepUntil": func(c *kagzi.Context) error { return c.SleepUntil("nap", time.Now()) },
+		"StartChild": func(c *kagzi.Context) error { _, err := kagzi.StartChild(c, "kid", child, 0); return err },
+		"WaitSignal": func(c *kagzi.Context) error { _, err := kagzi.WaitSignal[int](c, "go", time.Second); return err },
+		"SetEvent":   func(c *kagzi.Context) error { return c.SetEvent("progress", 1) },
+		"Go": func(c *kagzi.Context) error {
+			_, err := kagzi.Go(c, "branch", func(*kagzi.Context) (int, error) { return 1, nil }).Get()
+			return err
+		},
+		"Map": func(c *kagzi.Context) error {
+			_, err := kagzi.Map(c, "items", []int{1}, func(_ *kagzi.Context, i int) (int, error) { return i, nil })
+			return err
+		},
+	}
+	names := slices.Sorted(maps.Keys(calls))
+	wf := kagzi.Define("calls-inside-step", func(ctx *kagzi.Context, _ int) (map[string]string, error) {
+		got := map[string]string{}
+		for _, name := range names {
+			out, err := kagzi.Step(ctx, "outer-"+name, func(context.Context) (string, error) {
+				err := calls[name](ctx) // the workflow's Context, from inside the body
+				switch {
+				case err == nil:
+					return "accepted", nil
+				case errors.Is(err, kagzi.ErrInsideStep) && errors.Is(err, kagzi.ErrInvalidArgument):
+					return "refused", nil
+				}
+				return "other error: " + err.Error(), nil
+			})
+			if err != nil {
+				return nil, err
+			}
+			got[name] = out
+		}
+		return got, nil
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := run.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		if got[name] != "refused" {
+			t.Errorf("%s from inside a step body: %s, want refused", name, got[name])
+		}
+	}
+	// Only the outer steps exist: nothing the refused calls asked for was recorded.
+	var keys []string
+	for _, s := range stepsOf(t, e.client, run.RunID) {
+		keys = append(keys, s.Key)
+	}
+	if len(keys) != len(calls) {
+		t.Fatalf("recorded steps %v, want only the %d outer ones", keys, len(calls))
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs`); n != 1 {
+		t.Fatalf("%d runs: a child was started from inside a step body", n)
+	}
+}
+
+func TestANilOrZeroContextIsATypedErrorAtEveryEntryPoint(t *testing.T) {
+	child := kagzi.Define("nil-ctx-child", func(ctx *kagzi.Context, _ int) (int, error) { return 1, nil })
+	for _, c := range []*kagzi.Context{nil, {}} {
+		errs := map[string]error{}
+		_, errs["Step"] = kagzi.Step(c, "s", func(context.Context) (int, error) { return 1, nil })
+		errs["Sleep"] = c.Sleep("s", time.Second)
+		errs["SleepUntil"] = c.SleepUntil("s", time.Now())
+		_, errs["WaitSignal"] = kagzi.WaitSignal[int](c, "s", time.Second)
+		errs["SetEvent"] = c.SetEvent("s", 1)
+		_, errs["StartChild"] = kagzi.StartChild(c, "s", child, 0)
+		_, errs["Go"] = kagzi.Go(c, "s", func(*kagzi.Context) (int, error) { return 1, nil }).Get()
+		_, errs["Map"] = kagzi.Map(c, "s", []int{}, func(*kagzi.Context, int) (int, error) { return 1, nil })
+		_, errs["Race"] = kagzi.Race(c, "s", []func(context.Context) (int, error){
+			func(context.Context) (int, error) { return 1, nil }})
+		for name, err := range errs {
+			if !errors.Is(err, kagzi.ErrInvalidArgument) {
+				t.Errorf("%s with %#v: %v, want ErrInvalidArgument", name, c, err)
+			}
+		}
+		if c.Patched("p") || c.RunID() != "" || c.Attempt() != 0 || c.Logger() == nil {
+			t.Errorf("the accessors of %#v must answer zero values", c)
+		}
+		var none *kagzi.ChildRun[int]
+		if _, err := none.Get(); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("Get on a nil ChildRun: %v", err)
+		}
+	}
+}
+
+func TestRunInfoAttemptIsZeroUntilTheRunFirstExecutes(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	run, err := kagzi.Start(ctx, e.client, greet, greetIn{Name: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.client.GetRun(ctx, run.RunID)
+	if err != nil || info.Attempt != 0 || info.Takeovers != 0 {
+		t.Fatalf("a run never claimed: %+v, %v; want attempt 0", info, err)
+	}
+	runWorker(t, e.client, fastWorker(), greet)
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if info, err = e.client.GetRun(ctx, run.RunID); err != nil || info.Attempt != 1 {
+		t.Fatalf("after its execution: %+v, %v; want attempt 1", info, err)
+	}
+}
+
+func TestAPendingRunsDeadlineFailsItWhileEverySlotIsBusy(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	wf := kagzi.Define("hold-the-slot", func(ctx *kagzi.Context, hold bool) (string, error) {
+		return kagzi.Step(ctx, "work", func(c context.Context) (string, error) {
+			if hold {
+				select {
+				case <-release:
+				case <-c.Done():
+				}
+			}
+			return "done", nil
+		})
+	})
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 1
+	cfg.PollInterval = time.Minute // no poll may rescue the test
+	runWorker(t, e.client, cfg, wf)
+	holder, err := kagzi.Start(ctx, e.client, wf, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the only slot to be taken", func() bool { return runStatus(t, e.client, holder.RunID) == kagzi.StatusRunning })
+	late, err := kagzi.Start(ctx, e.client, wf, false, kagzi.WithRunTimeout(500*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = late.Wait(ctx)
+	if !errors.Is(err, kagzi.ErrDeadlineExceeded) || kagzi.ErrorCode(err) != kagzi.CodeDeadlineExceeded {
+		t.Fatalf("the waiting run ended with %v, want FAILED on its deadline", err)
+	}
+	if s := runStatus(t, e.client, holder.RunID); s != kagzi.StatusRunning {
+		t.Fatalf("the slot's run is %s: the deadline must pass while the slot is still held", s)
+	}
+	close(release)
+	if _, err := holder.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.steps WHERE run_id = $1`, late.RunID); n != 0 {
+		t.Fatalf("the run failed on its deadline recorded %d steps", n)
+	}
+}
+
+func TestARunOfATypeWithoutAWorkerFailsOnItsDeadline(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	cfg := fastWorker()
+	cfg.PollInterval = time.Minute
+	runWorker(t, e.client, cfg, greet) // a worker of the namespace, of another type
+	run, err := e.client.StartByName(ctx, "nobody-runs-this", 1, kagzi.WithRunTimeout(300*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = run.Wait(ctx)
+	mustErrorIs(t, err, kagzi.ErrDeadlineExceeded)
+}
+
+func TestWorkerRunReturnsErrClosedSoonAfterItsPoolIsClosed(t *testing.T) {
+	e := newEnv(t)
+	pool, err := pgxpool.New(context.Background(), e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, pool, "")
+	w, err := kagzi.NewWorker(c, kagzi.WorkerConfig{}, greet) // the default 5 s poll and 3.3 s heartbeat
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	eventually(t, "the worker to register", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.workers WHERE status = 'ONLINE'`) == 1
+	})
+	pool.Close()
+	select {
+	case err := <-done:
+		mustErrorIs(t, err, kagzi.ErrClosed)
+	case <-time.After(2 * time.Second):
+		t.Fatal("Run did not return within 2 s of its pool closing")
+	}
+}

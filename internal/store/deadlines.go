@@ -1,0 +1,46 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// failOverdueSQL fails, in the namespace $1, up to $2 runs whose deadline passed while
+// they waited: PENDING, SLEEPING, or RUNNING past their lease (a worker that died or
+// froze). A run that a worker executes has its own deadline timer; these are the runs
+// no worker could claim in time (every slot busy, or no worker of the type). Each ends
+// FAILED with the same error detail a worker records (code DEADLINE_EXCEEDED), which
+// the trigger runs_changed reads to cancel the run's children, and its waiters are
+// notified. Rows another transaction holds are skipped (a claim: the claiming worker
+// fails the run itself). It also returns the earliest deadline still to come among the
+// namespace's unfinished runs, and whether the limit left overdue runs behind.
+const failOverdueSQL = `
+WITH due AS (
+	SELECT run_id FROM kagzi.runs
+	WHERE namespace = $1 AND deadline_at IS NOT NULL AND deadline_at <= now()
+	  AND status IN ('PENDING', 'RUNNING', 'SLEEPING')
+	  AND (status IN ('PENDING', 'SLEEPING') OR (status = 'RUNNING' AND available_at <= now()))
+	ORDER BY deadline_at
+	LIMIT $2
+	FOR UPDATE SKIP LOCKED
+), failed AS (
+	UPDATE kagzi.runs r SET status = 'FAILED', finished_at = now(), locked_by = NULL, updated_at = now(),
+		error = jsonb_build_object('code', 'DEADLINE_EXCEEDED', 'message', 'the run passed its deadline',
+			'non_retryable', true, 'subject', r.workflow_type)
+	FROM due
+	WHERE r.run_id = due.run_id
+	RETURNING r.run_id
+)
+SELECT (SELECT count(pg_notify('` + Channel + `', 'd|' || run_id || '|FAILED')) FROM failed),
+	(SELECT min(deadline_at) FROM kagzi.runs
+	 WHERE namespace = $1 AND deadline_at IS NOT NULL AND deadline_at > now()
+	   AND status IN ('PENDING', 'RUNNING', 'SLEEPING')),
+	now()`
+
+// FailOverdueRuns fails up to limit runs of the namespace whose deadline passed while
+// they waited; see failOverdueSQL. next is the earliest deadline still to come (nil:
+// none), dbNow the database's clock; when failed == limit, more may be overdue.
+func FailOverdueRuns(ctx context.Context, db DBTX, namespace string, limit int) (failed int, next *time.Time, dbNow time.Time, err error) {
+	err = db.QueryRow(ctx, failOverdueSQL, namespace, limit).Scan(&failed, &next, &dbNow)
+	return failed, next, dbNow, err
+}
