@@ -1,10 +1,14 @@
 package kagzi
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -44,7 +48,49 @@ var (
 	// ErrRecoveryExhausted: the run was taken over after a lost lease more times than
 	// the worker's MaxTakeovers allows, and failed (CodeRecoveryExhausted).
 	ErrRecoveryExhausted = errors.New("kagzi: recovery exhausted")
+	// ErrUnavailable: the database could not be reached, or dropped the connection
+	// (it is down, restarting, shutting down or unreachable). The error is an
+	// *UnavailableError, which says whether the request may have committed.
+	ErrUnavailable = errors.New("kagzi: database unavailable")
 )
+
+// UnavailableError is the error for a request that failed because the database was
+// unavailable: the connection could not be made, it broke, or the server ended it
+// (shutting down, crashed, not yet accepting connections). It wraps ErrUnavailable
+// and the driver's error. Errors the database answered for a reason of its own (a
+// constraint, a missing schema) are not UnavailableErrors.
+type UnavailableError struct {
+	// Op names the request, e.g. "kagzi: start order".
+	Op string
+	// MayHaveCommitted reports that the outcome is unknown: the connection broke
+	// after the request was sent, so it may have committed. It is false when the
+	// request provably did not commit: it was never sent, or the server answered it
+	// with an error (the statement, its own transaction, rolled back).
+	MayHaveCommitted bool
+	// Err is the driver's error.
+	Err error
+
+	start bool // Op is a Start: the message says how to repeat it
+}
+
+// Error names the request, says whether it may have committed and gives the cause.
+func (e *UnavailableError) Error() string {
+	var outcome string
+	switch {
+	case e.start && e.MayHaveCommitted:
+		outcome = "the start may have committed; starting again with the same WithID is safe and returns the run if it did"
+	case e.start:
+		outcome = "the start did not commit"
+	case e.MayHaveCommitted:
+		outcome = "the request may have committed"
+	default:
+		outcome = "the request did not commit"
+	}
+	return fmt.Sprintf("%s: database unavailable (%s): %v", e.Op, outcome, e.Err)
+}
+
+// Unwrap returns ErrUnavailable and the driver's error.
+func (e *UnavailableError) Unwrap() []error { return []error{ErrUnavailable, e.Err} }
 
 // Error codes stored in ErrorDetail.Code.
 const (
@@ -154,7 +200,8 @@ func decodeDetail(b []byte) *ErrorDetail {
 }
 
 // dbError turns driver errors Kagzi knows into its own: a missing schema becomes
-// ErrSchemaNotMigrated and a closed pool ErrClosed. Others are wrapped as they are.
+// ErrSchemaNotMigrated, a closed pool ErrClosed, and a database that cannot be
+// reached (see unavailable) an *UnavailableError. Others are wrapped as they are.
 func dbError(op string, err error) error {
 	if err == nil {
 		return nil
@@ -169,5 +216,51 @@ func dbError(op string, err error) error {
 	if strings.Contains(err.Error(), "closed pool") {
 		return fmt.Errorf("%s: %w", op, ErrClosed)
 	}
+	if ok, mayHaveCommitted := unavailable(err); ok {
+		return &UnavailableError{Op: op, MayHaveCommitted: mayHaveCommitted, Err: err}
+	}
 	return fmt.Errorf("%s: %w", op, err)
+}
+
+// unavailable reports whether err is a transient failure to reach the database,
+// and if so whether the request may have committed all the same.
+//
+// Transient: an error the server sent for the connection itself (class 08,
+// connection exception; 57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot
+// connect now), or a network error of the driver (refused, reset, EOF, timeout, a
+// connection the driver had closed). The request did not commit when the driver
+// says it sent nothing (pgconn.SafeToRetry), when the connection was never made,
+// or when the server answered with an error (a statement that fails rolls back;
+// Kagzi's statements outside a caller's transaction are autocommit). After any
+// other network error the connection broke with the request sent: its outcome is
+// unknown.
+//
+// A context that ended is the caller's doing, not the database's: not transient.
+func unavailable(err error) (ok, mayHaveCommitted bool) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false, false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03":
+			return true, false
+		}
+		return false, false
+	}
+	if pgconn.SafeToRetry(err) {
+		return true, false
+	}
+	var netErr net.Error
+	network := errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	if !network {
+		return false, false
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true, false // no connection, nothing sent
+	}
+	return true, true
 }

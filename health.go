@@ -13,8 +13,9 @@ type HealthReport struct {
 	// DatabaseOK reports that the database answered; DatabaseError says why not.
 	DatabaseOK    bool
 	DatabaseError string
-	// SchemaVersion is the applied migration version; LatestSchemaVersion the newest
-	// this build knows. SchemaCurrent is true when they are equal.
+	// SchemaVersion is the applied migration version (0 for a database never
+	// migrated); LatestSchemaVersion the newest this build knows. SchemaCurrent is
+	// true when they are equal.
 	SchemaVersion       int64
 	LatestSchemaVersion int64
 	SchemaCurrent       bool
@@ -53,7 +54,9 @@ func (h *HealthReport) Healthy() bool {
 
 // Health checks the database, the schema version, this process's workers and the
 // namespace's pending work that no live worker can take. Use it for readiness and
-// liveness probes.
+// liveness probes. It takes no lock: the schema version is read with a plain query
+// of goose's version table (none: version 0), so a migration in progress elsewhere
+// does not hold it up, and it creates nothing.
 func (c *Client) Health(ctx context.Context) *HealthReport {
 	h := &HealthReport{}
 	c.mu.Lock()

@@ -14,7 +14,8 @@ import (
 // or Forever, and refine it with its methods; each returns a new policy. An invalid
 // value (a negative duration, a NaN coefficient, zero attempts) makes the policy
 // invalid, and the call that receives it (Step, Define, NewWorker) rejects it with
-// ErrInvalidArgument before anything runs.
+// ErrInvalidArgument before anything runs. So does an initial interval greater than
+// an explicitly set maximum, in whichever order Initial and Max were called.
 //
 // The wait before attempt n+1 is Initial × Backoff^(n-1), capped at Max, then spread
 // by ±Jitter. An error carrying a RetryAfter (see Error) waits that long instead.
@@ -22,7 +23,8 @@ type Retry struct {
 	set          bool
 	attempts     int // 0: forever
 	initial      time.Duration
-	max          time.Duration
+	max          time.Duration // the cap; see maxWait
+	maxSet       bool          // max was set with Max, not defaulted
 	backoff      float64
 	jitter       float64
 	nonRetryable []string
@@ -33,10 +35,13 @@ type Retry struct {
 // 3 attempts, waiting 1s then 2s (±20%).
 var DefaultRetry = Exponential(3)
 
+// defaultMaxWait is the cap on waits when Max is not called.
+const defaultMaxWait = 5 * time.Minute
+
 // Exponential allows n attempts in all, waiting 1s before the second and doubling
 // each time, up to 5 minutes, with 20% jitter.
 func Exponential(n int) Retry {
-	r := Retry{set: true, attempts: n, initial: time.Second, max: 5 * time.Minute, backoff: 2, jitter: 0.2}
+	r := Retry{set: true, attempts: n, initial: time.Second, max: defaultMaxWait, backoff: 2, jitter: 0.2}
 	if n < 1 {
 		r.err = invalidArgument("retry: %d attempts; a policy needs at least 1 (use Forever for no limit)", n)
 	}
@@ -47,13 +52,10 @@ func Exponential(n int) Retry {
 // Exponential(n).
 func Attempts(n int) Retry { return Exponential(n) }
 
-// Linear allows n attempts in all, waiting d between them.
+// Linear allows n attempts in all, waiting d between them (d may exceed the default
+// 5 minute cap, which then rises to d).
 func Linear(n int, d time.Duration) Retry {
-	r := Exponential(n).Initial(d).Backoff(1).Jitter(0)
-	if d > r.max {
-		r.max = d
-	}
-	return r
+	return Exponential(n).Initial(d).Backoff(1).Jitter(0)
 }
 
 // NoRetry allows a single attempt: the first error fails the step (or run).
@@ -68,7 +70,11 @@ func Forever() Retry {
 	return r
 }
 
-// Initial sets the wait before the second attempt.
+// Initial sets the wait before the second attempt. Without an explicit Max, an
+// initial interval above the default 5 minute cap raises the cap to the initial
+// interval (so Exponential(n).Initial(10*time.Minute) waits 10 minutes each time).
+// With an explicit Max, an initial interval greater than it makes the policy
+// invalid (see Err), whether Max was called before or after Initial.
 func (r Retry) Initial(d time.Duration) Retry {
 	if d < 0 {
 		r.err = errors.Join(r.err, invalidArgument("retry: negative initial interval %v", d))
@@ -77,13 +83,25 @@ func (r Retry) Initial(d time.Duration) Retry {
 	return r
 }
 
-// Max caps the wait between attempts.
+// Max caps the wait between attempts (default 5 minutes). A cap below the initial
+// interval makes the policy invalid (see Err), whether Initial was called before or
+// after Max.
 func (r Retry) Max(d time.Duration) Retry {
 	if d < 0 {
 		r.err = errors.Join(r.err, invalidArgument("retry: negative maximum interval %v", d))
 	}
 	r.max = d
+	r.maxSet = true
 	return r
+}
+
+// maxWait is the effective cap: Max when it was set, else the default cap or the
+// initial interval, whichever is longer.
+func (r Retry) maxWait() time.Duration {
+	if !r.maxSet && r.initial > r.max {
+		return r.initial
+	}
+	return r.max
 }
 
 // Backoff sets the coefficient each wait is multiplied by (1 = constant waits).
@@ -115,8 +133,13 @@ func (r Retry) NonRetryable(codes ...string) Retry {
 // MaxAttempts returns the number of attempts allowed, 0 for no limit.
 func (r Retry) MaxAttempts() int { return r.attempts }
 
-// Err returns why the policy is invalid, or nil.
-func (r Retry) Err() error { return r.err }
+// Err returns why the policy is invalid, or nil. The error wraps ErrInvalidArgument.
+func (r Retry) Err() error {
+	if r.maxSet && r.initial > r.max && r.max >= 0 {
+		return errors.Join(r.err, invalidArgument("retry: initial interval %v is greater than the maximum interval %v", r.initial, r.max))
+	}
+	return r.err
+}
 
 func (r Retry) String() string {
 	if !r.set {
@@ -126,7 +149,7 @@ func (r Retry) String() string {
 	if r.attempts > 0 {
 		n = fmt.Sprint(r.attempts, " attempts")
 	}
-	return fmt.Sprintf("%s, %v×%g up to %v, jitter %g", n, r.initial, r.backoff, r.max, r.jitter)
+	return fmt.Sprintf("%s, %v×%g up to %v, jitter %g", n, r.initial, r.backoff, r.maxWait(), r.jitter)
 }
 
 // or returns r when it is set, else other.
@@ -155,8 +178,8 @@ func (r Retry) next(attempt int, d *ErrorDetail) (delay time.Duration, retry boo
 		return d.RetryAfter, true
 	}
 	wait := float64(r.initial) * math.Pow(r.backoff, float64(attempt-1))
-	if wait > float64(r.max) || math.IsInf(wait, 0) {
-		wait = float64(r.max)
+	if limit := r.maxWait(); wait > float64(limit) || math.IsInf(wait, 0) {
+		wait = float64(limit)
 	}
 	if r.jitter > 0 {
 		wait *= 1 + r.jitter*(2*rand.Float64()-1)

@@ -443,6 +443,8 @@ func TestInvalidRetryPoliciesAreRejectedBeforeAnythingRuns(t *testing.T) {
 		kagzi.Exponential(3).Backoff(0.5),
 		kagzi.Exponential(3).Jitter(2),
 		kagzi.Linear(-1, time.Second),
+		kagzi.Exponential(3).Initial(2 * time.Second).Max(time.Second),
+		kagzi.Exponential(3).Max(time.Second).Initial(2 * time.Second),
 	}
 	for _, r := range bad {
 		if !errors.Is(r.Err(), kagzi.ErrInvalidArgument) {

@@ -86,6 +86,16 @@ type Run[Out any] struct {
 // Start starts a run of wf with input in the client's namespace, or returns the
 // active run of the same workflow id (AlreadyExists). Workers of the workflow's type
 // are notified in the same transaction, so one claims the run at once.
+//
+// When the database is unavailable (down, restarting, unreachable) Start returns an
+// *UnavailableError (errors.Is ErrUnavailable). Its MayHaveCommitted is false when
+// the start provably did not commit, and true when the connection broke after the
+// start was sent, so that it may have. Either way, retrying with the same WithID is
+// safe: a start that did commit is returned (AlreadyExists) rather than started
+// twice (unless its run already finished and the id may be reused; see
+// IDReuseNever). Without WithID each call generates a new workflow id, so a retry
+// after an unknown outcome may start a second run. In StartTx nothing commits before
+// the caller's own COMMIT, so MayHaveCommitted is false there.
 func Start[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], input In, opts ...StartOption) (*Run[Out], error) {
 	return startTyped(ctx, c, nil, wf, input, opts)
 }
@@ -121,7 +131,7 @@ func startTyped[In, Out any](ctx context.Context, c *Client, tx pgx.Tx, wf *Work
 }
 
 // StartByName starts a run of the workflow type name, for callers that do not have
-// its Go definition at hand. input is encoded with encoding/json (a json.RawMessage
+// its Go definition at hand. It reports an unavailable database as Start does. input is encoded with encoding/json (a json.RawMessage
 // is stored as it is, once checked to be valid JSON). The type need not be
 // registered by any worker yet: the run waits PENDING until a worker for it runs.
 func (c *Client) StartByName(ctx context.Context, workflowType string, input any, opts ...StartOption) (*Run[json.RawMessage], error) {
@@ -243,7 +253,15 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	r, inserted, err := store.InsertRun(ctx, db, n)
 	c.hookStartEnd(ctx, hooked, r, inserted, err)
 	if err != nil {
-		return nil, dbError("kagzi: start "+workflowType, err)
+		err = dbError("kagzi: start "+workflowType, err)
+		var u *UnavailableError
+		if errors.As(err, &u) {
+			u.start = true
+			// In the caller's transaction nothing commits before the caller's
+			// COMMIT, which a broken connection cannot send.
+			u.MayHaveCommitted = u.MayHaveCommitted && tx == nil
+		}
+		return nil, err
 	}
 	if inserted && n.NotifyLater {
 		c.sender.Send(store.WakeTopic(r.Namespace, r.WorkflowType) + "|" + strconv.FormatInt(r.AvailableAt.UnixMilli(), 10))

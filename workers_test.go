@@ -9,9 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/pressly/goose/v3/lock"
 
 	"github.com/kagzi/kagzi"
 	"github.com/kagzi/kagzi/internal/testdb"
+	"github.com/kagzi/kagzi/migrations"
 )
 
 func TestWorkerRegistersHeartbeatsAndGoesOfflineWhenItStops(t *testing.T) {
@@ -201,6 +203,59 @@ func TestHealthReportsDatabaseSchemaLocalWorkersAndPendingTypesWithoutWorker(t *
 	closed.Close()
 	if h := c.Health(ctx); h.Healthy() || h.DatabaseOK || h.DatabaseError == "" {
 		t.Fatalf("health over a closed pool: %+v", h)
+	}
+}
+
+func TestConcurrentHealthChecksAnswerWithinASecondWhileTheMigrationLockIsHeld(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	// Another process migrating holds goose's migration lock (the session lock
+	// Migrate takes) on a connection of its own.
+	migrating, err := e.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer migrating.Release()
+	if _, err := migrating.Exec(ctx, `SELECT pg_advisory_lock($1)`, lock.DefaultLockID); err != nil {
+		t.Fatal(err)
+	}
+	defer migrating.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, lock.DefaultLockID)
+
+	reports := make([]*kagzi.HealthReport, 8)
+	took := make([]time.Duration, len(reports))
+	var wg sync.WaitGroup
+	for i := range reports {
+		wg.Go(func() {
+			probe, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			began := time.Now()
+			reports[i] = e.client.Health(probe)
+			took[i] = time.Since(began)
+		})
+	}
+	wg.Wait()
+	for i, h := range reports {
+		if !h.DatabaseOK || !h.SchemaCurrent || h.DatabaseError != "" || h.SchemaVersion == 0 {
+			t.Errorf("health check %d (took %v) with a 1s deadline: %+v; want a healthy database with a current schema", i, took[i], h)
+		}
+	}
+}
+
+func TestHealthOfANeverMigratedDatabaseIsVersionZeroAndCreatesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := waitCtx(t)
+	pool, err := pgxpool.New(ctx, testdb.NewEmpty(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	h := newClient(t, pool, "").Health(ctx)
+	if !h.DatabaseOK || h.DatabaseError != "" || h.SchemaVersion != 0 || h.LatestSchemaVersion == 0 || h.SchemaCurrent {
+		t.Fatalf("health of a never-migrated database: %+v; want the database OK at schema version 0 of %d, not current",
+			h, h.LatestSchemaVersion)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM pg_tables WHERE tablename = $1`, migrations.VersionTable); n != 0 {
+		t.Fatalf("Health created goose's version table (%d found)", n)
 	}
 }
 

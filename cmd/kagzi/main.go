@@ -11,7 +11,7 @@
 //	kagzi workers list [--status S,...] [--type T] [--limit N] [--page-token T]
 //	kagzi schedules list [--type T] [--paused|--active] [--limit N] [--page-token T]
 //	kagzi schedules show|pause|resume|trigger SCHEDULE_ID
-//	kagzi serve-admin [--addr HOST:PORT] [--all-namespaces | --namespaces A,B] [--tls-cert F --tls-key F] [--client-ca F]
+//	kagzi serve-admin [--addr HOST:PORT] [--all-namespaces | --namespaces A,B] [--tls-cert F --tls-key F] [--client-ca F] [--insecure]
 //	kagzi version
 //
 // Every command takes --dsn (default: $KAGZI_DATABASE_URL, then $DATABASE_URL),
@@ -64,6 +64,8 @@ Usage:
         --tls-cert FILE --tls-key FILE        serve TLS
         --client-ca FILE                      accept client certificates signed by this CA (mTLS)
         bearer token: $KAGZI_ADMIN_TOKEN (or --token)
+        --insecure                            allow an address other than loopback without a token or TLS
+        (an address other than 127.0.0.0/8, ::1 or localhost, e.g. :50051, needs a token or TLS)
   kagzi version                         print the versions
 
 Flags of every command:

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -596,5 +597,111 @@ func TestRunsRetryAndForkStartTheRunAgainFromAStep(t *testing.T) {
 	r = kagziCmd(t, f.url, "runs", "fork", f.greets[0], "no-such-step#1")
 	if r.code != 1 || !strings.Contains(r.stderr, "no step") {
 		t.Fatalf("fork from a missing step: exit %d, %q", r.code, r.stderr)
+	}
+}
+
+// serveAdmin starts `kagzi serve-admin args...` on the database dbURL with the extra
+// environment, waits until it listens and returns the address to dial (its port on
+// 127.0.0.1 when it listens on every interface) and what it printed until then. It
+// is killed when the test ends.
+func serveAdmin(t *testing.T, dbURL string, extraEnv []string, args ...string) (addr, printed string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	cmd := exec.CommandContext(ctx, binary, append([]string{"serve-admin"}, args...)...)
+	cmd.Env = append(env(dbURL), extraEnv...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	lines := bufio.NewScanner(stderr)
+	var b strings.Builder
+	for lines.Scan() {
+		b.WriteString(lines.Text() + "\n")
+		if m := regexp.MustCompile(`listening on (\S+) `).FindStringSubmatch(lines.Text()); m != nil {
+			go func() { // keep the pipe drained
+				for lines.Scan() {
+				}
+			}()
+			host, port, err := net.SplitHostPort(m[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+				host = "127.0.0.1" // every interface: dial loopback
+			}
+			return net.JoinHostPort(host, port), b.String()
+		}
+	}
+	t.Fatalf("kagzi serve-admin %v did not listen; it printed:\n%s", args, b.String())
+	return "", ""
+}
+
+// serverInfo calls GetServerInfo at addr in plaintext, with the token if not "".
+func serverInfo(t *testing.T, addr, token string) (*adminpb.GetServerInfoResponse, error) {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if token != "" {
+		ctx = metadataCtx(ctx, token)
+	}
+	return adminpb.NewAdminServiceClient(conn).GetServerInfo(ctx, &adminpb.GetServerInfoRequest{})
+}
+
+func TestServeAdminRefusesANonLoopbackAddressWithoutATokenOrTLS(t *testing.T) {
+	t.Parallel()
+	// No database is needed: the address is checked first.
+	for _, addr := range []string{":50051", "0.0.0.0:50051", "[::]:50051", "192.0.2.10:50051", "example.com:50051"} {
+		r := kagziCmd(t, "", "serve-admin", "--addr", addr)
+		if r.code != 2 || !strings.Contains(r.stderr, "refusing to serve "+addr) ||
+			!strings.Contains(r.stderr, "KAGZI_ADMIN_TOKEN") || !strings.Contains(r.stderr, "--tls-cert") ||
+			!strings.Contains(r.stderr, "--insecure") || !strings.Contains(r.stderr, "kagzi help") {
+			t.Fatalf("serve-admin --addr %s without a token: exit %d, %q; want a usage error naming the fixes", addr, r.code, r.stderr)
+		}
+	}
+}
+
+func TestServeAdminServesANonLoopbackAddressWithInsecureOrAToken(t *testing.T) {
+	t.Parallel()
+	url := testdb.New(t)
+	addr, printed := serveAdmin(t, url, nil, "--addr", ":0", "--insecure")
+	if info, err := serverInfo(t, addr, ""); err != nil || info.Version != kagzi.Version {
+		t.Fatalf("--addr :0 --insecure: GetServerInfo without credentials: %v, %v", info, err)
+	}
+	if !strings.Contains(printed, "warning: no authentication") {
+		t.Fatalf("--insecure served without the warning:\n%s", printed)
+	}
+	addr, _ = serveAdmin(t, url, []string{"KAGZI_ADMIN_TOKEN=edge-token"}, "--addr", ":0")
+	if _, err := serverInfo(t, addr, ""); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("--addr :0 with a token, a call without it: %v, want Unauthenticated", err)
+	}
+	if info, err := serverInfo(t, addr, "edge-token"); err != nil || info.Version != kagzi.Version {
+		t.Fatalf("--addr :0 with a token: GetServerInfo with it: %v, %v", info, err)
+	}
+}
+
+func TestServeAdminServesALoopbackAddressWithoutATokenAsBefore(t *testing.T) {
+	t.Parallel()
+	url := testdb.New(t)
+	for _, listen := range []string{"127.0.0.1:0", "localhost:0", "127.0.0.2:0"} {
+		addr, printed := serveAdmin(t, url, nil, "--addr", listen)
+		if info, err := serverInfo(t, addr, ""); err != nil || info.Version != kagzi.Version {
+			t.Fatalf("--addr %s: GetServerInfo without credentials: %v, %v", listen, info, err)
+		}
+		if !strings.Contains(printed, "warning: no authentication") {
+			t.Fatalf("--addr %s served without the warning:\n%s", listen, printed)
+		}
 	}
 }

@@ -7,12 +7,15 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 
 	"github.com/kagzi/kagzi"
 	kagziadmin "github.com/kagzi/kagzi/admin"
 )
 
-// serveAdmin serves the read-only admin gRPC API until interrupted.
+// serveAdmin serves the read-only admin gRPC API until interrupted. It refuses to
+// serve an address that is not loopback (see loopbackAddr) in plaintext without
+// authentication, unless --insecure says to.
 func (a *app) serveAdmin(ctx context.Context, args []string) error {
 	fs := a.flagSet("serve-admin")
 	addr := fs.String("addr", "127.0.0.1:50051", "address to listen on")
@@ -22,6 +25,7 @@ func (a *app) serveAdmin(ctx context.Context, args []string) error {
 	certFile := fs.String("tls-cert", "", "TLS certificate file (PEM)")
 	keyFile := fs.String("tls-key", "", "TLS key file (PEM)")
 	clientCA := fs.String("client-ca", "", "accept client certificates signed by this CA (PEM): mutual TLS")
+	insecure := fs.Bool("insecure", false, "serve a non-loopback address without a token or TLS (anyone who reaches it can read)")
 	if _, err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
@@ -36,6 +40,12 @@ func (a *app) serveAdmin(ctx context.Context, args []string) error {
 	}
 	if *token == "" {
 		*token = a.getenv("KAGZI_ADMIN_TOKEN")
+	}
+	if !*insecure && *token == "" && *certFile == "" && !loopbackAddr(*addr) {
+		return usagef("serve-admin: refusing to serve %s in plaintext without authentication: it is not a loopback "+
+			"address, so anyone who reaches it could read every run. Set a bearer token ($KAGZI_ADMIN_TOKEN or --token), "+
+			"serve TLS (--tls-cert and --tls-key, with --client-ca for client certificates), listen on loopback "+
+			"(--addr 127.0.0.1:PORT), or pass --insecure to serve it anyway", *addr)
 	}
 
 	pool, client, err := a.connect(ctx)
@@ -100,4 +110,19 @@ func (a *app) serveAdmin(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintln(a.stderr, "kagzi: admin API stopped")
 	return nil
+}
+
+// loopbackAddr reports whether addr (host:port) listens on loopback only: its host is
+// "localhost" or an address of 127.0.0.0/8 or ::1. An empty host (":8080") means
+// every interface, and any other name may resolve to anything: not loopback.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -385,7 +385,7 @@ SELECT (SELECT count(*) FROM owner), (SELECT attempts FROM step),
 // namespace, workflow_type, status, available_at): its waiters when it ended
 // CANCELLED, else the workers of its type with its next available time.
 const notifyRunSQL = `CASE WHEN status = 'CANCELLED' THEN pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)
-	ELSE pg_notify('` + Channel + `', 'w|' || namespace || '|' || workflow_type || '|'
+	ELSE pg_notify('` + Channel + `', 'w|' || octet_length(namespace) || ':' || namespace || '|' || workflow_type || '|'
 		|| (extract(epoch FROM available_at) * 1000)::bigint) END`
 
 // Run ids go to hot statements as [16]byte: pgx encodes a uuid.UUID through its

@@ -25,7 +25,16 @@ const Channel = "kagzi"
 
 // WakeTopic is notified when a run of the type becomes (or will become) claimable;
 // the extra part is its available_at in Unix milliseconds.
-func WakeTopic(namespace, workflowType string) string { return "w|" + namespace + "|" + workflowType }
+//
+// The topic is "w|<length>:<namespace>|<type>", the length being the namespace's in
+// bytes, so that it names one (namespace, type) pair even when either holds '|':
+// without it namespace "a|b" with type "c" and namespace "a" with type "b|c" would
+// share "w|a|b|c". The SQL that notifies builds the same string (octet_length, a
+// byte count as len is); the extra part holds no '|', so the notifier's split at the
+// last '|' still yields the whole topic.
+func WakeTopic(namespace, workflowType string) string {
+	return "w|" + strconv.Itoa(len(namespace)) + ":" + namespace + "|" + workflowType
+}
 
 // DoneTopic is notified when the run reaches a terminal status; the extra part is the status.
 func DoneTopic(runID uuid.UUID) string { return "d|" + runID.String() }
@@ -208,7 +217,8 @@ WITH prev AS (` + newestByWorkflowIDSQL("$2", "$3", "$7 AND id_reuse_never") + `
 	` + runsCreatedSQL + ` FROM ins
 )
 SELECT ins.*, true, CASE WHEN $17 THEN '' ELSE pg_notify('` + Channel + `',
-	'w|' || ins.namespace || '|' || ins.workflow_type || '|' || (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
+	'w|' || octet_length(ins.namespace) || ':' || ins.namespace || '|' || ins.workflow_type || '|'
+	|| (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
 	|| coalesce(` + notifyDeadlineSQL("ins.namespace", "ins.deadline_at") + `, '') END
 FROM ins
 UNION ALL
@@ -412,7 +422,7 @@ func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, ve
 		), listed AS (
 			`+runsCreatedSQL+` FROM ins
 		)
-		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || $1 || '|' || $2 || '|'
+		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':' || $1 || '|' || $2 || '|'
 			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins),
 			`+notifyDeadlineSQL("$1::text", "$6::timestamptz")+`
 		FROM ins`, namespace, workflowType, raw, texts, start, deadline, version, carriers).Scan(&n, &ignored, &ignored)

@@ -70,7 +70,7 @@ WITH runs AS (
 	GROUP BY namespace, workflow_type
 )
 SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM steps),
-	(SELECT count(pg_notify('` + Channel + `', 'w|' || namespace || '|' || workflow_type || '|'
+	(SELECT count(pg_notify('` + Channel + `', 'w|' || octet_length(namespace) || ':' || namespace || '|' || workflow_type || '|'
 		|| (extract(epoch FROM available_at) * 1000)::bigint)) FROM wake)`
 
 // ShiftTime moves the waiting times of the namespace's unfinished runs d earlier, as

@@ -1,0 +1,234 @@
+package kagzi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi"
+)
+
+// cluster is a throwaway PostgreSQL cluster of the test's own, which the test may
+// stop and start again (the shared test server must stay up). It is built the way
+// scripts/pg.sh builds one: initdb with trust auth, fsync off, listening on
+// 127.0.0.1 only, run as the "postgres" (or "nobody") user when the test runs as
+// root, since initdb refuses to run as root.
+type cluster struct {
+	t      *testing.T
+	bindir string
+	dir    string
+	port   int
+	runAs  string
+	URL    string
+}
+
+// pgBindir finds a directory holding initdb and pg_ctl, or fails the test saying
+// how to provide one: a test that needs its own cluster must not pass by skipping.
+func pgBindir(t *testing.T) string {
+	t.Helper()
+	var candidates []string
+	if d := os.Getenv("KAGZI_PG_BINDIR"); d != "" {
+		candidates = append(candidates, d)
+	}
+	if out, err := exec.Command("pg_config", "--bindir").Output(); err == nil {
+		candidates = append(candidates, strings.TrimSpace(string(out)))
+	}
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if r, err := filepath.EvalSymlinks(p); err == nil {
+			candidates = append(candidates, filepath.Dir(r))
+		}
+		candidates = append(candidates, filepath.Dir(p))
+	}
+	versions, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Sort(sort.Reverse(sort.StringSlice(versions)))
+	candidates = append(candidates, versions...)
+	for _, d := range candidates {
+		if isExecutable(filepath.Join(d, "initdb")) && isExecutable(filepath.Join(d, "pg_ctl")) {
+			return d
+		}
+	}
+	t.Fatalf("this test needs PostgreSQL's initdb and pg_ctl to run a throwaway cluster it can stop, and found none "+
+		"(looked in %v): install the PostgreSQL server package, or set KAGZI_PG_BINDIR to the directory holding them", candidates)
+	return ""
+}
+
+func isExecutable(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && !fi.IsDir() && fi.Mode()&0o111 != 0
+}
+
+// freePort returns a TCP port nothing listens on at the moment.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// newCluster initdbs and starts a cluster, stopped and deleted when the test ends.
+func newCluster(t *testing.T) *cluster {
+	t.Helper()
+	c := &cluster{t: t, bindir: pgBindir(t), port: freePort(t)}
+	dir, err := os.MkdirTemp("", "kagzi-outage-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.dir = dir
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if os.Geteuid() == 0 {
+		for _, name := range []string{"postgres", "nobody"} {
+			if u, err := user.Lookup(name); err == nil {
+				uid, _ := strconv.Atoi(u.Uid)
+				gid, _ := strconv.Atoi(u.Gid)
+				if err := os.Chown(dir, uid, gid); err != nil {
+					t.Fatal(err)
+				}
+				c.runAs = name
+				break
+			}
+		}
+		if c.runAs == "" {
+			t.Fatal("running as root, and there is neither a 'postgres' nor a 'nobody' user to run initdb as")
+		}
+	}
+	c.run("initdb", "-D", c.data(), "--auth=trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync")
+	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+	c.Start()
+	t.Cleanup(func() { c.pgctl("stop", "-m", "immediate", "-w") })
+	return c
+}
+
+func (c *cluster) data() string { return filepath.Join(c.dir, "data") }
+
+// run runs a PostgreSQL program of bindir (as runAs, if set) and fails the test
+// with its output if it fails.
+func (c *cluster) run(program string, args ...string) {
+	c.t.Helper()
+	if out, err := c.command(program, args...).CombinedOutput(); err != nil {
+		log, _ := os.ReadFile(filepath.Join(c.dir, "postgres.log"))
+		c.t.Fatalf("%s %v: %v\n%s\npostgres.log:\n%s", program, args, err, out, log)
+	}
+}
+
+func (c *cluster) command(program string, args ...string) *exec.Cmd {
+	path := filepath.Join(c.bindir, program)
+	var cmd *exec.Cmd
+	if c.runAs != "" {
+		cmd = exec.Command("runuser", append([]string{"-u", c.runAs, "--", path}, args...)...)
+	} else {
+		cmd = exec.Command(path, args...)
+	}
+	cmd.Dir = c.dir
+	return cmd
+}
+
+// pgctl runs pg_ctl for the cluster, ignoring its failure (for cleanups).
+func (c *cluster) pgctl(args ...string) {
+	_ = c.command("pg_ctl", append([]string{"-D", c.data()}, args...)...).Run()
+}
+
+// Start starts the cluster and waits until it accepts connections.
+func (c *cluster) Start() {
+	c.t.Helper()
+	c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "postgres.log"), "-w", "-t", "60",
+		"-o", fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off", c.port, c.dir),
+		"start")
+}
+
+// Crash stops the cluster at once, as a crash or a power cut would (no shutdown
+// checkpoint; connections are cut).
+func (c *cluster) Crash() {
+	c.t.Helper()
+	c.run("pg_ctl", "-D", c.data(), "-m", "immediate", "-w", "stop")
+}
+
+func TestStartDuringADatabaseOutageReturnsUnavailableAndTheSameWithIDWorksAfterwards(t *testing.T) {
+	t.Parallel()
+	pg := newCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := kagzi.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, pool, "")
+	defer c.Close()
+	// A start before the outage leaves connections in the pool, which the outage cuts.
+	if _, err := kagzi.Start(ctx, c, greet, greetIn{Name: "before"}); err != nil {
+		t.Fatal(err)
+	}
+
+	pg.Crash()
+	// The first starts meet the pool's cut connections (outcome unknown to the
+	// client), the next ones a refused connection (the start was never sent).
+	sawNotCommitted := false
+	for i := range 8 {
+		_, err := kagzi.Start(ctx, c, greet, greetIn{Name: "during"}, kagzi.WithID("order-1"))
+		if !errors.Is(err, kagzi.ErrUnavailable) {
+			t.Fatalf("start %d during the outage: %v, want an error wrapping ErrUnavailable", i+1, err)
+		}
+		var u *kagzi.UnavailableError
+		if !errors.As(err, &u) {
+			t.Fatalf("start %d during the outage: %T %v, want an *UnavailableError", i+1, err, err)
+		}
+		want := "the start did not commit"
+		if u.MayHaveCommitted {
+			want = "the start may have committed; starting again with the same WithID is safe and returns the run if it did"
+		}
+		if !strings.Contains(err.Error(), want) {
+			t.Fatalf("start %d: %q does not say %q", i+1, err, want)
+		}
+		t.Logf("start %d during the outage: %v", i+1, err)
+		if !u.MayHaveCommitted {
+			sawNotCommitted = true
+			break
+		}
+	}
+	if !sawNotCommitted {
+		t.Fatal("every start during the outage said it may have committed; a refused connection proves it did not")
+	}
+
+	// A client whose pool never reached the server: nothing can have been sent.
+	cold, err := pgxpool.New(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cold.Close()
+	_, err = kagzi.Start(ctx, newClient(t, cold, ""), greet, greetIn{Name: "cold"}, kagzi.WithID("order-2"))
+	var u *kagzi.UnavailableError
+	if !errors.As(err, &u) || u.MayHaveCommitted || !errors.Is(err, kagzi.ErrUnavailable) {
+		t.Fatalf("start on a pool that never connected: %v, want an *UnavailableError that did not commit", err)
+	}
+
+	pg.Start()
+	run, err := kagzi.Start(ctx, c, greet, greetIn{Name: "after"}, kagzi.WithID("order-1"))
+	if err != nil {
+		t.Fatalf("start with the same WithID after the outage: %v", err)
+	}
+	again, err := kagzi.Start(ctx, c, greet, greetIn{Name: "again"}, kagzi.WithID("order-1"))
+	if err != nil || !again.AlreadyExists || again.RunID != run.RunID {
+		t.Fatalf("second start of order-1: %+v, %v; want the run %s with AlreadyExists", again, err, run.RunID)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM kagzi.runs WHERE workflow_id = 'order-1'`); n != 1 {
+		t.Fatalf("%d runs of workflow id order-1, want 1", n)
+	}
+}
