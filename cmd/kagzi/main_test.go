@@ -237,7 +237,7 @@ func TestRunsListPrintsATableAndJSONWithFiltersAndPages(t *testing.T) {
 	if len(lines) != 6 || !regexp.MustCompile(`^RUN ID\s+WORKFLOW ID\s+TYPE\s+STATUS\s+ATTEMPT\s+CREATED\s+FINISHED\s+ERROR$`).MatchString(lines[0]) {
 		t.Fatalf("table:\n%s", out)
 	}
-	if !regexp.MustCompile(f.pending + `\s+later-1\s+later\s+PENDING\s+1\s`).MatchString(lines[1]) {
+	if !regexp.MustCompile(f.pending + `\s+later-1\s+later\s+PENDING\s+0\s`).MatchString(lines[1]) {
 		t.Fatalf("newest row is not the pending run:\n%s", out)
 	}
 	if !regexp.MustCompile(f.failed + `\s+boom-1\s+boom\s+FAILED\s.*KABOOM: `).MatchString(lines[2]) {
