@@ -60,7 +60,7 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	}
 	ctx.checkAlive()
 	x := ctx.x
-	if rec, ok := x.step(key); ok && rec.Status == string(StepCompleted) {
+	if rec, ok := x.step(key); ok && rec.Status == StepCompleted {
 		var ref childRef
 		if err := json.Unmarshal(rec.Output, &ref); err != nil {
 			return nil, NonRetryable(fmt.Errorf("kagzi: recorded child of step %s does not decode: %w", key, err))
@@ -72,7 +72,7 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 		return nil, NonRetryable(fmt.Errorf("kagzi: input of child %s (%s) does not encode as JSON: %w", key, wf.name, err))
 	}
 	parentID := x.run.RunID
-	opts = append([]StartOption{AtVersion(wf.version)}, opts...)
+	opts = append([]StartOption{WithRunVersion(wf.version)}, opts...)
 	opts = append(opts, WithID(parentID.String()+"/"+key), WithIDReuse(IDReuseNever))
 	var run *Run[json.RawMessage]
 	ctx.ensureLease()
@@ -87,7 +87,7 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	ctx.write(func(c context.Context) error {
 		return store.RecordChildStep(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name, pos, ref)
 	})
-	x.setStep(key, store.StepRecord{Kind: string(KindChild), Status: string(StepCompleted), Output: ref})
+	x.setStep(key, store.StepRecord{Kind: KindChild, Status: StepCompleted, Output: ref})
 	return &ChildRun[Out]{RunID: run.RunID, WorkflowID: run.WorkflowID, parent: ctx, key: key}, nil
 }
 
@@ -108,7 +108,7 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 	ctx, x := c.parent, c.parent.x
 	key := c.key + "/result"
 	ctx.checkAlive()
-	if rec, ok := x.step(key); ok && rec.Status != string(StepWaiting) {
+	if rec, ok := x.step(key); ok && rec.Status != StepWaiting {
 		return childResult[Out](c, rec.Status, rec.Output, rec.Error)
 	}
 	childID, err := uuid.Parse(c.RunID)
@@ -122,20 +122,20 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 			o, err = store.GetRunOutcome(cc, x.w.client.pool, childID)
 			return err
 		})
-		if RunStatus(o.Status).Terminal() {
-			status, errDetail := string(StepCompleted), []byte(nil)
-			if o.Status != store.StatusCompleted {
-				status = string(StepFailed)
+		if o.Status.Terminal() {
+			status, errDetail := StepCompleted, []byte(nil)
+			if o.Status != StatusCompleted {
+				status = StepFailed
 				errDetail = o.Error
-				if o.Status == store.StatusCancelled {
+				if o.Status == StatusCancelled {
 					errDetail = encodeDetail(ErrorDetail{Code: CodeCancelled, Message: "the child run was cancelled", Subject: c.RunID})
 				}
 			}
 			ctx.write(func(cc context.Context) error {
 				return store.RecordResultStep(cc, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, key,
-					string(KindChild), status, nil, o.Output, errDetail)
+					KindChild, status, nil, o.Output, errDetail)
 			})
-			x.setStep(key, store.StepRecord{Kind: string(KindChild), Status: status, Output: o.Output, Error: errDetail})
+			x.setStep(key, store.StepRecord{Kind: KindChild, Status: status, Output: o.Output, Error: errDetail})
 			return childResult[Out](c, status, o.Output, errDetail)
 		}
 		if ctx.canSuspend() {
@@ -152,9 +152,9 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 	}
 }
 
-func childResult[Out any](c *ChildRun[Out], status string, output, errDetail []byte) (Out, error) {
+func childResult[Out any](c *ChildRun[Out], status StepStatus, output, errDetail []byte) (Out, error) {
 	var out Out
-	if status == string(StepCompleted) {
+	if status == StepCompleted {
 		if err := c.parent.x.w.client.unmarshalPayload(output, &out); err != nil {
 			return out, NonRetryable(fmt.Errorf("kagzi: output of child run %s does not decode into %s: %w",
 				c.RunID, typeName[Out](), err))

@@ -154,7 +154,7 @@ func TestAnEncryptingCodecLeavesNoPlaintextInTheTables(t *testing.T) {
 		dumpRuns(t, c)
 		t.Fatalf("got %+v, %v; want %q", out, err, want)
 	}
-	if _, err := c.CreateSchedule(ctx, kagzi.Schedule{ID: "secret-schedule", Workflow: "codec-parent",
+	if _, err := c.CreateSchedule(ctx, kagzi.Schedule{ID: "secret-schedule", WorkflowType: "codec-parent",
 		Cron: "@daily", Input: secretDoc{Secret: secret + "/schedule"}, Paused: true}); err != nil {
 		t.Fatal(err)
 	}

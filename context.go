@@ -170,7 +170,7 @@ func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
 		wake, dbNow, err = store.RecordSleep(ctx, x.w.db, w)
 		return err
 	})
-	x.setStep(key, store.StepRecord{Kind: string(KindSleep), Status: string(StepCompleted), WakeAt: &wake})
+	x.setStep(key, store.StepRecord{Kind: KindSleep, Status: StepCompleted, WakeAt: &wake})
 	if remaining := wake.Sub(dbNow); remaining > 0 {
 		c.waitInProcess(remaining)
 	}
@@ -315,7 +315,7 @@ func (c *Context) nextKey(name string, kind StepKind) (key string, pos int, err 
 	if len(c.x.positions) == 0 { // a fresh run: no history to check against
 		return key, pos, nil
 	}
-	if rec, ok := c.x.positions[c.sc.prefix+"@"+strconv.Itoa(pos)]; ok && (rec.Name != name || rec.Kind != string(kind)) {
+	if rec, ok := c.x.positions[c.sc.prefix+"@"+strconv.Itoa(pos)]; ok && (rec.Name != name || rec.Kind != kind) {
 		c.x.mu.Lock()
 		c.x.nondeterminism = &ErrorDetail{Code: CodeNonDeterministic, NonRetryable: true, Subject: key,
 			Message: fmt.Sprintf("run %s is not deterministic: at position %d of scope %q its history has step %q (%s), "+
@@ -380,9 +380,9 @@ func (c *Context) Patched(changeID string) bool {
 	}
 	c.write(func(ctx context.Context) error {
 		return store.RecordResultStep(ctx, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, changeID,
-			string(KindPatch), string(StepCompleted), nil, answer, nil)
+			KindPatch, StepCompleted, nil, answer, nil)
 	})
-	x.setStep(key, store.StepRecord{Name: changeID, Kind: string(KindPatch), Status: string(StepCompleted), Output: answer})
+	x.setStep(key, store.StepRecord{Name: changeID, Kind: KindPatch, Status: StepCompleted, Output: answer})
 	return !replaying
 }
 

@@ -2,10 +2,12 @@ package kagzi_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -293,5 +295,32 @@ func TestWorkerRunReturnsErrClosedSoonAfterItsPoolIsClosed(t *testing.T) {
 		mustErrorIs(t, err, kagzi.ErrClosed)
 	case <-time.After(2 * time.Second):
 		t.Fatal("Run did not return within 2 s of its pool closing")
+	}
+}
+
+func TestRunInfoAndScheduleInfoMarshalToTheCLIsSnakeCaseJSON(t *testing.T) {
+	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	b, err := json.Marshal(kagzi.RunInfo{RunID: "r", WorkflowType: "t", Status: kagzi.StatusRunning, Attempt: 1,
+		LockedBy: "w1", CreatedAt: now, AvailableAt: now, UpdatedAt: now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"run_id":"r"`, `"workflow_type":"t"`, `"status":"RUNNING"`, `"worker_id":"w1"`,
+		`"takeovers":0`, `"created_at":"2026-01-02T03:04:05Z"`} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("RunInfo JSON %s lacks %s", b, want)
+		}
+	}
+	if strings.Contains(string(b), `"output"`) || strings.Contains(string(b), `"error"`) {
+		t.Errorf("RunInfo JSON %s shows empty optional fields", b)
+	}
+	b, err = json.Marshal(kagzi.ScheduleInfo{ID: "s", WorkflowType: "t", Workflow: "t", Overlap: kagzi.OverlapBufferOne})
+	if err != nil || !strings.Contains(string(b), `"schedule_id":"s"`) || !strings.Contains(string(b), `"overlap":"BUFFER_ONE"`) ||
+		strings.Count(string(b), `"t"`) != 1 {
+		t.Fatalf("ScheduleInfo JSON %s, %v", b, err)
+	}
+	var back kagzi.ScheduleInfo
+	if err := json.Unmarshal(b, &back); err != nil || back.Overlap != kagzi.OverlapBufferOne {
+		t.Fatalf("decoded %+v, %v", back, err)
 	}
 }

@@ -38,7 +38,7 @@ func (c *Context) SetEvent(key string, value any) error {
 	c.write(func(ctx context.Context) error {
 		return store.SetEvent(ctx, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, stepKey, key, pos, b)
 	})
-	x.setStep(stepKey, store.StepRecord{Kind: string(KindEvent), Status: string(StepCompleted), Output: b})
+	x.setStep(stepKey, store.StepRecord{Kind: KindEvent, Status: StepCompleted, Output: b})
 	return nil
 }
 

@@ -11,13 +11,13 @@ import (
 	"github.com/kagzi/kagzi/internal/store"
 )
 
-// Retry runs a FAILED or CANCELLED run again from its first step that did not
+// Rerun runs a FAILED or CANCELLED run again from its first step that did not
 // complete: it becomes PENDING (claimable now) with its attempt bumped, its error,
 // cancel request and deadline cleared; completed steps are kept and replay, so only
 // the failed step and what follows run. Use it after fixing the code (or the world)
 // that made the run fail. A run in any other status returns ErrInvalidArgument; a run
 // whose workflow id another active run holds meanwhile returns ErrAlreadyExists.
-func (c *Client) Retry(ctx context.Context, runID string) error {
+func (c *Client) Rerun(ctx context.Context, runID string) error {
 	id, err := parseRunID(runID)
 	if err != nil {
 		return err
@@ -27,12 +27,17 @@ func (c *Client) Retry(ctx context.Context, runID string) error {
 	case errors.Is(err, store.ErrActiveRunExists):
 		return fmt.Errorf("%w: run %s: %v", ErrAlreadyExists, runID, err)
 	case err != nil:
-		return wrapStoreErr("kagzi: retry run "+runID, err)
-	case before != store.StatusFailed && before != store.StatusCancelled:
-		return invalidArgument("run %s is %s; only FAILED or CANCELLED runs can be retried", runID, before)
+		return wrapStoreErr("kagzi: rerun run "+runID, err)
+	case before != StatusFailed && before != StatusCancelled:
+		return invalidArgument("run %s is %s; only FAILED or CANCELLED runs can be rerun", runID, before)
 	}
 	return nil
 }
+
+// Retry is Rerun.
+//
+// Deprecated: use Rerun; Retry is the name of the retry policy type.
+func (c *Client) Retry(ctx context.Context, runID string) error { return c.Rerun(ctx, runID) }
 
 // ForkOptions configure Fork. Zero fields keep the origin's.
 type ForkOptions struct {
@@ -76,7 +81,7 @@ func (c *Client) Fork(ctx context.Context, runID, fromStep string, o ForkOptions
 	}
 	opts := []StartOption{}
 	if version != nil {
-		opts = append(opts, AtVersion(*version))
+		opts = append(opts, WithRunVersion(*version))
 	}
 	if o.ID != "" {
 		opts = append(opts, WithID(o.ID))

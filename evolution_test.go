@@ -62,12 +62,12 @@ func TestWorkersRunOnlyTheVersionsTheyRegistered(t *testing.T) {
 	if out, err := byName.Wait(ctx); err != nil || string(out) != `"v2:100"` {
 		t.Fatalf("StartByName without a version ran %s, %v; want the newest registered version v2", out, err)
 	}
-	pinned, err := e.client.StartByName(ctx, "versioned", 7, kagzi.AtVersion("v1"))
+	pinned, err := e.client.StartByName(ctx, "versioned", 7, kagzi.WithRunVersion("v1"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if out, err := pinned.Wait(ctx); err != nil || string(out) != `"v1:7"` {
-		t.Fatalf("AtVersion(v1) ran %s, %v", out, err)
+		t.Fatalf("WithRunVersion(v1) ran %s, %v", out, err)
 	}
 }
 
@@ -199,9 +199,9 @@ func TestRetryRunsAFailedRunAgainFromItsFailedStep(t *testing.T) {
 	if _, err := run.Wait(ctx); !errors.Is(err, kagzi.ErrWorkflowFailed) {
 		t.Fatalf("got %v, want the run FAILED", err)
 	}
-	mustErrorIs(t, e.client.Retry(ctx, "0190a0a0-0000-7000-8000-000000000000"), kagzi.ErrNotFound)
+	mustErrorIs(t, e.client.Rerun(ctx, "0190a0a0-0000-7000-8000-000000000000"), kagzi.ErrNotFound)
 	fixed.Store(true)
-	if err := e.client.Retry(ctx, run.RunID); err != nil {
+	if err := e.client.Rerun(ctx, run.RunID); err != nil {
 		t.Fatal(err)
 	}
 	if out, err := run.Wait(ctx); err != nil || out != "fixed" {
@@ -214,7 +214,7 @@ func TestRetryRunsAFailedRunAgainFromItsFailedStep(t *testing.T) {
 	if err != nil || info.Attempt != 2 || info.Error != nil {
 		t.Fatalf("run after retry %+v, %v", info, err)
 	}
-	mustErrorIs(t, e.client.Retry(ctx, run.RunID), kagzi.ErrInvalidArgument) // COMPLETED now
+	mustErrorIs(t, e.client.Rerun(ctx, run.RunID), kagzi.ErrInvalidArgument) // COMPLETED now
 }
 
 func TestForkCopiesExactlyTheOutputsBeforeTheChosenStep(t *testing.T) {

@@ -31,13 +31,13 @@ func ExampleClient_CreateSchedule() {
 	go worker.Run(ctx)
 
 	schedule, err := client.CreateSchedule(ctx, kagzi.Schedule{
-		ID:         "daily-report",
-		Workflow:   GenerateReport.Name(),
-		Cron:       "0 6 * * *", // 06:00 every day…
-		TimeZone:   "America/New_York",
-		Input:      ReportConfig{Teams: []string{"ops"}},
-		MaxCatchup: 7,                 // after downtime, fire the last 7 missed mornings
-		Overlap:    kagzi.OverlapSkip, // never two reports at once
+		ID:           "daily-report",
+		WorkflowType: GenerateReport.Name(),
+		Cron:         "0 6 * * *", // 06:00 every day…
+		TimeZone:     "America/New_York",
+		Input:        ReportConfig{Teams: []string{"ops"}},
+		MaxCatchup:   7,                 // after downtime, fire the last 7 missed mornings
+		Overlap:      kagzi.OverlapSkip, // never two reports at once
 	})
 	if err != nil {
 		fmt.Println(err)
@@ -55,7 +55,7 @@ func ExampleClient_CreateSchedule() {
 	fmt.Println("runs of the schedule:", len(runs.Runs))
 
 	// A bad cron expression or time zone is rejected, and nothing is written.
-	_, err = client.CreateSchedule(ctx, kagzi.Schedule{ID: "broken", Workflow: "x", Cron: "0 25 * * *"})
+	_, err = client.CreateSchedule(ctx, kagzi.Schedule{ID: "broken", WorkflowType: "x", Cron: "0 25 * * *"})
 	fmt.Println(err)
 	// Output:
 	// next fire at 06:00 New York time

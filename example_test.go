@@ -53,7 +53,7 @@ type Receipt struct {
 var ProcessOrder = kagzi.Define("process-order", func(ctx *kagzi.Context, o Order) (Receipt, error) {
 	tx, err := kagzi.Step(ctx, "charge-card", func(ctx context.Context) (string, error) {
 		return "tx-" + o.ID, nil // call the payment provider here
-	}, kagzi.WithTimeout(2*time.Minute))
+	}, kagzi.WithStepTimeout(2*time.Minute))
 	if err != nil {
 		return Receipt{}, err
 	}

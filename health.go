@@ -62,8 +62,8 @@ func (c *Client) Health(ctx context.Context) *HealthReport {
 	c.mu.Lock()
 	for w := range c.workers {
 		lh := LocalWorkerHealth{ID: w.cfg.ID, ActiveRuns: w.beat().ActiveRuns, AbandonedSteps: w.abandoned.Load()}
-		if s, ok := w.status.Load().(string); ok {
-			lh.Status = WorkerStatus(s)
+		if s, ok := w.status.Load().(WorkerStatus); ok {
+			lh.Status = s
 		}
 		if ns := w.lastBeat.Load(); ns != 0 {
 			lh.LastHeartbeat = time.Unix(0, ns)

@@ -164,10 +164,6 @@ type ExecutionEvent struct {
 	Error *ErrorDetail
 }
 
-// StepInterrupted is the StepEvent.Status of an attempt interrupted by a cancel, a
-// lost lease, the run's deadline or a shutdown: it is not recorded and does not count.
-const StepInterrupted StepStatus = "INTERRUPTED"
-
 // StepEvent describes one attempt of a step (see Hooks.StepBegin).
 type StepEvent struct {
 	RunRef
@@ -383,15 +379,15 @@ func (w *Worker) endExecution(x *execution, outcome ExecutionOutcome, detail []b
 
 // outcomeOf maps the status a run was finished with, and the error of the write, to
 // the outcome of its execution.
-func outcomeOf(status string, err error) ExecutionOutcome {
+func outcomeOf(status RunStatus, err error) ExecutionOutcome {
 	switch {
 	case errors.Is(err, errLeaseLost):
 		return OutcomeLeaseLost
 	case err != nil:
 		return OutcomeUnrecorded
-	case status == store.StatusCompleted:
+	case status == StatusCompleted:
 		return OutcomeCompleted
-	case status == store.StatusFailed:
+	case status == StatusFailed:
 		return OutcomeFailed
 	}
 	return OutcomeCancelled

@@ -141,7 +141,7 @@ func TestStepTimeoutCancelsItsContextAndIsRecordedTimedOut(t *testing.T) {
 			<-c.Done()
 			sawCause <- context.Cause(c)
 			return "", c.Err()
-		}, kagzi.WithTimeout(50*time.Millisecond), kagzi.WithRetry(kagzi.NoRetry()))
+		}, kagzi.WithStepTimeout(50*time.Millisecond), kagzi.WithRetry(kagzi.NoRetry()))
 		return "", err
 	})
 	runWorker(t, e.client, fastWorker(), wf)
@@ -173,7 +173,7 @@ func TestStepIgnoringItsTimeoutIsReportedTimedOutAndItsLateResultDiscarded(t *te
 				return "late result", nil
 			}
 			return "second attempt", nil
-		}, kagzi.WithTimeout(50*time.Millisecond), kagzi.WithRetry(kagzi.Linear(2, 10*time.Millisecond)))
+		}, kagzi.WithStepTimeout(50*time.Millisecond), kagzi.WithRetry(kagzi.Linear(2, 10*time.Millisecond)))
 	})
 	w, err := kagzi.NewWorker(e.client, fastWorker(), wf)
 	if err != nil {
@@ -517,7 +517,7 @@ func TestARetryPolicyAddsNoRoundTripToAStepThatSucceeds(t *testing.T) {
 		}
 		for range 5 {
 			if _, err := kagzi.Step(ctx, "with-policy", func(context.Context) (int, error) { return 1, nil },
-				kagzi.WithRetry(kagzi.Exponential(10).Initial(time.Second)), kagzi.WithTimeout(time.Minute)); err != nil {
+				kagzi.WithRetry(kagzi.Exponential(10).Initial(time.Second)), kagzi.WithStepTimeout(time.Minute)); err != nil {
 				return 0, err
 			}
 		}

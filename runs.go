@@ -9,82 +9,80 @@ import (
 	"strings"
 	"time"
 
+	"github.com/kagzi/kagzi/internal/vocab"
+
 	"github.com/google/uuid"
 
 	"github.com/kagzi/kagzi/internal/store"
 )
 
 // RunStatus is where a run is in its life:
-// PENDING → RUNNING → (SLEEPING ↔ PENDING) → COMPLETED | FAILED | CANCELLED.
-type RunStatus string
+// PENDING → RUNNING → (SLEEPING ↔ PENDING) → COMPLETED | FAILED | CANCELLED
+// (docs/state-machine.md draws every move). Terminal reports a final status.
+type RunStatus = vocab.RunStatus
 
 // Run statuses.
 const (
-	StatusPending   RunStatus = store.StatusPending   // waiting to be claimed (or for its delayed start)
-	StatusRunning   RunStatus = store.StatusRunning   // held by a worker under a lease
-	StatusSleeping  RunStatus = store.StatusSleeping  // in a durable sleep; no worker holds it
-	StatusCompleted RunStatus = store.StatusCompleted // finished with an output
-	StatusFailed    RunStatus = store.StatusFailed    // finished with a recorded error
-	StatusCancelled RunStatus = store.StatusCancelled // cancelled
+	StatusPending   = vocab.StatusPending   // waiting to be claimed (or for its delayed start, or a retry's backoff)
+	StatusRunning   = vocab.StatusRunning   // held by a worker under a lease
+	StatusSleeping  = vocab.StatusSleeping  // in a durable sleep or wait; no worker holds it
+	StatusCompleted = vocab.StatusCompleted // finished with an output
+	StatusFailed    = vocab.StatusFailed    // finished with a recorded error
+	StatusCancelled = vocab.StatusCancelled // cancelled
 )
-
-// Terminal reports whether the status is final.
-func (s RunStatus) Terminal() bool {
-	return s == StatusCompleted || s == StatusFailed || s == StatusCancelled
-}
 
 // RunInfo is what GetRun and ListRuns report of a run.
 type RunInfo struct {
-	RunID        string
-	Namespace    string
-	WorkflowID   string
-	WorkflowType string
-	Status       RunStatus
-	Input        json.RawMessage
+	RunID        string          `json:"run_id"`
+	Namespace    string          `json:"namespace"`
+	WorkflowID   string          `json:"workflow_id"`
+	WorkflowType string          `json:"workflow_type"`
+	Status       RunStatus       `json:"status"`
+	Input        json.RawMessage `json:"input,omitempty"`
 	// Output is set once the run COMPLETED.
-	Output json.RawMessage
+	Output json.RawMessage `json:"output,omitempty"`
 	// Error is set once the run FAILED.
-	Error *ErrorDetail
+	Error *ErrorDetail `json:"error,omitempty"`
 	// Attempt is the number of the workflow-level attempt being (or last) executed:
 	// 1 for the first, bumped by each retry of the whole workflow (see
 	// WithWorkflowRetry); 0 for a run no worker has claimed yet. Resuming after a
 	// sleep, a hand-back or a takeover is not a new attempt.
-	Attempt int
+	Attempt int `json:"attempt"`
 	// Takeovers counts the times the run was taken over after its worker lost the
 	// lease (the process died, froze or lost its database). Past the worker's
 	// MaxTakeovers the run fails with CodeRecoveryExhausted.
-	Takeovers int
+	Takeovers int `json:"takeovers"`
 	// AvailableAt is when the run may next be claimed: its start time while PENDING,
 	// its wake time while SLEEPING, its lease expiry while RUNNING.
-	AvailableAt time.Time
+	AvailableAt time.Time `json:"available_at"`
 	// LockedBy is the id of the worker holding the run while RUNNING.
-	LockedBy        string
-	CancelRequested bool
-	CreatedAt       time.Time
-	StartedAt       *time.Time
-	FinishedAt      *time.Time
-	UpdatedAt       time.Time
+	LockedBy        string     `json:"worker_id,omitempty"`
+	CancelRequested bool       `json:"cancel_requested,omitempty"`
+	CreatedAt       time.Time  `json:"created_at"`
+	StartedAt       *time.Time `json:"started_at,omitempty"`
+	FinishedAt      *time.Time `json:"finished_at,omitempty"`
+	UpdatedAt       time.Time  `json:"updated_at"`
 	// ScheduleID and ScheduleTick name the schedule and the tick that fired the run
 	// (see CreateSchedule, TriggerSchedule); empty and nil for a run started by Start.
-	ScheduleID   string
-	ScheduleTick *time.Time
+	ScheduleID   string     `json:"schedule_id,omitempty"`
+	ScheduleTick *time.Time `json:"schedule_tick,omitempty"`
 	// ParentRunID and ParentStepKey name the run and step that started this run as a
 	// child (see StartChild); empty for other runs.
-	ParentRunID   string
-	ParentStepKey string
+	ParentRunID   string `json:"parent_run_id,omitempty"`
+	ParentStepKey string `json:"parent_step_key,omitempty"`
 	// Version is the workflow version the run started with (see WithVersion); empty
 	// until a worker pins it for a run started without one.
-	Version string
+	Version string `json:"version,omitempty"`
 	// ForkedFromRunID and ForkedFromStep name the run and step this run was forked
 	// from (see Client.Fork).
-	ForkedFromRunID string
-	ForkedFromStep  string
+	ForkedFromRunID string `json:"forked_from_run_id,omitempty"`
+	ForkedFromStep  string `json:"forked_from_step,omitempty"`
 }
 
 func runInfo(r store.Run) RunInfo {
 	info := RunInfo{
 		RunID: r.RunID.String(), Namespace: r.Namespace, WorkflowID: r.WorkflowID,
-		WorkflowType: r.WorkflowType, Status: RunStatus(r.Status), Input: r.Input, Output: r.Output,
+		WorkflowType: r.WorkflowType, Status: r.Status, Input: r.Input, Output: r.Output,
 		Error: decodeDetail(r.Error), Attempt: r.Attempt, Takeovers: r.Takeovers, AvailableAt: r.AvailableAt,
 		CancelRequested: r.CancelRequested, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt,
 		FinishedAt: r.FinishedAt, UpdatedAt: r.UpdatedAt, ScheduleTick: r.ScheduleTick,
@@ -202,7 +200,7 @@ func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
 	for _, s := range f.Statuses {
 		switch s {
 		case StatusPending, StatusRunning, StatusSleeping, StatusCompleted, StatusFailed, StatusCancelled:
-			p.Statuses = append(p.Statuses, string(s))
+			p.Statuses = append(p.Statuses, s)
 		default:
 			return nil, invalidArgument("unknown run status %q", s)
 		}
@@ -276,56 +274,60 @@ func decodeStringToken(tok string) (string, error) {
 }
 
 // StepKind says what a recorded step is.
-type StepKind string
+type StepKind = vocab.StepKind
 
 // Step kinds.
 const (
-	KindStep   StepKind = "STEP"   // a memoized function, see Step
-	KindSleep  StepKind = "SLEEP"  // a durable sleep, see Context.Sleep
-	KindChild  StepKind = "CHILD"  // a child run's start or result, see StartChild
-	KindSignal StepKind = "SIGNAL" // a signal wait, see WaitSignal
-	KindEvent  StepKind = "EVENT"  // an event published, see Context.SetEvent
-	KindPatch  StepKind = "PATCH"  // a Patched answer, see Context.Patched
+	KindStep   = vocab.KindStep   // a memoized function, see Step
+	KindSleep  = vocab.KindSleep  // a durable sleep, see Context.Sleep
+	KindChild  = vocab.KindChild  // a child run's start or result, see StartChild
+	KindSignal = vocab.KindSignal // a signal wait, see WaitSignal
+	KindEvent  = vocab.KindEvent  // an event published, see Context.SetEvent
+	KindPatch  = vocab.KindPatch  // a Patched answer, see Context.Patched
 )
 
 // StepStatus is the state of a recorded step or attempt.
-type StepStatus string
+type StepStatus = vocab.StepStatus
 
 // Step and attempt statuses.
 const (
-	StepCompleted StepStatus = "COMPLETED" // the output is recorded and will be replayed
-	StepRetrying  StepStatus = "RETRYING"  // the last attempt failed; another will run (steps only)
-	StepFailed    StepStatus = "FAILED"    // failed for good (steps); the attempt failed (attempts)
-	StepTimedOut  StepStatus = "TIMED_OUT" // the attempt passed its timeout (attempts only)
-	StepWaiting   StepStatus = "WAITING"   // a signal wait with no signal yet (steps only)
+	StepCompleted = vocab.StepCompleted // the output is recorded and will be replayed
+	StepRetrying  = vocab.StepRetrying  // the last attempt failed; another will run (steps only)
+	StepFailed    = vocab.StepFailed    // failed for good (steps); the attempt failed (attempts)
+	StepTimedOut  = vocab.StepTimedOut  // the attempt passed its timeout (attempts only)
+	StepWaiting   = vocab.StepWaiting   // a signal wait with no signal yet (steps only)
+	// StepInterrupted is the StepEvent.Status of an attempt cut short by a cancel, a
+	// lost lease, the run's deadline or a shutdown (see Hooks): it is not recorded and
+	// does not count, so no listed step or attempt has it.
+	StepInterrupted = vocab.StepInterrupted
 )
 
 // StepInfo is a recorded step of a run with its attempts, for ListSteps.
 type StepInfo struct {
 	// Key is the step's name with its occurrence in the run: "send#2".
-	Key    string
-	Name   string
-	Kind   StepKind
-	Status StepStatus
+	Key    string     `json:"key"`
+	Name   string     `json:"name"`
+	Kind   StepKind   `json:"kind"`
+	Status StepStatus `json:"status"`
 	// Output is the recorded output of a completed step.
-	Output json.RawMessage
+	Output json.RawMessage `json:"output,omitempty"`
 	// Error is the error of the last failed attempt.
-	Error *ErrorDetail
+	Error *ErrorDetail `json:"error,omitempty"`
 	// WakeAt is a sleep's wake time, fixed when the sleep first ran.
-	WakeAt   *time.Time
-	Attempts []AttemptInfo
+	WakeAt   *time.Time    `json:"wake_at,omitempty"`
+	Attempts []AttemptInfo `json:"attempts"`
 	// CreatedAt is when the step was first recorded.
-	CreatedAt time.Time
-	UpdatedAt time.Time
+	CreatedAt time.Time `json:"created_at"`
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // AttemptInfo is one attempt of a step. Its times are the worker's clock.
 type AttemptInfo struct {
-	Number     int
-	Status     StepStatus
-	Error      *ErrorDetail
-	StartedAt  time.Time
-	FinishedAt time.Time
+	Number     int          `json:"number"`
+	Status     StepStatus   `json:"status"`
+	Error      *ErrorDetail `json:"error,omitempty"`
+	StartedAt  time.Time    `json:"started_at"`
+	FinishedAt time.Time    `json:"finished_at"`
 }
 
 // ListSteps lists the recorded steps of a run in the order they were first
@@ -342,11 +344,11 @@ func (c *Client) ListSteps(ctx context.Context, runID string) ([]StepInfo, error
 	}
 	out := make([]StepInfo, 0, len(steps))
 	for _, s := range steps {
-		si := StepInfo{Key: s.Key, Name: s.Name, Kind: StepKind(s.Kind), Status: StepStatus(s.Status),
+		si := StepInfo{Key: s.Key, Name: s.Name, Kind: s.Kind, Status: s.Status,
 			Output: c.readPayload(s.Output), Error: decodeDetail(s.Error), WakeAt: s.WakeAt, CreatedAt: s.CreatedAt,
 			UpdatedAt: s.UpdatedAt}
 		for _, a := range s.Attempts {
-			si.Attempts = append(si.Attempts, AttemptInfo{Number: a.Number, Status: StepStatus(a.Status),
+			si.Attempts = append(si.Attempts, AttemptInfo{Number: a.Number, Status: a.Status,
 				Error: decodeDetail(a.Error), StartedAt: a.StartedAt, FinishedAt: a.FinishedAt})
 		}
 		out = append(out, si)
@@ -369,7 +371,7 @@ func (c *Client) Cancel(ctx context.Context, runID string) error {
 		return wrapStoreErr("kagzi: cancel run "+runID, err)
 	}
 	switch before {
-	case store.StatusCompleted, store.StatusFailed:
+	case StatusCompleted, StatusFailed:
 		return fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, before)
 	}
 	return nil

@@ -55,6 +55,19 @@ func (p OverlapPolicy) String() string {
 	return "OverlapPolicy(" + strconv.Itoa(int(p)) + ")"
 }
 
+// MarshalText encodes the policy by its name (see String), as JSON does.
+func (p OverlapPolicy) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// UnmarshalText decodes a policy's name: ALLOW, SKIP or BUFFER_ONE.
+func (p *OverlapPolicy) UnmarshalText(b []byte) error {
+	switch s := string(b); s {
+	case store.OverlapAllow, store.OverlapSkip, store.OverlapBufferOne:
+		*p = parseOverlap(s)
+		return nil
+	}
+	return invalidArgument("unknown overlap policy %q (want ALLOW, SKIP or BUFFER_ONE)", b)
+}
+
 func parseOverlap(s string) OverlapPolicy {
 	switch s {
 	case store.OverlapSkip:
@@ -73,8 +86,12 @@ type Schedule struct {
 	// ID names the schedule, unique in the client's namespace: 1 to
 	// MaxScheduleIDLength bytes of UTF-8 without control characters.
 	ID string
-	// Workflow is the workflow type to start. No worker needs to have registered it
-	// yet: its runs wait PENDING until one does.
+	// WorkflowType is the workflow type to start. No worker needs to have registered
+	// it yet: its runs wait PENDING until one does.
+	WorkflowType string
+	// Workflow is WorkflowType.
+	//
+	// Deprecated: use WorkflowType, the name RunFilter and RunInfo use too.
 	Workflow string
 	// Cron is the cron expression (github.com/robfig/cron/v3): 5 fields, minute hour
 	// day-of-month month day-of-week ("0 6 * * *", "*/15 9-17 * * MON-FRI"); a
@@ -110,49 +127,54 @@ type Schedule struct {
 // ScheduleInfo is a schedule as the database holds it, for CreateSchedule,
 // GetSchedule, ListSchedules and UpdateSchedule.
 type ScheduleInfo struct {
-	// ID, Workflow, Cron, Seconds, MaxCatchup and Overlap are as defined (see
+	// ID, WorkflowType, Cron, Seconds, MaxCatchup and Overlap are as defined (see
 	// Schedule); Namespace is the client's.
-	ID        string
-	Namespace string
-	Workflow  string
-	Cron      string
-	Seconds   bool
+	ID           string `json:"schedule_id"`
+	Namespace    string `json:"namespace"`
+	WorkflowType string `json:"workflow_type"`
+	// Workflow is WorkflowType.
+	//
+	// Deprecated: use WorkflowType.
+	Workflow string `json:"-"`
+	Cron     string `json:"cron"`
+	Seconds  bool   `json:"cron_seconds,omitempty"`
 	// TimeZone is the IANA zone of Cron, "UTC" when none was given.
-	TimeZone string
+	TimeZone string `json:"time_zone"`
 	// Input is every run's input, JSON-encoded.
-	Input      json.RawMessage
-	Paused     bool
-	MaxCatchup int
-	Overlap    OverlapPolicy
+	Input      json.RawMessage `json:"input,omitempty"`
+	Paused     bool            `json:"paused"`
+	MaxCatchup int             `json:"max_catchup"`
+	Overlap    OverlapPolicy   `json:"overlap"`
 	// NextFireAt is the next tick to fire; nil while paused. A tick that is due but
 	// not fired yet (no worker is running the scheduler) stays here, in the past.
-	NextFireAt *time.Time
+	NextFireAt *time.Time `json:"next_fire_at,omitempty"`
 	// LastFiredAt is the tick time of the newest run the schedule fired (for a
 	// TriggerSchedule, when it was asked for), and LastRunID that run's id.
-	LastFiredAt *time.Time
-	LastRunID   string
+	LastFiredAt *time.Time `json:"last_fired_at,omitempty"`
+	LastRunID   string     `json:"last_run_id,omitempty"`
 	// BufferedTick is the tick OverlapBufferOne holds back until the schedule's active
 	// run finishes.
-	BufferedTick *time.Time
+	BufferedTick *time.Time `json:"buffered_tick,omitempty"`
 	// CatchupSkipped counts due ticks skipped because they were older than the most
 	// recent MaxCatchup; OverlapSkipped counts ticks skipped by the overlap policy.
-	CatchupSkipped int64
-	OverlapSkipped int64
-	CreatedAt      time.Time
+	CatchupSkipped int64     `json:"catchup_skipped"`
+	OverlapSkipped int64     `json:"overlap_skipped"`
+	CreatedAt      time.Time `json:"created_at"`
 	// UpdatedAt is when the definition or pause state last changed; fires do not
 	// change it.
-	UpdatedAt time.Time
+	UpdatedAt time.Time `json:"updated_at"`
 }
 
 // Schedule returns the definition of the schedule, ready to change and pass to
 // UpdateSchedule.
 func (s *ScheduleInfo) Schedule() Schedule {
-	return Schedule{ID: s.ID, Workflow: s.Workflow, Cron: s.Cron, Seconds: s.Seconds, TimeZone: s.TimeZone,
+	return Schedule{ID: s.ID, WorkflowType: s.WorkflowType, Cron: s.Cron, Seconds: s.Seconds, TimeZone: s.TimeZone,
 		Input: s.Input, MaxCatchup: s.MaxCatchup, Overlap: s.Overlap, Paused: s.Paused}
 }
 
 func scheduleInfo(s store.Schedule) *ScheduleInfo {
-	info := &ScheduleInfo{ID: s.ScheduleID, Namespace: s.Namespace, Workflow: s.WorkflowType, Cron: s.Cron,
+	info := &ScheduleInfo{ID: s.ScheduleID, Namespace: s.Namespace, WorkflowType: s.WorkflowType,
+		Workflow: s.WorkflowType, Cron: s.Cron,
 		Seconds: s.CronSeconds, TimeZone: s.TimeZone, Input: s.Input, Paused: s.Paused,
 		MaxCatchup: s.MaxCatchup, Overlap: parseOverlap(s.Overlap), NextFireAt: s.NextFireAt,
 		LastFiredAt: s.LastFiredAt, BufferedTick: s.BufferedTick, CatchupSkipped: s.CatchupSkipped,
@@ -170,7 +192,10 @@ func (c *Client) validSchedule(s Schedule) (store.ScheduleDefinition, *cronspec.
 	if err := validScheduleID(s.ID); err != nil {
 		return d, nil, err
 	}
-	if err := validName("workflow type", s.Workflow); err != nil {
+	if s.WorkflowType == "" {
+		s.WorkflowType = s.Workflow
+	}
+	if err := validName("workflow type", s.WorkflowType); err != nil {
 		return d, nil, err
 	}
 	spec, err := cronspec.Parse(s.Cron, s.Seconds, s.TimeZone)
@@ -199,7 +224,7 @@ func (c *Client) validSchedule(s Schedule) (store.ScheduleDefinition, *cronspec.
 	if zone == "" {
 		zone = "UTC"
 	}
-	return store.ScheduleDefinition{WorkflowType: s.Workflow, Cron: spec.String(), CronSeconds: s.Seconds,
+	return store.ScheduleDefinition{WorkflowType: s.WorkflowType, Cron: spec.String(), CronSeconds: s.Seconds,
 		TimeZone: zone, Input: input, MaxCatchup: s.MaxCatchup, Overlap: s.Overlap.String()}, spec, nil
 }
 
@@ -252,7 +277,11 @@ func (c *Client) GetSchedule(ctx context.Context, id string) (*ScheduleInfo, err
 
 // ScheduleFilter selects schedules for ListSchedules. Zero fields select everything.
 type ScheduleFilter struct {
-	// Workflow selects the schedules of one workflow type.
+	// WorkflowType selects the schedules of one workflow type.
+	WorkflowType string
+	// Workflow is WorkflowType.
+	//
+	// Deprecated: use WorkflowType.
 	Workflow string
 	// Paused, when set, selects paused (true) or active (false) schedules only.
 	Paused *bool
@@ -271,7 +300,10 @@ type SchedulePage struct {
 
 // ListSchedules lists the namespace's schedules by id, a page at a time.
 func (c *Client) ListSchedules(ctx context.Context, f ScheduleFilter) (*SchedulePage, error) {
-	p := store.ListSchedulesParams{Namespace: c.ns, WorkflowType: f.Workflow, Paused: f.Paused, Limit: f.PageSize}
+	if f.WorkflowType == "" {
+		f.WorkflowType = f.Workflow
+	}
+	p := store.ListSchedulesParams{Namespace: c.ns, WorkflowType: f.WorkflowType, Paused: f.Paused, Limit: f.PageSize}
 	switch {
 	case p.Limit == 0:
 		p.Limit = 50

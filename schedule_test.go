@@ -103,7 +103,7 @@ func TestEachTickFiresExactlyOnceWithThreeProcessesRacing(t *testing.T) {
 		c := newClient(t, pool, "")
 		clients = append(clients, c)
 	}
-	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "every-second", Workflow: schedTick.Name(),
+	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "every-second", WorkflowType: schedTick.Name(),
 		Cron: "* * * * * *", Seconds: true, Input: "x", MaxCatchup: 10})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +150,7 @@ func TestEachTickFiresExactlyOnceWithThreeProcessesRacing(t *testing.T) {
 func TestEachTickFiresExactlyOnceWithThreeSchedulersOnAFastClock(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "fast", Workflow: "sched-nobody",
+	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "fast", WorkflowType: "sched-nobody",
 		Cron: "* * * * * *", Seconds: true, MaxCatchup: 1000})
 	if err != nil {
 		t.Fatal(err)
@@ -184,8 +184,8 @@ func TestCatchUpFiresTheMostRecentMaxCatchupTicksInOrderAndCountsTheRest(t *test
 	ctx := waitCtx(t)
 	var first time.Time
 	for _, s := range []kagzi.Schedule{
-		{ID: "keep-3", Workflow: "sched-nobody", Cron: "* * * * *", MaxCatchup: 3},
-		{ID: "keep-default", Workflow: "sched-nobody", Cron: "* * * * *"},
+		{ID: "keep-3", WorkflowType: "sched-nobody", Cron: "* * * * *", MaxCatchup: 3},
+		{ID: "keep-default", WorkflowType: "sched-nobody", Cron: "* * * * *"},
 	} {
 		info, err := e.client.CreateSchedule(ctx, s)
 		if err != nil {
@@ -221,7 +221,7 @@ func TestCatchUpFiresTheMostRecentMaxCatchupTicksInOrderAndCountsTheRest(t *test
 func TestOverlapSkipDoesNotFireWhileTheScheduleHasAnActiveRun(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "skip", Workflow: "sched-nobody",
+	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "skip", WorkflowType: "sched-nobody",
 		Cron: "* * * * *", Overlap: kagzi.OverlapSkip})
 	if err != nil {
 		t.Fatal(err)
@@ -259,7 +259,7 @@ func TestOverlapSkipDoesNotFireWhileTheScheduleHasAnActiveRun(t *testing.T) {
 func TestOverlapBufferOneFiresOneHeldBackTickWhenTheActiveRunEnds(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "buffer", Workflow: "sched-nobody",
+	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "buffer", WorkflowType: "sched-nobody",
 		Cron: "* * * * *", Overlap: kagzi.OverlapBufferOne})
 	if err != nil {
 		t.Fatal(err)
@@ -294,7 +294,7 @@ func TestOverlapBufferOneFiresOneHeldBackTickWhenTheActiveRunEnds(t *testing.T) 
 func TestOverlapAllowFiresEveryTickWhileRunsAreActive(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "allow", Workflow: "sched-nobody", Cron: "* * * * *"})
+	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "allow", WorkflowType: "sched-nobody", Cron: "* * * * *"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,8 +341,8 @@ func TestDailyScheduleFiresOnceOnDaylightSavingDaysInNewYork(t *testing.T) {
 		t.Skip("no tzdata:", err)
 	}
 	for _, s := range []kagzi.Schedule{
-		{ID: "at-2", Workflow: "sched-nobody", Cron: "0 2 * * *", TimeZone: "America/New_York", MaxCatchup: 10},
-		{ID: "at-1-30", Workflow: "sched-nobody", Cron: "30 1 * * *", TimeZone: "America/New_York", MaxCatchup: 10},
+		{ID: "at-2", WorkflowType: "sched-nobody", Cron: "0 2 * * *", TimeZone: "America/New_York", MaxCatchup: 10},
+		{ID: "at-1-30", WorkflowType: "sched-nobody", Cron: "30 1 * * *", TimeZone: "America/New_York", MaxCatchup: 10},
 	} {
 		if _, err := e.client.CreateSchedule(ctx, s); err != nil {
 			t.Fatal(err)
@@ -414,7 +414,7 @@ func inZone(ts []time.Time, loc *time.Location) []string {
 func TestInvalidSchedulesAreRejectedWithWhatIsWrongAndNothingWritten(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	ok := kagzi.Schedule{ID: "report", Workflow: "generate-report", Cron: "0 6 * * *"}
+	ok := kagzi.Schedule{ID: "report", WorkflowType: "generate-report", Cron: "0 6 * * *"}
 	tests := []struct {
 		name    string
 		edit    func(*kagzi.Schedule)
@@ -430,7 +430,7 @@ func TestInvalidSchedulesAreRejectedWithWhatIsWrongAndNothingWritten(t *testing.
 		{"local zone", func(s *kagzi.Schedule) { s.TimeZone = "Local" }, "Local"},
 		{"empty id", func(s *kagzi.Schedule) { s.ID = "" }, "empty schedule id"},
 		{"long id", func(s *kagzi.Schedule) { s.ID = strings.Repeat("x", 201) }, "longer than 200"},
-		{"empty workflow", func(s *kagzi.Schedule) { s.Workflow = "" }, "empty workflow type"},
+		{"empty workflow type", func(s *kagzi.Schedule) { s.WorkflowType = "" }, "empty workflow type"},
 		{"negative catch-up", func(s *kagzi.Schedule) { s.MaxCatchup = -1 }, "MaxCatchup"},
 		{"huge catch-up", func(s *kagzi.Schedule) { s.MaxCatchup = 1001 }, "MaxCatchup"},
 		{"unknown overlap", func(s *kagzi.Schedule) { s.Overlap = 7 }, "overlap"},
@@ -484,7 +484,7 @@ func TestScheduleFieldsDescriptorsAndUpdates(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
 	before := time.Now()
-	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "every-90s", Workflow: "sched-nobody",
+	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "every-90s", WorkflowType: "sched-nobody",
 		Cron: "@every 90s", Input: map[string]int{"n": 1}, MaxCatchup: 5, Overlap: kagzi.OverlapSkip})
 	if err != nil {
 		t.Fatal(err)
@@ -497,7 +497,7 @@ func TestScheduleFieldsDescriptorsAndUpdates(t *testing.T) {
 		t.Fatalf("first tick of @every 90s is %v after the create", d)
 	}
 	for _, cron := range []string{"@daily", "@hourly", "@weekly", "@monthly", "@yearly", "*/5 9-17 * * MON-FRI"} {
-		if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "d" + cron, Workflow: "w", Cron: cron}); err != nil {
+		if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "d" + cron, WorkflowType: "w", Cron: cron}); err != nil {
 			t.Errorf("CreateSchedule(%q): %v", cron, err)
 		}
 	}
@@ -547,7 +547,7 @@ func TestScheduleFieldsDescriptorsAndUpdates(t *testing.T) {
 	if err != nil || len(page.Schedules) != 1 || page.Schedules[0].ID != "every-90s" {
 		t.Fatalf("paused schedules: %+v, %v", page, err)
 	}
-	page, err = e.client.ListSchedules(ctx, kagzi.ScheduleFilter{Workflow: "w"})
+	page, err = e.client.ListSchedules(ctx, kagzi.ScheduleFilter{WorkflowType: "w"})
 	if err != nil || len(page.Schedules) != 6 {
 		t.Fatalf("schedules of w: %d, %v", len(page.Schedules), err)
 	}
@@ -578,7 +578,7 @@ func TestResumeAfterPauseDoesNotBackFill(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
 	// Resume reads the real clock, so this test runs on it: a tick a second.
-	if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "pausable", Workflow: "sched-nobody",
+	if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "pausable", WorkflowType: "sched-nobody",
 		Cron: "* * * * * *", Seconds: true, MaxCatchup: 100}); err != nil {
 		t.Fatal(err)
 	}
@@ -626,7 +626,7 @@ func TestResumeAfterPauseDoesNotBackFill(t *testing.T) {
 func TestDeletedScheduleStopsFiringAndKeepsItsRuns(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "doomed", Workflow: "sched-nobody", Cron: "* * * * *"})
+	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "doomed", WorkflowType: "sched-nobody", Cron: "* * * * *"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -651,7 +651,7 @@ func TestDeletedScheduleStopsFiringAndKeepsItsRuns(t *testing.T) {
 func TestTriggerScheduleFiresAnExtraRunAtOnce(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "nightly", Workflow: schedTick.Name(),
+	if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "nightly", WorkflowType: schedTick.Name(),
 		Cron: "0 3 * * *", Input: "manual", Paused: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -683,7 +683,7 @@ func TestTriggerScheduleFiresAnExtraRunAtOnce(t *testing.T) {
 func TestATickNeverFiresTwiceEvenAfterItsRunFinished(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "once", Workflow: schedTick.Name(), Cron: "* * * * *", Input: "t"})
+	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "once", WorkflowType: schedTick.Name(), Cron: "* * * * *", Input: "t"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -712,7 +712,7 @@ func TestSchedulesOfANamespaceAreFiredOnlyByItsWorkers(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
 	other := newClient(t, e.pool, "other")
-	info, err := other.CreateSchedule(ctx, kagzi.Schedule{ID: "theirs", Workflow: "sched-nobody", Cron: "* * * * *"})
+	info, err := other.CreateSchedule(ctx, kagzi.Schedule{ID: "theirs", WorkflowType: "sched-nobody", Cron: "* * * * *"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -732,7 +732,7 @@ func TestSchedulesOfANamespaceAreFiredOnlyByItsWorkers(t *testing.T) {
 func TestWorkerWithDisableSchedulerFiresNothing(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "ignored", Workflow: "sched-nobody", Cron: "* * * * *"})
+	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "ignored", WorkflowType: "sched-nobody", Cron: "* * * * *"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -64,7 +64,7 @@ func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, 
 	if err != nil {
 		return wrapStoreErr("kagzi: signal run "+runID, err)
 	}
-	if RunStatus(status).Terminal() {
+	if status.Terminal() {
 		return fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, status)
 	}
 	return nil
@@ -89,7 +89,7 @@ func WaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, err
 	}
 	ctx.checkAlive()
 	x := ctx.x
-	if rec, ok := x.step(key); ok && rec.Status != string(StepWaiting) {
+	if rec, ok := x.step(key); ok && rec.Status != StepWaiting {
 		return signalResult[T](x, key, rec.Status, rec.Output)
 	}
 	poll := 50 * time.Millisecond
@@ -101,17 +101,17 @@ func WaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, err
 			return err
 		})
 		if w.Received {
-			x.setStep(key, store.StepRecord{Kind: string(KindSignal), Status: string(StepCompleted), Output: w.Payload})
+			x.setStep(key, store.StepRecord{Kind: KindSignal, Status: StepCompleted, Output: w.Payload})
 			ctx.hookSignalWait(key, name, SignalReceived)
-			return signalResult[T](x, key, string(StepCompleted), w.Payload)
+			return signalResult[T](x, key, StepCompleted, w.Payload)
 		}
 		if w.TimeoutAt != nil && !w.DBNow.Before(*w.TimeoutAt) {
 			d := encodeDetail(ErrorDetail{Code: CodeDeadlineExceeded, Message: "signal wait timed out", Subject: key})
 			ctx.write(func(c context.Context) error {
 				return store.RecordResultStep(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name,
-					string(KindSignal), string(StepFailed), &pos, nil, d)
+					KindSignal, StepFailed, &pos, nil, d)
 			})
-			x.setStep(key, store.StepRecord{Kind: string(KindSignal), Status: string(StepFailed), Error: d})
+			x.setStep(key, store.StepRecord{Kind: KindSignal, Status: StepFailed, Error: d})
 			ctx.hookSignalWait(key, name, SignalTimedOut)
 			return zero, fmt.Errorf("%w: %s", ErrSignalTimeout, key)
 		}
@@ -134,9 +134,9 @@ func WaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, err
 	}
 }
 
-func signalResult[T any](x *execution, key, status string, payload []byte) (T, error) {
+func signalResult[T any](x *execution, key string, status StepStatus, payload []byte) (T, error) {
 	var out T
-	if status != string(StepCompleted) {
+	if status != StepCompleted {
 		return out, fmt.Errorf("%w: %s", ErrSignalTimeout, key)
 	}
 	if err := x.w.client.unmarshalPayload(payload, &out); err != nil {

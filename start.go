@@ -60,10 +60,15 @@ func WithDeadline(t time.Time) StartOption { return func(o *startOptions) { o.de
 // WithRunTimeout is WithDeadline(the start time + d): the clock starts at Start.
 func WithRunTimeout(d time.Duration) StartOption { return func(o *startOptions) { o.timeout = d } }
 
-// AtVersion starts the run at a version of its workflow (see WithVersion): only
-// workers that registered that version claim it. Start of a typed workflow uses the
-// definition's version unless this is given.
-func AtVersion(v string) StartOption { return func(o *startOptions) { o.version = &v } }
+// WithRunVersion starts the run at a version of its workflow (see WithVersion, the
+// definition's version): only workers that registered that version claim it. Start
+// of a typed workflow uses the definition's version unless this is given.
+func WithRunVersion(v string) StartOption { return func(o *startOptions) { o.version = &v } }
+
+// AtVersion is WithRunVersion.
+//
+// Deprecated: use WithRunVersion, named like the other start options.
+func AtVersion(v string) StartOption { return WithRunVersion(v) }
 
 // WithIDReuse sets what happens when the workflow id's run already finished; see IDReuse.
 func WithIDReuse(r IDReuse) StartOption { return func(o *startOptions) { o.reuse = r } }
@@ -121,7 +126,7 @@ func startTyped[In, Out any](ctx context.Context, c *Client, tx pgx.Tx, wf *Work
 	if err != nil {
 		return nil, invalidArgument("input of %s does not encode as JSON: %v", wf.name, err)
 	}
-	opts = append([]StartOption{AtVersion(wf.version)}, opts...)
+	opts = append([]StartOption{WithRunVersion(wf.version)}, opts...)
 	r, err := c.start(ctx, tx, wf.name, b, opts)
 	if err != nil {
 		return nil, err
@@ -300,15 +305,15 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 			return zero, wrapStoreErr("kagzi: wait for run "+r.RunID, err)
 		}
 		switch run.Status {
-		case store.StatusCompleted:
+		case StatusCompleted:
 			var out Out
 			if err := c.unmarshalPayload(run.Output, &out); err != nil {
 				return zero, fmt.Errorf("kagzi: output of run %s does not decode into %s: %w", r.RunID, typeName[Out](), err)
 			}
 			return out, nil
-		case store.StatusFailed:
+		case StatusFailed:
 			return zero, runError(run)
-		case store.StatusCancelled:
+		case StatusCancelled:
 			return zero, fmt.Errorf("%w: run %s (workflow id %q)", ErrCancelled, r.RunID, run.WorkflowID)
 		}
 		timer := time.NewTimer(poll)

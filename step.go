@@ -19,12 +19,17 @@ type stepOptions struct {
 	retry   Retry
 }
 
-// WithTimeout bounds each attempt of the step: its context is cancelled after d, and
-// the attempt is recorded TIMED_OUT (code DEADLINE_EXCEEDED); the retry policy then
-// applies. A step function that ignores its context is still reported timed out at
-// the deadline: its goroutine is abandoned (counted by Worker.AbandonedSteps and
-// logged) and its late result discarded.
-func WithTimeout(d time.Duration) StepOption { return func(o *stepOptions) { o.timeout = d } }
+// WithStepTimeout bounds each attempt of the step: its context is cancelled after d,
+// and the attempt is recorded TIMED_OUT (code DEADLINE_EXCEEDED); the retry policy
+// then applies. A step function that ignores its context is still reported timed out
+// at the deadline: its goroutine is abandoned (counted by Worker.AbandonedSteps and
+// logged) and its late result discarded. (WithRunTimeout bounds a whole run.)
+func WithStepTimeout(d time.Duration) StepOption { return func(o *stepOptions) { o.timeout = d } }
+
+// WithTimeout is WithStepTimeout.
+//
+// Deprecated: use WithStepTimeout, which says what it bounds beside WithRunTimeout.
+func WithTimeout(d time.Duration) StepOption { return WithStepTimeout(d) }
 
 // WithRetry sets the step's retry policy, overriding the workflow's, the worker's and
 // the library's default (in that order of precedence).
@@ -78,7 +83,7 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 	ctx.checkAlive()
 	attempts := 0
 	if rec, ok := x.step(key); ok {
-		switch StepStatus(rec.Status) {
+		switch rec.Status {
 		case StepCompleted:
 			return decodeStepOutput[T](x, key, rec.Output)
 		case StepFailed:
@@ -133,9 +138,9 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 			}
 		}
 		if fnErr == nil {
-			w.Status, w.StepStatus = string(StepCompleted), string(StepCompleted)
+			w.Status, w.StepStatus = StepCompleted, StepCompleted
 			if ctx.holdRecord(w) {
-				x.setStep(key, store.StepRecord{Kind: string(KindStep), Status: string(StepCompleted), Output: w.Output, Attempts: attempts})
+				x.setStep(key, store.StepRecord{Kind: KindStep, Status: StepCompleted, Output: w.Output, Attempts: attempts})
 				return res.out, nil
 			}
 			stored, err := ctx.recordStep(w)
@@ -145,27 +150,27 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 			if stored != nil { // recorded before by this run: the recorded output wins
 				return decodeStepOutput[T](x, key, stored)
 			}
-			x.setStep(key, store.StepRecord{Kind: string(KindStep), Status: string(StepCompleted), Output: w.Output, Attempts: attempts})
+			x.setStep(key, store.StepRecord{Kind: KindStep, Status: StepCompleted, Output: w.Output, Attempts: attempts})
 			return res.out, nil
 		}
 
 		d := stepDetail(fnErr, res.timedOut, key)
-		w.Status = string(StepFailed)
+		w.Status = StepFailed
 		if res.timedOut {
-			w.Status = string(StepTimedOut)
+			w.Status = StepTimedOut
 		}
 		delay, retry := policy.next(attempts, &d)
 		w.Error = encodeDetail(d)
 		if !retry {
-			w.StepStatus = string(StepFailed)
+			w.StepStatus = StepFailed
 			if _, err := ctx.recordStep(w); err != nil {
 				return zero, err
 			}
-			rec := store.StepRecord{Kind: string(KindStep), Status: string(StepFailed), Error: w.Error, Attempts: attempts}
+			rec := store.StepRecord{Kind: KindStep, Status: StepFailed, Error: w.Error, Attempts: attempts}
 			x.setStep(key, rec)
 			return zero, stepError(key, rec)
 		}
-		w.StepStatus = string(StepRetrying)
+		w.StepStatus = StepRetrying
 		if delay > x.w.cfg.MaxInProcessSleep && ctx.canSuspend() {
 			w.RetryIn = &delay
 			if _, err := ctx.recordStep(w); err != nil {

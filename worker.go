@@ -106,7 +106,7 @@ type Worker struct {
 	pruned    atomic.Int64
 	// lastBeat is when the last heartbeat succeeded (Unix nanoseconds; 0: none yet).
 	lastBeat  atomic.Int64
-	status    atomic.Value // string: ONLINE, DRAINING, OFFLINE
+	status    atomic.Value // WorkerStatus
 	startedAt time.Time    // when Run began
 	mu        sync.Mutex
 	active    map[uuid.UUID]*execution
@@ -343,9 +343,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer w.goroutines.Close()
 	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
 	err := w.loop(ctx, sub)
-	w.setStatus(store.WorkerDraining)
+	w.setStatus(WorkerDraining)
 	w.drain()
-	w.setStatus(store.WorkerOffline)
+	w.setStatus(WorkerOffline)
 	w.logger.Info("kagzi: worker stopped")
 	return err
 }
@@ -353,7 +353,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // register records the worker in the registry, ONLINE.
 func (w *Worker) register(ctx context.Context) error {
 	host, _ := os.Hostname()
-	w.status.Store(store.WorkerOnline)
+	w.status.Store(WorkerOnline)
 	return dbError("kagzi: register worker "+w.cfg.ID, store.RegisterWorker(ctx, w.client.pool, store.WorkerRow{
 		Namespace: w.client.ns, WorkerID: w.cfg.ID, Hostname: host, PID: os.Getpid(), Version: Version,
 		Labels: w.cfg.Labels, WorkflowTypes: w.types, WorkflowVersions: w.versions, MaxConcurrent: w.cfg.MaxConcurrent,
@@ -362,7 +362,7 @@ func (w *Worker) register(ctx context.Context) error {
 }
 
 // setStatus records the worker DRAINING or OFFLINE in the registry.
-func (w *Worker) setStatus(status string) {
+func (w *Worker) setStatus(status WorkerStatus) {
 	w.status.Store(status)
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.HeartbeatInterval)
 	defer cancel()
@@ -681,13 +681,13 @@ func (w *Worker) execute(x *execution) {
 			return
 		}
 	}
-	status, output, detail := store.StatusCancelled, []byte(nil), []byte(nil)
+	status, output, detail := StatusCancelled, []byte(nil), []byte(nil)
 	switch reason {
 	case exitDeadline:
-		status, detail = store.StatusFailed, encodeDetail(ErrorDetail{Code: CodeDeadlineExceeded,
+		status, detail = StatusFailed, encodeDetail(ErrorDetail{Code: CodeDeadlineExceeded,
 			NonRetryable: true, Subject: x.run.WorkflowType, Message: "the run passed its deadline"})
 	case exitRecoveryExhausted:
-		status, detail = store.StatusFailed, encodeDetail(ErrorDetail{Code: CodeRecoveryExhausted,
+		status, detail = StatusFailed, encodeDetail(ErrorDetail{Code: CodeRecoveryExhausted,
 			NonRetryable: true, Subject: x.run.WorkflowType, Message: fmt.Sprintf(
 				"the run was taken over %d times after its worker lost its lease (died, froze or lost its "+
 					"database), more than MaxTakeovers (%d) allows: a step may be crashing its process",
@@ -695,26 +695,26 @@ func (w *Worker) execute(x *execution) {
 		x.log().Error("kagzi: run failed: taken over too many times", "takeovers", x.run.Takeovers)
 	case exitNonDeterministic:
 		x.mu.Lock()
-		status, detail = store.StatusFailed, encodeDetail(*x.nondeterminism)
+		status, detail = StatusFailed, encodeDetail(*x.nondeterminism)
 		x.mu.Unlock()
 		x.log().Error("kagzi: " + x.nondeterminism.Message)
 	}
 	if reason == exitNone {
 		switch {
 		case res.err == nil && len(res.out) > w.client.maxBytes:
-			status, detail = store.StatusFailed, encodeDetail(ErrorDetail{Code: CodeInvalidOutput, NonRetryable: true,
+			status, detail = StatusFailed, encodeDetail(ErrorDetail{Code: CodeInvalidOutput, NonRetryable: true,
 				Subject: x.run.WorkflowType, Message: fmt.Sprintf("output is %d bytes, over the limit of %d",
 					len(res.out), w.client.maxBytes)})
 		case res.err == nil:
-			status, output = store.StatusCompleted, res.out
+			status, output = StatusCompleted, res.out
 		default:
-			status, detail = store.StatusFailed, encodeDetail(failure)
+			status, detail = StatusFailed, encodeDetail(failure)
 		}
 	}
 	// The run's last step, if its record was held back, is written with the end.
 	last := x.takePending()
-	var final string // the status the run ended with (CANCELLED if a cancel came first)
-	finish := func(status string, output, detail []byte) error {
+	var final RunStatus // the status the run ended with (CANCELLED if a cancel came first)
+	finish := func(status RunStatus, output, detail []byte) error {
 		return x.writeNow(func(ctx context.Context) (err error) {
 			final, err = store.FinishRun(ctx, w.ends, w.client.id, x.run.RunID, x.run.LeaseEpoch, status, output, detail, last)
 			return err
@@ -732,18 +732,18 @@ func (w *Worker) execute(x *execution) {
 			if errors.Is(ferr, errLeaseLost) {
 				err = ferr
 			} else {
-				status, output, detail = store.StatusFailed, nil, encodeDetail(errorOf(ferr, CodeStepError, x.run.WorkflowType))
+				status, output, detail = StatusFailed, nil, encodeDetail(errorOf(ferr, CodeStepError, x.run.WorkflowType))
 				err = finish(status, output, detail)
 			}
 		} else {
 			err = finish(status, output, detail)
 		}
 	}
-	if err != nil && !errors.Is(err, errLeaseLost) && status == store.StatusCompleted {
+	if err != nil && !errors.Is(err, errLeaseLost) && status == StatusCompleted {
 		// The database rejects the output itself (jsonb cannot hold a NUL character,
 		// say): record that, or the run would be retried forever.
 		x.log().Error("kagzi: the run's output cannot be recorded", "error", err)
-		status = store.StatusFailed
+		status = StatusFailed
 		err = finish(status, nil, encodeDetail(ErrorDetail{Code: CodeInvalidOutput,
 			NonRetryable: true, Subject: x.run.WorkflowType,
 			Message: "the output cannot be recorded: " + err.Error()}))
@@ -751,16 +751,16 @@ func (w *Worker) execute(x *execution) {
 	if err == nil {
 		// This client's waiters hear of the end from us; others' from the end's own
 		// NOTIFY, when there are any (see waiters.go).
-		w.client.notifier.Publish(store.DoneTopic(x.run.RunID) + "|" + final)
+		w.client.notifier.Publish(store.DoneTopic(x.run.RunID) + "|" + string(final))
 	}
 	switch {
 	case errors.Is(err, errLeaseLost):
 		x.log().Info("kagzi: the run's lease was lost before its end was recorded; another worker takes it over")
 	case err != nil:
 		x.log().Error("kagzi: cannot record the end of the run", "error", err)
-	case status == store.StatusCompleted:
+	case status == StatusCompleted:
 		w.completed.Add(1)
-	case status == store.StatusFailed:
+	case status == StatusFailed:
 		w.failed.Add(1)
 	}
 	w.endExecution(x, outcomeOf(status, err), detail)

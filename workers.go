@@ -4,47 +4,49 @@ import (
 	"context"
 	"time"
 
+	"github.com/kagzi/kagzi/internal/vocab"
+
 	"github.com/kagzi/kagzi/internal/store"
 )
 
 // WorkerStatus is a worker's state in the registry.
-type WorkerStatus string
+type WorkerStatus = vocab.WorkerStatus
 
 // Worker statuses.
 const (
-	WorkerOnline   WorkerStatus = store.WorkerOnline   // running and claiming
-	WorkerDraining WorkerStatus = store.WorkerDraining // shutting down: no new claims
-	WorkerOffline  WorkerStatus = store.WorkerOffline  // stopped, or silent for three heartbeat intervals
+	WorkerOnline   = vocab.WorkerOnline   // running and claiming
+	WorkerDraining = vocab.WorkerDraining // shutting down: no new claims
+	WorkerOffline  = vocab.WorkerOffline  // stopped, or silent for three heartbeat intervals
 )
 
 // WorkerInfo is a worker as the registry records it.
 type WorkerInfo struct {
-	ID                string
-	Namespace         string
-	Hostname          string
-	PID               int
-	Version           string
-	Labels            map[string]string
-	WorkflowTypes     []string
-	MaxConcurrent     int
-	HeartbeatInterval time.Duration
-	Status            WorkerStatus
+	ID                string            `json:"worker_id"`
+	Namespace         string            `json:"namespace"`
+	Hostname          string            `json:"hostname"`
+	PID               int               `json:"pid"`
+	Version           string            `json:"version"`
+	Labels            map[string]string `json:"labels,omitempty"`
+	WorkflowTypes     []string          `json:"workflow_types"`
+	MaxConcurrent     int               `json:"max_concurrent"`
+	HeartbeatInterval time.Duration     `json:"heartbeat_interval"`
+	Status            WorkerStatus      `json:"status"`
 	// ActiveRuns, CompletedTotal and FailedTotal are as of the last heartbeat.
 	// ActiveRuns counts the runs the worker holds: those executing (at most
 	// MaxConcurrent) and those whose function returned and whose end is still being
 	// written (while the worker has a backlog, up to 8 × MaxConcurrent of them).
-	ActiveRuns      int
-	CompletedTotal  int64
-	FailedTotal     int64
-	StartedAt       time.Time
-	LastHeartbeatAt time.Time
-	StoppedAt       *time.Time
+	ActiveRuns      int        `json:"active_runs"`
+	CompletedTotal  int64      `json:"completed_total"`
+	FailedTotal     int64      `json:"failed_total"`
+	StartedAt       time.Time  `json:"started_at"`
+	LastHeartbeatAt time.Time  `json:"last_heartbeat_at"`
+	StoppedAt       *time.Time `json:"stopped_at,omitempty"`
 }
 
 func workerInfo(w store.WorkerRow) WorkerInfo {
 	return WorkerInfo{ID: w.WorkerID, Namespace: w.Namespace, Hostname: w.Hostname, PID: w.PID,
 		Version: w.Version, Labels: w.Labels, WorkflowTypes: w.WorkflowTypes, MaxConcurrent: w.MaxConcurrent,
-		HeartbeatInterval: w.HeartbeatInterval, Status: WorkerStatus(w.Status), ActiveRuns: w.ActiveRuns,
+		HeartbeatInterval: w.HeartbeatInterval, Status: w.Status, ActiveRuns: w.ActiveRuns,
 		CompletedTotal: w.CompletedTotal, FailedTotal: w.FailedTotal, StartedAt: w.StartedAt,
 		LastHeartbeatAt: w.LastHeartbeatAt, StoppedAt: w.StoppedAt}
 }

@@ -30,7 +30,7 @@ type workflowOptions struct {
 // with, and a worker claims only runs of the versions it registered, so old and new
 // code run side by side during a deploy: the old workers finish the old runs. Without
 // it the version is "". Start of a typed workflow records its version; StartByName
-// records the version given by AtVersion, else the version of the most recently
+// records the version given by WithRunVersion, else the version of the most recently
 // started live worker of that type, else none (the first worker to claim the run
 // pins its own).
 func WithVersion(v string) DefineOption { return func(o *workflowOptions) { o.version = v } }

@@ -126,7 +126,7 @@ func workerPB(w *kagzi.WorkerInfo) *adminpb.Worker {
 
 func schedulePB(s *kagzi.ScheduleInfo) *adminpb.WorkflowSchedule {
 	return &adminpb.WorkflowSchedule{
-		ScheduleId: s.ID, Namespace: s.Namespace, WorkflowType: s.Workflow, CronExpr: s.Cron,
+		ScheduleId: s.ID, Namespace: s.Namespace, WorkflowType: s.WorkflowType, CronExpr: s.Cron,
 		CronSeconds: s.Seconds, TimeZone: s.TimeZone, Input: payload(s.Input), Paused: s.Paused,
 		MaxCatchup: int32(s.MaxCatchup), Overlap: overlapPolicies[s.Overlap], NextFireAt: tsp(s.NextFireAt),
 		LastFiredAt: tsp(s.LastFiredAt), LastRunId: optString(s.LastRunID), BufferedTick: tsp(s.BufferedTick),

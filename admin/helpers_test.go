@@ -162,14 +162,14 @@ func newFixture(t *testing.T, opts ...kagziadmin.Option) *fixture {
 	f.bRun = bRun.RunID
 
 	for _, sc := range []kagzi.Schedule{
-		{ID: "daily-report", Workflow: "greet", Cron: "0 6 * * *", Input: greetIn{Name: "report"}, MaxCatchup: 3},
-		{ID: "hourly-sync", Workflow: "later", Cron: "0 * * * *", Overlap: kagzi.OverlapSkip, Paused: true},
+		{ID: "daily-report", WorkflowType: "greet", Cron: "0 6 * * *", Input: greetIn{Name: "report"}, MaxCatchup: 3},
+		{ID: "hourly-sync", WorkflowType: "later", Cron: "0 * * * *", Overlap: kagzi.OverlapSkip, Paused: true},
 	} {
 		if _, err := f.a.CreateSchedule(ctx, sc); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := f.b.CreateSchedule(ctx, kagzi.Schedule{ID: "b-schedule", Workflow: "greet", Cron: "*/5 * * * *"}); err != nil {
+	if _, err := f.b.CreateSchedule(ctx, kagzi.Schedule{ID: "b-schedule", WorkflowType: "greet", Cron: "*/5 * * * *"}); err != nil {
 		t.Fatal(err)
 	}
 

@@ -262,7 +262,7 @@ func (s *Server) ListWorkflowSchedules(ctx context.Context, req *adminpb.ListWor
 	if err != nil {
 		return nil, err
 	}
-	f := kagzi.ScheduleFilter{Workflow: req.GetWorkflowType(), Paused: req.Paused}
+	f := kagzi.ScheduleFilter{WorkflowType: req.GetWorkflowType(), Paused: req.Paused}
 	if f.PageSize, err = pageSize(req.GetPage()); err != nil {
 		return nil, err
 	}

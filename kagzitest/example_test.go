@@ -210,7 +210,7 @@ func TestAdvanceFiresADailySchedule(t *testing.T) {
 	t.Parallel()
 	env := kagzitest.New(t, report)
 	ctx := context.Background()
-	if _, err := env.Client.CreateSchedule(ctx, kagzi.Schedule{ID: "nightly", Workflow: "nightly-report",
+	if _, err := env.Client.CreateSchedule(ctx, kagzi.Schedule{ID: "nightly", WorkflowType: "nightly-report",
 		Cron: "0 3 * * *", Input: "ops"}); err != nil {
 		t.Fatal(err)
 	}

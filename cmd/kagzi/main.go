@@ -44,16 +44,16 @@ const usage = `kagzi - operate Kagzi durable workflows
 Usage:
   kagzi migrate [up|status]             apply the schema migrations (default: up), or show the version
   kagzi runs list [filters]             list runs, newest first
-        --status S,...  --type T  --workflow-id ID  --schedule ID  --limit N  --page-token T  --all
+        --status S,...  --workflow-type T  --workflow-id ID  --schedule ID  --limit N  --page-token T  --all
   kagzi runs show RUN_ID                show a run and its step timeline (attempts, errors)
   kagzi runs show --workflow-id ID      ... of a workflow id (its active run, else its newest)
   kagzi runs cancel RUN_ID              cancel a run
-  kagzi runs retry RUN_ID               rerun a FAILED or CANCELLED run from its failed step
+  kagzi runs rerun RUN_ID               rerun a FAILED or CANCELLED run from its failed step (alias: retry)
   kagzi runs fork RUN_ID STEP_KEY       start a copy of a run from one of its steps [--input JSON]
   kagzi workers list [filters]          list the worker registry
-        --status S,...  --type T  --limit N  --page-token T
+        --status S,...  --workflow-type T  --limit N  --page-token T
   kagzi schedules list [filters]        list cron schedules
-        --type T  --paused | --active  --limit N  --page-token T
+        --workflow-type T  --paused | --active  --limit N  --page-token T
   kagzi schedules show ID               show a schedule
   kagzi schedules pause ID              stop a schedule from firing
   kagzi schedules resume ID             resume it (no back-fill of missed ticks)
@@ -67,6 +67,8 @@ Usage:
         --insecure                            allow an address other than loopback without a token or TLS
         (an address other than 127.0.0.0/8, ::1 or localhost, e.g. :50051, needs a token or TLS)
   kagzi version                         print the versions
+
+(--type is accepted for --workflow-type.)
 
 Flags of every command:
   --dsn URL          PostgreSQL URL (default $KAGZI_DATABASE_URL, then $DATABASE_URL)
@@ -170,12 +172,12 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 			return a.runsShow(ctx, args)
 		case "cancel":
 			return a.runsCancel(ctx, args)
-		case "retry":
-			return a.runsRetry(ctx, args)
+		case "rerun", "retry":
+			return a.runsRerun(ctx, args)
 		case "fork":
 			return a.runsFork(ctx, args)
 		}
-		return usagef("runs: want list, show, cancel, retry or fork, got %q", sub)
+		return usagef("runs: want list, show, cancel, rerun or fork, got %q", sub)
 	case "workers":
 		args = dropFirst(args, sub)
 		if sub == "list" {
@@ -202,6 +204,14 @@ func dropFirst(args []string, sub string) []string {
 		return args[1:]
 	}
 	return args
+}
+
+// workflowTypeFlag defines --workflow-type, with --type as its short alias.
+func workflowTypeFlag(fs *flag.FlagSet, usage string) *string {
+	typ := new(string)
+	fs.StringVar(typ, "workflow-type", "", usage)
+	fs.StringVar(typ, "type", "", "alias of --workflow-type")
+	return typ
 }
 
 // flagSet returns a flag set with the common flags; its errors are returned, not

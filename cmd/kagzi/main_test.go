@@ -264,7 +264,7 @@ func TestRunsListPrintsATableAndJSONWithFiltersAndPages(t *testing.T) {
 		failed.Runs[0].Error.Code != "KABOOM" {
 		t.Fatalf("--status failed --json: %+v", failed)
 	}
-	greets := decode[runsJSON](t, ok(t, f.url, "runs", "list", "--type", "greet", "--json"))
+	greets := decode[runsJSON](t, ok(t, f.url, "runs", "list", "--workflow-type", "greet", "--json"))
 	if len(greets.Runs) != 3 || string(greets.Runs[0].Output) != `"hello cy!"` {
 		t.Fatalf("--type greet: %+v", greets)
 	}
@@ -419,7 +419,7 @@ func TestWorkersListShowsTheRegistry(t *testing.T) {
 func TestSchedulesListShowPauseResumeAndTrigger(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	if _, err := f.client.CreateSchedule(ctx, kagzi.Schedule{ID: "nightly", Workflow: "greet", Cron: "0 3 * * *",
+	if _, err := f.client.CreateSchedule(ctx, kagzi.Schedule{ID: "nightly", WorkflowType: "greet", Cron: "0 3 * * *",
 		TimeZone: "Europe/Paris", Input: greetIn{Name: "night"}, Overlap: kagzi.OverlapSkip}); err != nil {
 		t.Fatal(err)
 	}
@@ -562,19 +562,19 @@ func metadataCtx(ctx context.Context, token string) context.Context {
 	return metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+token)
 }
 
-func TestRunsRetryAndForkStartTheRunAgainFromAStep(t *testing.T) {
+func TestRunsRerunAndForkStartTheRunAgainFromAStep(t *testing.T) {
 	f := newFixture(t)
-	out := ok(t, f.url, "runs", "retry", f.failed)
-	if !strings.Contains(out, "run "+f.failed+" retried (attempt 2, now ") {
-		t.Fatalf("retry: %q", out)
+	out := ok(t, f.url, "runs", "rerun", f.failed)
+	if !strings.Contains(out, "run "+f.failed+" rerun (attempt 2, now ") {
+		t.Fatalf("rerun: %q", out)
 	}
 	info, err := f.client.GetRun(context.Background(), f.failed)
 	if err != nil || info.Attempt != 2 { // the fixture's worker may already run it (and fail it) again
 		t.Fatalf("after retry: %+v, %v", info, err)
 	}
-	r := kagziCmd(t, f.url, "runs", "retry", f.greets[0])
+	r := kagziCmd(t, f.url, "runs", "retry", f.greets[0]) // the old name stays an alias
 	if r.code != 1 || !strings.Contains(r.stderr, "only FAILED or CANCELLED") {
-		t.Fatalf("retry of a completed run: exit %d, %q", r.code, r.stderr)
+		t.Fatalf("rerun of a completed run: exit %d, %q", r.code, r.stderr)
 	}
 	fork := decode[map[string]any](t, ok(t, f.url, "runs", "fork", f.greets[0], "flaky#1", "--input", `{"name":"fork"}`, "--json"))
 	forkID, _ := fork["run_id"].(string)

@@ -158,7 +158,7 @@ func workerOf(w *kagzi.WorkerInfo) workerJSON {
 }
 
 func scheduleOf(s *kagzi.ScheduleInfo) scheduleJSON {
-	return scheduleJSON{ScheduleID: s.ID, Namespace: s.Namespace, WorkflowType: s.Workflow, Cron: s.Cron,
+	return scheduleJSON{ScheduleID: s.ID, Namespace: s.Namespace, WorkflowType: s.WorkflowType, Cron: s.Cron,
 		CronSeconds: s.Seconds, TimeZone: s.TimeZone, Input: s.Input, Paused: s.Paused, MaxCatchup: s.MaxCatchup,
 		Overlap: s.Overlap.String(), NextFireAt: utcp(s.NextFireAt), LastFiredAt: utcp(s.LastFiredAt),
 		LastRunID: s.LastRunID, BufferedTick: utcp(s.BufferedTick), CatchupSkipped: s.CatchupSkipped,

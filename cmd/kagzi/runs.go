@@ -28,7 +28,7 @@ func splitList(s string) []string {
 func (a *app) runsList(ctx context.Context, args []string) error {
 	fs := a.flagSet("runs list")
 	statuses := fs.String("status", "", "statuses, comma-separated (PENDING,RUNNING,SLEEPING,COMPLETED,FAILED,CANCELLED)")
-	typ := fs.String("type", "", "workflow type")
+	typ := workflowTypeFlag(fs, "workflow type")
 	wfID := fs.String("workflow-id", "", "workflow id")
 	schedule := fs.String("schedule", "", "schedule id")
 	after := fs.String("created-after", "", "RFC 3339 time")
@@ -241,8 +241,8 @@ func (a *app) runsCancel(ctx context.Context, args []string) error {
 	return nil
 }
 
-func (a *app) runsRetry(ctx context.Context, args []string) error {
-	fs := a.flagSet("runs retry")
+func (a *app) runsRerun(ctx context.Context, args []string) error {
+	fs := a.flagSet("runs rerun")
 	pos, err := a.parse(fs, args, 1, 1)
 	if err != nil {
 		return err
@@ -252,7 +252,7 @@ func (a *app) runsRetry(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	if err := client.Retry(ctx, pos[0]); err != nil {
+	if err := client.Rerun(ctx, pos[0]); err != nil {
 		return notFound(err, "no such run in namespace "+a.namespace)
 	}
 	run, err := client.GetRun(ctx, pos[0])
@@ -262,7 +262,7 @@ func (a *app) runsRetry(ctx context.Context, args []string) error {
 	if a.json {
 		return a.printJSON(runOf(run))
 	}
-	fmt.Fprintf(a.stdout, "run %s retried (attempt %d, now %s); its completed steps will replay\n", run.RunID, run.Attempt, run.Status)
+	fmt.Fprintf(a.stdout, "run %s rerun (attempt %d, now %s); its completed steps will replay\n", run.RunID, run.Attempt, run.Status)
 	return nil
 }
 

@@ -9,7 +9,7 @@ import (
 
 func (a *app) schedulesList(ctx context.Context, args []string) error {
 	fs := a.flagSet("schedules list")
-	typ := fs.String("type", "", "keep the schedules of this workflow type")
+	typ := workflowTypeFlag(fs, "keep the schedules of this workflow type")
 	paused := fs.Bool("paused", false, "keep paused schedules only")
 	active := fs.Bool("active", false, "keep active schedules only")
 	limit := fs.Int("limit", 50, "schedules per page (1..1000)")
@@ -17,7 +17,7 @@ func (a *app) schedulesList(ctx context.Context, args []string) error {
 	if _, err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	f := kagzi.ScheduleFilter{Workflow: *typ, PageSize: *limit, PageToken: *token}
+	f := kagzi.ScheduleFilter{WorkflowType: *typ, PageSize: *limit, PageToken: *token}
 	switch {
 	case *paused && *active:
 		return usagef("schedules list: --paused and --active exclude each other")
@@ -48,7 +48,7 @@ func (a *app) schedulesList(ctx context.Context, args []string) error {
 	}
 	t := newTable(a.stdout, "SCHEDULE ID", "WORKFLOW", "CRON", "TIME ZONE", "STATE", "OVERLAP", "NEXT FIRE", "LAST FIRED", "LAST RUN")
 	for _, s := range page.Schedules {
-		t.row(s.ID, s.Workflow, s.Cron, s.TimeZone, state(s.Paused), s.Overlap.String(), whenp(s.NextFireAt),
+		t.row(s.ID, s.WorkflowType, s.Cron, s.TimeZone, state(s.Paused), s.Overlap.String(), whenp(s.NextFireAt),
 			whenp(s.LastFiredAt), orDash(s.LastRunID))
 	}
 	t.flush()
@@ -113,7 +113,7 @@ func (a *app) scheduleAction(ctx context.Context, action string, args []string) 
 	kv := newTable(a.stdout)
 	kv.row("Schedule:", s.ID)
 	kv.row("Namespace:", s.Namespace)
-	kv.row("Workflow:", s.Workflow)
+	kv.row("Workflow type:", s.WorkflowType)
 	cron := s.Cron
 	if s.Seconds {
 		cron += " (with seconds)"

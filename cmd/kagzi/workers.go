@@ -12,7 +12,7 @@ import (
 func (a *app) workersList(ctx context.Context, args []string) error {
 	fs := a.flagSet("workers list")
 	statuses := fs.String("status", "", "statuses, comma-separated (ONLINE,DRAINING,OFFLINE)")
-	typ := fs.String("type", "", "keep the workers that registered this workflow type")
+	typ := workflowTypeFlag(fs, "keep the workers that registered this workflow type")
 	limit := fs.Int("limit", 50, "workers per page (1..1000)")
 	token := fs.String("page-token", "", "continue a listing")
 	if _, err := a.parse(fs, args, 0, 0); err != nil {

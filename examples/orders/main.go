@@ -110,7 +110,7 @@ func newOrderWorkflow(confirmWait time.Duration, logger *slog.Logger) *kagzi.Wor
 		// runs; the payment provider's idempotency key covers that).
 		payment, err := kagzi.Step(ctx, "charge-card", func(ctx context.Context) (Payment, error) {
 			return chargeCard(ctx, orderID, user, in.Total)
-		}, kagzi.WithTimeout(2*time.Minute))
+		}, kagzi.WithStepTimeout(2*time.Minute))
 		if err != nil {
 			return OrderOutput{}, err
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/kagzi/kagzi/internal/vocab"
 )
 
 // ClaimedRun is a run a worker has just claimed, with every step it has recorded.
@@ -39,8 +40,8 @@ type ClaimedRun struct {
 type StepRecord struct {
 	Name     string
 	Position *int
-	Kind     string
-	Status   string
+	Kind     vocab.StepKind
+	Status   vocab.StepStatus
 	Output   []byte
 	Error    []byte
 	Attempts int
@@ -319,9 +320,9 @@ type StepWrite struct {
 	// Position is the step's among the calls of its scope.
 	Position int
 	// Status is the attempt's: COMPLETED, FAILED or TIMED_OUT.
-	Status string
+	Status vocab.StepStatus
 	// StepStatus is the step's after this attempt: COMPLETED, RETRYING or FAILED.
-	StepStatus string
+	StepStatus vocab.StepStatus
 	Output     []byte
 	Error      []byte
 	StartedAt  time.Time
@@ -399,11 +400,11 @@ func RecordStep(ctx context.Context, db DBTX, w StepWrite) (attempt int, err err
 	var att *int
 	var notified *string
 	if w.RetryIn == nil {
-		err = db.QueryRow(ctx, recordStepSQL, [16]byte(w.RunID), w.Epoch, w.Key, w.Name, w.Status, w.Output,
-			w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, w.Position).Scan(&owned, &att, &notified)
+		err = db.QueryRow(ctx, recordStepSQL, [16]byte(w.RunID), w.Epoch, w.Key, w.Name, string(w.Status), w.Output,
+			w.Error, w.StartedAt, w.FinishedAt, string(w.StepStatus), w.Position).Scan(&owned, &att, &notified)
 	} else {
-		err = db.QueryRow(ctx, recordStepReleaseSQL, [16]byte(w.RunID), w.Epoch, w.Key, w.Name, w.Status, w.Output,
-			w.Error, w.StartedAt, w.FinishedAt, w.StepStatus, w.Position, w.RetryIn.Milliseconds()).Scan(&owned, &att, &notified)
+		err = db.QueryRow(ctx, recordStepReleaseSQL, [16]byte(w.RunID), w.Epoch, w.Key, w.Name, string(w.Status), w.Output,
+			w.Error, w.StartedAt, w.FinishedAt, string(w.StepStatus), w.Position, w.RetryIn.Milliseconds()).Scan(&owned, &att, &notified)
 	}
 	switch {
 	case err != nil:
@@ -515,7 +516,7 @@ SELECT status, (` + notifyRunSQL + `)::text FROM upd`
 // Suspend puts a running run to sleep until its wake time and releases it; see
 // suspendSQL. With an empty Key the sleep is already recorded and WakeAt must be set.
 // It returns the run's new status (SLEEPING, or CANCELLED).
-func Suspend(ctx context.Context, db DBTX, w SleepWrite) (status string, err error) {
+func Suspend(ctx context.Context, db DBTX, w SleepWrite) (status vocab.RunStatus, err error) {
 	var ignored string
 	err = db.QueryRow(ctx, suspendSQL, [16]byte(w.RunID), w.Epoch, w.Key, w.Name, w.WakeAt,
 		w.Duration.Milliseconds(), w.Position).Scan(&status, &ignored)
@@ -587,9 +588,10 @@ ON CONFLICT (namespace, client_id) DO UPDATE SET expires_at = excluded.expires_a
 // returns the status the run ended with.
 // last, when not nil, is a completed step not yet recorded: it is recorded in the
 // same statement (its Status and StepStatus are COMPLETED, Error is nil).
-func FinishRun(ctx context.Context, db DBTX, clientID, runID uuid.UUID, epoch int64, status string,
-	output, errDetail []byte, last *StepWrite) (string, error) {
-	var final, ignored string
+func FinishRun(ctx context.Context, db DBTX, clientID, runID uuid.UUID, epoch int64, status vocab.RunStatus,
+	output, errDetail []byte, last *StepWrite) (vocab.RunStatus, error) {
+	var final vocab.RunStatus
+	var ignored string
 	var key, name *string
 	var stepOut []byte
 	var started, finished *time.Time
@@ -598,7 +600,7 @@ func FinishRun(ctx context.Context, db DBTX, clientID, runID uuid.UUID, epoch in
 		key, name, stepOut = &last.Key, &last.Name, last.Output
 		started, finished, position = &last.StartedAt, &last.FinishedAt, &last.Position
 	}
-	err := db.QueryRow(ctx, finishRunSQL, [16]byte(runID), epoch, status, output, errDetail,
+	err := db.QueryRow(ctx, finishRunSQL, [16]byte(runID), epoch, string(status), output, errDetail,
 		key, name, stepOut, started, finished, position, [16]byte(clientID)).Scan(&final, &ignored)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrLeaseLost

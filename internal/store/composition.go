@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/kagzi/kagzi/internal/vocab"
 )
 
 // RecordChildStep records the step that started a child run: its output names the
@@ -33,7 +34,7 @@ func RecordChildStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64,
 // RecordResultStep records a step whose outcome came from outside the run (a child's
 // result, a signal wait that timed out): COMPLETED with an output, or FAILED with an
 // error. Fenced.
-func RecordResultStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key, name, kind, status string,
+func RecordResultStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key, name string, kind vocab.StepKind, status vocab.StepStatus,
 	position *int, output, errDetail []byte) error {
 	var owned int
 	err := db.QueryRow(ctx, `
@@ -56,7 +57,7 @@ func RecordResultStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64
 
 // RunOutcome is a run's status and result, for a parent waiting on its child.
 type RunOutcome struct {
-	Status string
+	Status vocab.RunStatus
 	Output []byte
 	Error  []byte
 }
@@ -85,8 +86,9 @@ type WaitWrite struct {
 // SuspendForWait puts a running run to sleep until WakeAt (or its deadline), like
 // Suspend, and records what it waits for. A run whose cancel was requested ends
 // CANCELLED. Fenced; returns the new status.
-func SuspendForWait(ctx context.Context, db DBTX, w WaitWrite) (string, error) {
-	var status, ignored string
+func SuspendForWait(ctx context.Context, db DBTX, w WaitWrite) (vocab.RunStatus, error) {
+	var status vocab.RunStatus
+	var ignored string
 	var signal *string
 	if w.Signal != "" {
 		signal = &w.Signal
@@ -115,8 +117,8 @@ func SuspendForWait(ctx context.Context, db DBTX, w WaitWrite) (string, error) {
 // SendSignal stores a signal for an active run of the namespace and wakes the run if
 // it sleeps waiting for that signal. It returns the run's status (a terminal status
 // means nothing was stored) or ErrNotFound.
-func SendSignal(ctx context.Context, db DBTX, namespace string, runID uuid.UUID, name string, payload []byte) (string, error) {
-	var status string
+func SendSignal(ctx context.Context, db DBTX, namespace string, runID uuid.UUID, name string, payload []byte) (vocab.RunStatus, error) {
+	var status vocab.RunStatus
 	var ignored *string
 	err := db.QueryRow(ctx, `
 		WITH target AS (

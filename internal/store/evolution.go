@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/kagzi/kagzi/internal/vocab"
 )
 
 // newestVersionSQL is the version of workflow type $4 registered by the most recently
@@ -25,8 +26,8 @@ var ErrActiveRunExists = errors.New("another active run holds the workflow id")
 // attempt bumped, its error, cancel flag and deadline cleared, and its steps that did
 // not complete (failed, retrying, waiting) deleted so they run again; completed steps
 // are kept and replay. It returns the status the run had.
-func RerunRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (string, error) {
-	var before string
+func RerunRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (vocab.RunStatus, error) {
+	var before vocab.RunStatus
 	err := db.QueryRow(ctx, `
 		WITH target AS (
 			SELECT run_id, status FROM kagzi.runs WHERE namespace = $1 AND run_id = $2 FOR UPDATE

@@ -17,6 +17,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/kagzi/kagzi/internal/vocab"
 )
 
 // Channel is the one LISTEN/NOTIFY channel Kagzi uses. Payloads are "topic|extra";
@@ -48,16 +49,6 @@ func DeadlineTopic(namespace string) string { return "t|" + namespace }
 // the extra part is the run id.
 func CancelTopic(namespace string) string { return "c|" + namespace }
 
-// Statuses of a run.
-const (
-	StatusPending   = "PENDING"
-	StatusRunning   = "RUNNING"
-	StatusSleeping  = "SLEEPING"
-	StatusCompleted = "COMPLETED"
-	StatusFailed    = "FAILED"
-	StatusCancelled = "CANCELLED"
-)
-
 // Errors returned by this package.
 var (
 	ErrNotFound  = errors.New("not found")
@@ -77,7 +68,7 @@ type Run struct {
 	Namespace       string
 	WorkflowID      string
 	WorkflowType    string
-	Status          string
+	Status          vocab.RunStatus
 	Input           []byte
 	Output          []byte
 	Error           []byte
@@ -274,7 +265,7 @@ func GetRunByWorkflowID(ctx context.Context, db DBTX, namespace, workflowID stri
 // ListRunsParams filters ListRuns. Zero fields do not filter.
 type ListRunsParams struct {
 	Namespace     string
-	Statuses      []string
+	Statuses      []vocab.RunStatus
 	WorkflowType  string
 	WorkflowID    string
 	ScheduleID    string
@@ -318,7 +309,11 @@ func listRunsQuery(p ListRunsParams) (string, []any) {
 		where += " AND " + cond + "$" + strconv.Itoa(len(args))
 	}
 	if len(p.Statuses) > 0 {
-		args = append(args, p.Statuses)
+		statuses := make([]string, len(p.Statuses))
+		for i, s := range p.Statuses {
+			statuses[i] = string(s)
+		}
+		args = append(args, statuses)
 		where += " AND " + r + "status = ANY($" + strconv.Itoa(len(args)) + ")"
 	}
 	if p.WorkflowType != "" {
@@ -385,7 +380,7 @@ SELECT t.status, coalesce(u.status, t.status),
 FROM target t LEFT JOIN upd u ON true`
 
 // CancelRun cancels a run; see cancelRunSQL.
-func CancelRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (before, after string, err error) {
+func CancelRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (before, after vocab.RunStatus, err error) {
 	var ignored bool
 	err = db.QueryRow(ctx, cancelRunSQL, namespace, runID).Scan(&before, &after, &ignored)
 	if errors.Is(err, pgx.ErrNoRows) {

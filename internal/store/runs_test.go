@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kagzi/kagzi/internal/vocab"
+
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -21,7 +23,7 @@ func TestAPageOfRunsIsReadInOrderFromRunsCreatedWithoutSortingOrScanningRuns(t *
 	after := time.Now().Add(time.Hour)
 	for _, p := range []ListRunsParams{
 		{Namespace: "default", Limit: 50},
-		{Namespace: "default", Limit: 50, Statuses: []string{StatusPending}, WorkflowType: "wf"},
+		{Namespace: "default", Limit: 50, Statuses: []vocab.RunStatus{vocab.StatusPending}, WorkflowType: "wf"},
 		{Namespace: "default", Limit: 50, AfterCreated: &after, AfterRunID: ids[0]},
 	} {
 		sql, args := listRunsQuery(p)

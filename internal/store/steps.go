@@ -5,14 +5,15 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/kagzi/kagzi/internal/vocab"
 )
 
 // Step is one recorded step of a run with its attempt history, for ListSteps.
 type Step struct {
 	Key       string
 	Name      string
-	Kind      string
-	Status    string
+	Kind      vocab.StepKind
+	Status    vocab.StepStatus
 	Output    []byte
 	Error     []byte
 	Attempts  []Attempt
@@ -24,7 +25,7 @@ type Step struct {
 // Attempt is one attempt of a step.
 type Attempt struct {
 	Number     int
-	Status     string
+	Status     vocab.StepStatus
 	Error      []byte
 	StartedAt  time.Time
 	FinishedAt time.Time
@@ -51,14 +52,16 @@ func ListSteps(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) 
 	for rows.Next() {
 		found = true
 		var (
-			key, name, kind, status *string
-			s                       Step
-			createdAt, updatedAt    *time.Time
-			sStarted, sFinished     *time.Time
-			num                     *int
-			a                       Attempt
-			aStatus                 *string
-			aStarted, aFinished     *time.Time
+			key, name            *string
+			kind                 *vocab.StepKind
+			status               *vocab.StepStatus
+			s                    Step
+			createdAt, updatedAt *time.Time
+			sStarted, sFinished  *time.Time
+			num                  *int
+			a                    Attempt
+			aStatus              *vocab.StepStatus
+			aStarted, aFinished  *time.Time
 		)
 		if err := rows.Scan(&key, &name, &kind, &status, &s.Output, &s.Error, &s.WakeAt, &createdAt,
 			&updatedAt, &sStarted, &sFinished, &num, &aStatus, &a.Error, &aStarted, &aFinished); err != nil {

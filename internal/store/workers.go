@@ -8,13 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
-)
-
-// Worker statuses.
-const (
-	WorkerOnline   = "ONLINE"
-	WorkerDraining = "DRAINING"
-	WorkerOffline  = "OFFLINE"
+	"github.com/kagzi/kagzi/internal/vocab"
 )
 
 // WorkerRow is one row of kagzi.workers.
@@ -29,7 +23,7 @@ type WorkerRow struct {
 	WorkflowVersions  []string
 	MaxConcurrent     int
 	HeartbeatInterval time.Duration
-	Status            string
+	Status            vocab.WorkerStatus
 	ActiveRuns        int
 	CompletedTotal    int64
 	FailedTotal       int64
@@ -76,7 +70,7 @@ func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow) error {
 }
 
 // SetWorkerStatus marks a worker DRAINING or OFFLINE (with its final counters).
-func SetWorkerStatus(ctx context.Context, db DBTX, namespace, workerID, status string, beat WorkerBeat) error {
+func SetWorkerStatus(ctx context.Context, db DBTX, namespace, workerID string, status vocab.WorkerStatus, beat WorkerBeat) error {
 	_, err := db.Exec(ctx, `
 		UPDATE kagzi.workers SET status = $3, active_runs = $4, completed_total = $5, failed_total = $6,
 			last_heartbeat_at = now(), stopped_at = CASE WHEN $3 = 'OFFLINE' THEN now() END
