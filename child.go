@@ -60,7 +60,7 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	}
 	ctx.checkAlive()
 	x := ctx.x
-	if rec, ok := x.step(key); ok && rec.Status == StepCompleted {
+	if rec, ok := x.hist.get(key); ok && rec.Status == StepCompleted {
 		var ref childRef
 		if err := json.Unmarshal(rec.Output, &ref); err != nil {
 			return nil, NonRetryable(fmt.Errorf("kagzi: recorded child of step %s does not decode: %w", key, err))
@@ -76,18 +76,19 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	opts = append(opts, WithID(parentID.String()+"/"+key), WithIDReuse(IDReuseNever))
 	var run *Run[json.RawMessage]
 	ctx.ensureLease()
-	err = ctx.write(func(c context.Context) (err error) {
-		run, err = x.w.client.startChild(withValuesOf(c, ctx), wf.name, b, opts, parentID, key)
+	err = ctx.write(func(c context.Context, _ *writer) (err error) {
+		run, err = x.rt.startChild(withValuesOf(c, ctx), wf.name, b, opts, parentID, key)
 		return err
 	})
 	if err != nil {
 		return nil, err
 	}
 	ref, _ := json.Marshal(childRef{RunID: run.RunID, WorkflowID: run.WorkflowID})
-	ctx.write(func(c context.Context) error {
-		return store.RecordChildStep(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name, pos, ref)
+	ctx.write(func(c context.Context, db *writer) error {
+		return db.recordResult(c, store.ResultStep{Fence: x.run.Fence, Key: key, Name: name, Kind: KindChild,
+			Status: StepCompleted, Position: &pos, Output: ref})
 	})
-	x.setStep(key, store.StepRecord{Kind: KindChild, Status: StepCompleted, Output: ref})
+	x.hist.set(key, store.StepRecord{Kind: KindChild, Status: StepCompleted, Output: ref})
 	return &ChildRun[Out]{RunID: run.RunID, WorkflowID: run.WorkflowID, parent: ctx, key: key}, nil
 }
 
@@ -108,7 +109,7 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 	ctx, x := c.parent, c.parent.x
 	key := c.key + "/result"
 	ctx.checkAlive()
-	if rec, ok := x.step(key); ok && rec.Status != StepWaiting {
+	if rec, ok := x.hist.get(key); ok && rec.Status != StepWaiting {
 		return childResult[Out](c, rec.Status, rec.Output, rec.Error)
 	}
 	childID, err := uuid.Parse(c.RunID)
@@ -118,8 +119,8 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 	poll := 50 * time.Millisecond
 	for {
 		var o store.RunOutcome
-		ctx.write(func(cc context.Context) (err error) {
-			o, err = store.GetRunOutcome(cc, x.w.client.pool, childID)
+		ctx.write(func(cc context.Context, db *writer) (err error) {
+			o, err = db.runOutcome(cc, childID)
 			return err
 		})
 		if o.Status.Terminal() {
@@ -131,18 +132,17 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 					errDetail = encodeDetail(ErrorDetail{Code: CodeCancelled, Message: "the child run was cancelled", Subject: c.RunID})
 				}
 			}
-			ctx.write(func(cc context.Context) error {
-				return store.RecordResultStep(cc, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, key,
-					KindChild, status, nil, o.Output, errDetail)
+			ctx.write(func(cc context.Context, db *writer) error {
+				return db.recordResult(cc, store.ResultStep{Fence: x.run.Fence, Key: key, Name: key, Kind: KindChild,
+					Status: status, Output: o.Output, Error: errDetail})
 			})
-			x.setStep(key, store.StepRecord{Kind: KindChild, Status: status, Output: o.Output, Error: errDetail})
+			x.hist.set(key, store.StepRecord{Kind: KindChild, Status: status, Output: o.Output, Error: errDetail})
 			return childResult[Out](c, status, o.Output, errDetail)
 		}
 		if ctx.canSuspend() {
 			// Sleep until the child ends (its end wakes this run), re-checking hourly.
-			ctx.write(func(cc context.Context) error {
-				_, err := store.SuspendForWait(cc, x.w.client.pool, store.WaitWrite{RunID: x.run.RunID,
-					Epoch: x.run.LeaseEpoch, WakeAt: x.dbNow().Add(time.Hour)})
+			ctx.write(func(cc context.Context, db *writer) error {
+				_, err := db.suspendForWait(cc, store.WaitWrite{Fence: x.run.Fence, WakeAt: x.dbNow().Add(time.Hour)})
 				return err
 			})
 			ctx.stop(exitSuspended)
@@ -155,7 +155,7 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 func childResult[Out any](c *ChildRun[Out], status StepStatus, output, errDetail []byte) (Out, error) {
 	var out Out
 	if status == StepCompleted {
-		if err := c.parent.x.w.client.unmarshalPayload(output, &out); err != nil {
+		if err := c.parent.x.rt.payloads.unmarshalPayload(output, &out); err != nil {
 			return out, NonRetryable(fmt.Errorf("kagzi: output of child run %s does not decode into %s: %w",
 				c.RunID, typeName[Out](), err))
 		}

@@ -5,6 +5,9 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+
+	"github.com/kagzi/kagzi/internal/store"
 )
 
 // Codec transforms payloads on their way to and from PostgreSQL: compression,
@@ -31,10 +34,18 @@ type codecEnvelope struct {
 	Data *string `json:"$kagzi_codec"`
 }
 
+// payloads encodes and decodes a client's payloads (Config.Codec, MaxPayloadSize).
+// The client embeds it, and hands it to its workers' executions.
+type payloads struct {
+	codec    Codec // nil: payloads stored as JSON
+	maxBytes int
+	logger   *slog.Logger
+}
+
 // encodePayload applies the codec to a payload's JSON and checks the size limit on
 // what is stored. Its errors wrap ErrInvalidArgument and name what: "input of
 // process-order", say.
-func (c *Client) encodePayload(what string, b []byte) ([]byte, error) {
+func (c *payloads) encodePayload(what string, b []byte) ([]byte, error) {
 	if c.codec != nil {
 		enc, err := c.encode(b)
 		if err != nil {
@@ -53,7 +64,7 @@ func (c *Client) encodePayload(what string, b []byte) ([]byte, error) {
 }
 
 // encode applies the codec, if any, to a payload's JSON (no size check).
-func (c *Client) encode(b []byte) ([]byte, error) {
+func (c *payloads) encode(b []byte) ([]byte, error) {
 	if c.codec == nil {
 		return b, nil
 	}
@@ -71,7 +82,7 @@ func (c *Client) encode(b []byte) ([]byte, error) {
 
 // decodePayload returns the JSON of a stored payload: with a codec, an encoded payload
 // is decoded, and one written before the codec was configured is returned as it is.
-func (c *Client) decodePayload(b []byte) ([]byte, error) {
+func (c *payloads) decodePayload(b []byte) ([]byte, error) {
 	if c.codec == nil || len(b) == 0 {
 		return b, nil
 	}
@@ -112,7 +123,7 @@ func envelopeData(b []byte) (string, bool) {
 }
 
 // unmarshalPayload decodes a stored payload into v.
-func (c *Client) unmarshalPayload(b []byte, v any) error {
+func (c *payloads) unmarshalPayload(b []byte, v any) error {
 	dec, err := c.decodePayload(b)
 	if err != nil {
 		return err
@@ -122,7 +133,7 @@ func (c *Client) unmarshalPayload(b []byte, v any) error {
 
 // readPayload is decodePayload for reads that report payloads (RunInfo, StepInfo,
 // ScheduleInfo): a payload the codec cannot decode is returned as stored.
-func (c *Client) readPayload(b []byte) []byte {
+func (c *payloads) readPayload(b []byte) []byte {
 	if c.codec == nil {
 		return b
 	}
@@ -151,18 +162,18 @@ func (c *Client) decodeScheduleInfo(info *ScheduleInfo) *ScheduleInfo {
 
 // inputCodecError is the error of a run whose stored input the codec cannot decode:
 // it fails the run at once (INVALID_INPUT).
-func inputCodecError(x *execution, err error) error {
-	return &detailError{detail: ErrorDetail{Code: CodeInvalidInput, NonRetryable: true, Subject: x.run.WorkflowType,
-		Message: fmt.Sprintf("input of run %s cannot be read: %v", x.run.RunID, err)}}
+func inputCodecError(run *store.ClaimedRun, err error) error {
+	return &detailError{detail: ErrorDetail{Code: CodeInvalidInput, NonRetryable: true, Subject: run.WorkflowType,
+		Message: fmt.Sprintf("input of run %s cannot be read: %v", run.RunID, err)}}
 }
 
 // encodeRunOutput applies the codec to a run's output; its error fails the run at
 // once (INVALID_OUTPUT). The size limit is checked by the caller, on what this returns.
-func (c *Client) encodeRunOutput(x *execution, out []byte) ([]byte, error) {
+func (c *payloads) encodeRunOutput(run *store.ClaimedRun, out []byte) ([]byte, error) {
 	enc, err := c.encode(out)
 	if err != nil {
 		return nil, &detailError{detail: ErrorDetail{Code: CodeInvalidOutput, NonRetryable: true,
-			Subject: x.run.WorkflowType, Message: fmt.Sprintf("output of run %s: %v", x.run.RunID, err)}}
+			Subject: run.WorkflowType, Message: fmt.Sprintf("output of run %s: %v", run.RunID, err)}}
 	}
 	return enc, nil
 }

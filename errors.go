@@ -1,17 +1,10 @@
 package kagzi
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
-	"strings"
-	"syscall"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Errors a caller can test for with errors.Is. Every error Kagzi returns for bad
@@ -197,70 +190,4 @@ func decodeDetail(b []byte) *ErrorDetail {
 		return &ErrorDetail{Code: CodeInternal, Message: "undecodable error detail: " + string(b)}
 	}
 	return &d
-}
-
-// dbError turns driver errors Kagzi knows into its own: a missing schema becomes
-// ErrSchemaNotMigrated, a closed pool ErrClosed, and a database that cannot be
-// reached (see unavailable) an *UnavailableError. Others are wrapped as they are.
-func dbError(op string, err error) error {
-	if err == nil {
-		return nil
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch pgErr.Code {
-		case "42P01", "3F000": // undefined_table, invalid_schema_name
-			return fmt.Errorf("%s: %w: %v", op, ErrSchemaNotMigrated, err)
-		}
-	}
-	if strings.Contains(err.Error(), "closed pool") {
-		return fmt.Errorf("%s: %w", op, ErrClosed)
-	}
-	if ok, mayHaveCommitted := unavailable(err); ok {
-		return &UnavailableError{Op: op, MayHaveCommitted: mayHaveCommitted, Err: err}
-	}
-	return fmt.Errorf("%s: %w", op, err)
-}
-
-// unavailable reports whether err is a transient failure to reach the database,
-// and if so whether the request may have committed all the same.
-//
-// Transient: an error the server sent for the connection itself (class 08,
-// connection exception; 57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot
-// connect now), or a network error of the driver (refused, reset, EOF, timeout, a
-// connection the driver had closed). The request did not commit when the driver
-// says it sent nothing (pgconn.SafeToRetry), when the connection was never made,
-// or when the server answered with an error (a statement that fails rolls back;
-// Kagzi's statements outside a caller's transaction are autocommit). After any
-// other network error the connection broke with the request sent: its outcome is
-// unknown.
-//
-// A context that ended is the caller's doing, not the database's: not transient.
-func unavailable(err error) (ok, mayHaveCommitted bool) {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false, false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		switch {
-		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03":
-			return true, false
-		}
-		return false, false
-	}
-	if pgconn.SafeToRetry(err) {
-		return true, false
-	}
-	var netErr net.Error
-	network := errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, syscall.ECONNREFUSED) ||
-		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
-	if !network {
-		return false, false
-	}
-	var connectErr *pgconn.ConnectError
-	if errors.As(err, &connectErr) {
-		return true, false // no connection, nothing sent
-	}
-	return true, true
 }

@@ -24,21 +24,21 @@ func (c *Context) SetEvent(key string, value any) error {
 	}
 	c.checkAlive()
 	x := c.x
-	if _, ok := x.step(stepKey); ok {
+	if _, ok := x.hist.get(stepKey); ok {
 		return nil
 	}
 	b, err := json.Marshal(value)
 	if err != nil {
 		return NonRetryable(fmt.Errorf("kagzi: event %q does not encode as JSON: %w", key, err))
 	}
-	if b, err = x.w.client.encodePayload(fmt.Sprintf("kagzi: event %q", key), b); err != nil {
+	if b, err = x.rt.payloads.encodePayload(fmt.Sprintf("kagzi: event %q", key), b); err != nil {
 		return NonRetryable(err)
 	}
 	c.ensureLease()
-	c.write(func(ctx context.Context) error {
-		return store.SetEvent(ctx, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, stepKey, key, pos, b)
+	c.write(func(ctx context.Context, db *writer) error {
+		return db.setEvent(ctx, store.EventWrite{Fence: x.run.Fence, StepKey: stepKey, Key: key, Position: pos, Value: b})
 	})
-	x.setStep(stepKey, store.StepRecord{Kind: KindEvent, Status: StepCompleted, Output: b})
+	x.hist.set(stepKey, store.StepRecord{Kind: KindEvent, Status: StepCompleted, Output: b})
 	return nil
 }
 

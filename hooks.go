@@ -348,14 +348,14 @@ type execEventKey struct{}
 
 // beginExecution calls ExecutionBegin for a claimed run and returns the base of the
 // run's context.
-func (w *Worker) beginExecution(run store.ClaimedRun) context.Context {
+func (rt *runtime) beginExecution(run store.ClaimedRun) context.Context {
 	ctx := context.Background()
-	h := w.client.hooks
+	h := rt.hooks
 	if h == nil {
 		return ctx
 	}
 	e := &ExecutionEvent{RunRef: RunRef{Namespace: run.Namespace, RunID: run.RunID.String(),
-		WorkflowID: run.WorkflowID, WorkflowType: run.WorkflowType}, WorkerID: w.cfg.ID, Attempt: run.Attempt,
+		WorkflowID: run.WorkflowID, WorkflowType: run.WorkflowType}, WorkerID: rt.workerID, Attempt: run.Attempt,
 		AvailableAt: run.AvailableAt, ClaimedAt: run.DBNow, RecordedSteps: len(run.Steps), Begin: time.Now()}
 	if len(run.Carrier) > 0 {
 		_ = json.Unmarshal(run.Carrier, &e.Carrier)
@@ -365,8 +365,8 @@ func (w *Worker) beginExecution(run store.ClaimedRun) context.Context {
 }
 
 // endExecution calls ExecutionEnd once for the execution.
-func (w *Worker) endExecution(x *execution, outcome ExecutionOutcome, detail []byte) {
-	if w.client.hooks == nil {
+func (rt *runtime) endExecution(x *execution, outcome ExecutionOutcome, detail []byte) {
+	if rt.hooks == nil {
 		return
 	}
 	e, _ := x.ctx.Value(execEventKey{}).(*ExecutionEvent)
@@ -374,7 +374,7 @@ func (w *Worker) endExecution(x *execution, outcome ExecutionOutcome, detail []b
 		return
 	}
 	e.Outcome, e.Duration, e.Error = outcome, time.Since(e.Begin), decodeDetail(detail)
-	w.client.hooks.ExecutionEnd(x.ctx, e)
+	rt.hooks.ExecutionEnd(x.ctx, e)
 }
 
 // outcomeOf maps the status a run was finished with, and the error of the write, to
@@ -391,14 +391,6 @@ func outcomeOf(status RunStatus, err error) ExecutionOutcome {
 		return OutcomeFailed
 	}
 	return OutcomeCancelled
-}
-
-// exitOutcome is the outcome of an execution that stopped before its end.
-func exitOutcome(reason exitReason) ExecutionOutcome {
-	if reason == exitLeaseLost {
-		return OutcomeLeaseLost
-	}
-	return OutcomeSuspended
 }
 
 // hookClaim reports a claim statement.
@@ -427,7 +419,7 @@ type stepAttempt struct {
 
 // beginAttempt calls StepBegin for an attempt of the step key.
 func (c *Context) beginAttempt(key, name string, attempt int) stepAttempt {
-	h := c.x.w.client.hooks
+	h := c.x.rt.hooks
 	if h == nil {
 		return stepAttempt{ctx: c.Context}
 	}
@@ -476,7 +468,7 @@ func stepBody[T any](a stepAttempt, fn func(context.Context) (T, error)) func(co
 
 // hookSleep reports a new sleep of the run.
 func (c *Context) hookSleep(key, name string, remaining time.Duration, durable bool) {
-	h := c.x.w.client.hooks
+	h := c.x.rt.hooks
 	if h == nil {
 		return
 	}
@@ -486,7 +478,7 @@ func (c *Context) hookSleep(key, name string, remaining time.Duration, durable b
 
 // hookSignalWait reports what a run's WaitSignal did.
 func (c *Context) hookSignalWait(key, name string, action SignalAction) {
-	h := c.x.w.client.hooks
+	h := c.x.rt.hooks
 	if h == nil {
 		return
 	}

@@ -50,7 +50,6 @@ package kagzi
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -117,15 +116,14 @@ type Client struct {
 	pool      *pgxpool.Pool
 	ns        string
 	logger    *slog.Logger
-	maxBytes  int
 	retention time.Duration
+	payloads  // Config.Codec and MaxPayloadSize
 	notifier  *notifier.Notifier
 	sender    *notifier.Sender     // notifies workers of committed starts, coalesced
 	starts    *committer.Committer // batches concurrent Start statements into shared commits
 	// startsInFlight counts the client's Start calls under way (see startRun).
 	startsInFlight atomic.Int32
 	hooks          Hooks // nil: none (Config.Hooks)
-	codec          Codec // nil: payloads stored as JSON (Config.Codec)
 
 	mu      sync.Mutex
 	workers map[*Worker]struct{} // this process's running workers, for Health
@@ -172,17 +170,18 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 		cfg.Retention = DefaultRetention
 	}
 	c := &Client{id: uuid.New(), waitPoll: 250 * time.Millisecond, pool: pool, ns: cfg.Namespace,
-		logger: cfg.Logger, maxBytes: cfg.MaxPayloadSize, retention: cfg.Retention}
+		logger: cfg.Logger, retention: cfg.Retention,
+		payloads: payloads{codec: cfg.Codec, maxBytes: cfg.MaxPayloadSize, logger: cfg.Logger}}
 	c.sender = notifier.NewSender(pool, store.Channel, cfg.Logger)
 	// Starts that commit on their own share commits when they come together (group
 	// commit, as the workers' step records do). Its two goroutines idle on a channel
 	// for the client's life.
-	c.starts = committer.New(pool, 256, nil)
+	c.starts = committer.New(pool, 256)
 	go c.starts.Run(context.Background(), 2)
 	c.notifier = notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
 		return pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
 	}, store.Channel, cfg.Logger)
-	c.hooks, c.codec = cfg.Hooks, cfg.Codec
+	c.hooks = cfg.Hooks
 	return c, nil
 }
 
@@ -239,12 +238,4 @@ func (c *Client) poolClosed() bool {
 	}
 	conn.Release()
 	return false
-}
-
-// wrapStoreErr maps store errors to Kagzi's.
-func wrapStoreErr(op string, err error) error {
-	if errors.Is(err, store.ErrNotFound) {
-		return fmt.Errorf("%s: %w", op, ErrNotFound)
-	}
-	return dbError(op, err)
 }

@@ -324,7 +324,6 @@ func TestAWaitIsWokenByTheRunsEndFromAWorkerOfItsOwnClientOrOfAnother(t *testing
 			}
 			waiterPool, rt := tracedPool(t, e.url)
 			waiter := newClient(t, waiterPool, "")
-			kagzi.SetWaitPoll(waiter, time.Hour) // only a notification can wake the Wait
 			workerClient := newClient(t, e.pool, "")
 			if sameClient {
 				workerClient = waiter
@@ -342,9 +341,14 @@ func TestAWaitIsWokenByTheRunsEndFromAWorkerOfItsOwnClientOrOfAnother(t *testing
 				t.Fatal(err)
 			}
 			release <- struct{}{}
+			// The run may end before this Wait registers and after its first look: the
+			// Wait then finds the end at its next look (see waiters.go), which it makes
+			// soon here. The Wait under test below is made after the registration.
+			kagzi.SetWaitPoll(waiter, 20*time.Millisecond)
 			if _, err := first.Wait(ctx); err != nil {
 				t.Fatal(err)
 			}
+			kagzi.SetWaitPoll(waiter, time.Hour) // only a notification can wake the Wait below
 			listeners := 3 // the test's, the worker's client's and the waiter's
 			if sameClient {
 				listeners = 2

@@ -89,29 +89,29 @@ func WaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, err
 	}
 	ctx.checkAlive()
 	x := ctx.x
-	if rec, ok := x.step(key); ok && rec.Status != StepWaiting {
+	if rec, ok := x.hist.get(key); ok && rec.Status != StepWaiting {
 		return signalResult[T](x, key, rec.Status, rec.Output)
 	}
 	poll := 50 * time.Millisecond
 	for {
 		var w store.SignalWait
 		ctx.ensureLease()
-		ctx.write(func(c context.Context) (err error) {
-			w, err = store.TakeSignal(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name, pos, timeout)
+		ctx.write(func(c context.Context, db *writer) (err error) {
+			w, err = db.takeSignal(c, store.SignalTake{Fence: x.run.Fence, Key: key, Name: name, Position: pos, Timeout: timeout})
 			return err
 		})
 		if w.Received {
-			x.setStep(key, store.StepRecord{Kind: KindSignal, Status: StepCompleted, Output: w.Payload})
+			x.hist.set(key, store.StepRecord{Kind: KindSignal, Status: StepCompleted, Output: w.Payload})
 			ctx.hookSignalWait(key, name, SignalReceived)
 			return signalResult[T](x, key, StepCompleted, w.Payload)
 		}
 		if w.TimeoutAt != nil && !w.DBNow.Before(*w.TimeoutAt) {
 			d := encodeDetail(ErrorDetail{Code: CodeDeadlineExceeded, Message: "signal wait timed out", Subject: key})
-			ctx.write(func(c context.Context) error {
-				return store.RecordResultStep(c, x.w.client.pool, x.run.RunID, x.run.LeaseEpoch, key, name,
-					KindSignal, StepFailed, &pos, nil, d)
+			ctx.write(func(c context.Context, db *writer) error {
+				return db.recordResult(c, store.ResultStep{Fence: x.run.Fence, Key: key, Name: name, Kind: KindSignal,
+					Status: StepFailed, Position: &pos, Error: d})
 			})
-			x.setStep(key, store.StepRecord{Kind: KindSignal, Status: StepFailed, Error: d})
+			x.hist.set(key, store.StepRecord{Kind: KindSignal, Status: StepFailed, Error: d})
 			ctx.hookSignalWait(key, name, SignalTimedOut)
 			return zero, fmt.Errorf("%w: %s", ErrSignalTimeout, key)
 		}
@@ -120,11 +120,10 @@ func WaitSignal[T any](ctx *Context, name string, timeout time.Duration) (T, err
 			wake = *w.TimeoutAt
 		}
 		remaining := wake.Sub(w.DBNow)
-		if ctx.canSuspend() && remaining > x.w.cfg.MaxInProcessSleep {
+		if ctx.canSuspend() && remaining > x.rt.cfg.MaxInProcessSleep {
 			ctx.hookSignalWait(key, name, SignalWaiting)
-			ctx.write(func(c context.Context) error {
-				_, err := store.SuspendForWait(c, x.w.client.pool, store.WaitWrite{RunID: x.run.RunID,
-					Epoch: x.run.LeaseEpoch, WakeAt: wake, Signal: name})
+			ctx.write(func(c context.Context, db *writer) error {
+				_, err := db.suspendForWait(c, store.WaitWrite{Fence: x.run.Fence, WakeAt: wake, Signal: name})
 				return err
 			})
 			ctx.stop(exitSuspended)
@@ -139,7 +138,7 @@ func signalResult[T any](x *execution, key string, status StepStatus, payload []
 	if status != StepCompleted {
 		return out, fmt.Errorf("%w: %s", ErrSignalTimeout, key)
 	}
-	if err := x.w.client.unmarshalPayload(payload, &out); err != nil {
+	if err := x.rt.payloads.unmarshalPayload(payload, &out); err != nil {
 		return out, NonRetryable(fmt.Errorf("kagzi: signal %s of run %s does not decode into %s: %w",
 			key, x.run.RunID, typeName[T](), err))
 	}

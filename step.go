@@ -76,13 +76,13 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 	if o.timeout < 0 {
 		return zero, invalidArgument("step %q: negative timeout %v", name, o.timeout)
 	}
-	policy := o.retry.or(x.def.retry).or(x.w.cfg.DefaultRetry).or(DefaultRetry)
+	policy := o.retry.or(x.def.retry).or(x.rt.cfg.DefaultRetry).or(DefaultRetry)
 	if err := policy.Err(); err != nil {
 		return zero, fmt.Errorf("step %q: %w", name, err)
 	}
 	ctx.checkAlive()
 	attempts := 0
-	if rec, ok := x.step(key); ok {
+	if rec, ok := x.hist.get(key); ok {
 		switch rec.Status {
 		case StepCompleted:
 			return decodeStepOutput[T](x, key, rec.Output)
@@ -109,7 +109,7 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		att.end(res.err, res.timedOut)
 		finished := time.Now()
 		if res.abandoned {
-			n := x.w.abandoned.Add(1)
+			n := x.rt.abandoned.Add(1)
 			x.log().Warn("kagzi: step ignored its timeout; its goroutine is abandoned",
 				"step", key, "timeout", o.timeout, "abandoned_total", n)
 		}
@@ -117,22 +117,22 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 			// Interrupted, not failed: the attempt does not count.
 			ctx.checkAlive()
 		}
-		w := store.StepWrite{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch, Key: key, Name: name, Position: pos,
+		w := store.StepWrite{Fence: x.run.Fence, Key: key, Name: name, Position: pos,
 			StartedAt: started, FinishedAt: finished}
 		fnErr := res.err
 		if fnErr == nil {
 			b, err := json.Marshal(res.out)
 			var codecErr error
 			if err == nil {
-				b, codecErr = x.w.client.encode(b)
+				b, codecErr = x.rt.payloads.encode(b)
 			}
 			switch {
 			case err != nil:
 				fnErr = NonRetryable(fmt.Errorf("output of step %s (%s) does not encode as JSON: %w", key, typeName[T](), err))
 			case codecErr != nil:
 				fnErr = NonRetryable(fmt.Errorf("output of step %s: %w", key, codecErr))
-			case len(b) > x.w.client.maxBytes:
-				fnErr = NonRetryable(fmt.Errorf("output of step %s is %d bytes, over the limit of %d", key, len(b), x.w.client.maxBytes))
+			case len(b) > x.rt.payloads.maxBytes:
+				fnErr = NonRetryable(fmt.Errorf("output of step %s is %d bytes, over the limit of %d", key, len(b), x.rt.payloads.maxBytes))
 			default:
 				w.Output = b
 			}
@@ -140,7 +140,7 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 		if fnErr == nil {
 			w.Status, w.StepStatus = StepCompleted, StepCompleted
 			if ctx.holdRecord(w) {
-				x.setStep(key, store.StepRecord{Kind: KindStep, Status: StepCompleted, Output: w.Output, Attempts: attempts})
+				x.hist.set(key, store.StepRecord{Kind: KindStep, Status: StepCompleted, Output: w.Output, Attempts: attempts})
 				return res.out, nil
 			}
 			stored, err := ctx.recordStep(w)
@@ -150,7 +150,7 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 			if stored != nil { // recorded before by this run: the recorded output wins
 				return decodeStepOutput[T](x, key, stored)
 			}
-			x.setStep(key, store.StepRecord{Kind: KindStep, Status: StepCompleted, Output: w.Output, Attempts: attempts})
+			x.hist.set(key, store.StepRecord{Kind: KindStep, Status: StepCompleted, Output: w.Output, Attempts: attempts})
 			return res.out, nil
 		}
 
@@ -167,11 +167,11 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 				return zero, err
 			}
 			rec := store.StepRecord{Kind: KindStep, Status: StepFailed, Error: w.Error, Attempts: attempts}
-			x.setStep(key, rec)
+			x.hist.set(key, rec)
 			return zero, stepError(key, rec)
 		}
 		w.StepStatus = StepRetrying
-		if delay > x.w.cfg.MaxInProcessSleep && ctx.canSuspend() {
+		if delay > x.rt.cfg.MaxInProcessSleep && ctx.canSuspend() {
 			w.RetryIn = &delay
 			if _, err := ctx.recordStep(w); err != nil {
 				return zero, err
@@ -192,13 +192,13 @@ func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error),
 // recorded, ever, and the error is non-retryable.
 func (c *Context) recordStep(w store.StepWrite) (stored []byte, err error) {
 	x := c.x
-	err = c.write(func(ctx context.Context) error {
-		_, err := store.RecordStep(ctx, x.w.db, w)
+	err = c.write(func(ctx context.Context, db *writer) error {
+		_, err := db.recordStep(ctx, w)
 		return err
 	})
 	if errors.Is(err, store.ErrStepRecorded) {
-		err = c.write(func(ctx context.Context) (err error) {
-			stored, err = store.GetStepOutput(ctx, x.w.client.pool, x.run.RunID, w.Key)
+		err = c.write(func(ctx context.Context, db *writer) (err error) {
+			stored, err = db.stepOutput(ctx, x.run.RunID, w.Key)
 			return err
 		})
 		if err == nil {
@@ -211,15 +211,6 @@ func (c *Context) recordStep(w store.StepWrite) (stored []byte, err error) {
 	return nil, nil
 }
 
-// stepDetail is the error detail to record for a failed attempt.
-func stepDetail(err error, timedOut bool, key string) ErrorDetail {
-	d := failureDetail(err, CodeStepError, key)
-	if timedOut {
-		d.Code = CodeDeadlineExceeded
-	}
-	return d
-}
-
 func stepError(key string, rec store.StepRecord) *StepError {
 	e := &StepError{Key: key, Attempts: rec.Attempts}
 	if d := decodeDetail(rec.Error); d != nil {
@@ -230,20 +221,12 @@ func stepError(key string, rec store.StepRecord) *StepError {
 
 func decodeStepOutput[T any](x *execution, key string, b []byte) (T, error) {
 	var out T
-	if err := x.w.client.unmarshalPayload(b, &out); err != nil {
+	if err := x.rt.payloads.unmarshalPayload(b, &out); err != nil {
 		return out, NonRetryable(fmt.Errorf("kagzi: recorded output of step %s of run %s does not decode into %s: %w",
 			key, x.run.RunID, typeName[T](), err))
 	}
 	return out, nil
 }
-
-// panicError is a recovered panic with its stack.
-type panicError struct {
-	value any
-	stack string
-}
-
-func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.value) }
 
 // callStep runs fn, turning a panic into an error. With a timeout, fn runs in its own
 // goroutine with a context that ends at the deadline, and callStep returns at the

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -114,10 +113,10 @@ type Worker struct {
 	// whose end is being written: they no longer take a slot (see releaseSlot).
 	finishing int
 	// handBack holds runs whose executions stopped for the shutdown.
-	handBack []store.HeldRun
+	handBack []store.Fence
 	slotFree chan struct{}
-	// goroutines runs the executions (set by Run; see internal/gopool).
-	goroutines *gopool.Pool
+	// rt is what the executions need of the worker (set by Run).
+	rt *runtime
 }
 
 // idleGoroutineTime is how long a worker keeps a goroutine that has no run to execute.
@@ -183,7 +182,7 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 		return nil, fmt.Errorf("DefaultRetry: %w", cfg.DefaultRetry.Err())
 	}
 	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{},
-		db: committer.New(client.pool, 256, store.Merges), ends: committer.New(client.pool, maxEndsBatch, store.Merges),
+		db: committer.New(client.pool, 256), ends: committer.New(client.pool, maxEndsBatch),
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
 		active: map[uuid.UUID]*execution{}, slotFree: make(chan struct{}, 1)}
 	w.ends.GatherWhenBusy(endsGather, endsGatherMin, w.backlog.Load)
@@ -215,41 +214,6 @@ func (w *Worker) ID() string { return w.cfg.ID }
 // Retention.
 func (w *Worker) PrunedRuns() int64 { return w.pruned.Load() }
 
-// prune deletes finished runs past the retention, a few small batches per interval,
-// so that no statement holds many locks for long.
-func (w *Worker) prune(ctx context.Context) {
-	if w.client.retention < 0 {
-		return
-	}
-	t := time.NewTicker(w.cfg.PruneInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		var total int64
-		for range 10 {
-			n, err := store.PruneFinished(ctx, w.client.pool, w.client.ns, w.client.retention, 500)
-			if err != nil {
-				if ctx.Err() == nil {
-					w.logger.Warn("kagzi: pruning finished runs failed", "error", err)
-				}
-				break
-			}
-			total += n
-			if n < 500 {
-				break
-			}
-		}
-		if total > 0 {
-			w.pruned.Add(total)
-			w.logger.Info("kagzi: pruned finished runs", "runs", total, "retention", w.client.retention)
-		}
-	}
-}
-
 // AbandonedSteps returns how many step goroutines this worker abandoned because they
 // ignored their timeout (see WithTimeout). They may still be running.
 func (w *Worker) AbandonedSteps() int64 { return w.abandoned.Load() }
@@ -269,21 +233,6 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	defer w.running.Store(false)
 	w.startedAt = time.Now()
-	// The committers outlive everything below: the drain's writes go through them.
-	commitCtx, stopCommitters := context.WithCancel(context.Background())
-	commitDone := make(chan struct{}, 2)
-	for _, c := range []*committer.Committer{w.db, w.ends} {
-		go func() {
-			defer func() { commitDone <- struct{}{} }()
-			c.Run(commitCtx, 1)
-		}()
-	}
-	defer func() {
-		stopCommitters()
-		<-commitDone
-		<-commitDone
-	}()
-
 	topics := []string{store.CancelTopic(w.client.ns)}
 	for _, t := range w.types {
 		topics = append(topics, store.WakeTopic(w.client.ns, t))
@@ -291,6 +240,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	sub := w.client.notifier.Subscribe(topics...)
 	defer sub.Close()
 
+	// The services stop in the reverse order of this list, after the drain: the
+	// scheduler first (it also stops with ctx), the committers last, since every
+	// write of the others and of the drain goes through them.
+	var bg services
+	defer bg.stop()
+	bg.start(context.Background(), service{"step records committer", func(ctx context.Context) { w.db.Run(ctx, 1) }})
+	bg.start(context.Background(), service{"run ends committer", func(ctx context.Context) { w.ends.Run(ctx, 1) }})
 	// Registering tells a missing schema or a closed pool (returned) from a slow or
 	// unreachable database (logged; the heartbeat registers the worker later).
 	if err := w.register(ctx); err != nil {
@@ -304,43 +260,16 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.client.addWorker(w)
 	defer w.client.removeWorker(w)
-
-	hbCtx, stopHeartbeat := context.WithCancel(context.Background())
-	hbDone := make(chan struct{}, 3)
-	go func() {
-		defer func() { hbDone <- struct{}{} }()
-		w.heartbeat(hbCtx)
-	}()
-	go func() {
-		defer func() { hbDone <- struct{}{} }()
-		w.prune(hbCtx)
-	}()
-	go func() {
-		defer func() { hbDone <- struct{}{} }()
-		w.failOverdue(hbCtx)
-	}()
-	defer func() {
-		stopHeartbeat()
-		<-hbDone
-		<-hbDone
-		<-hbDone
-	}()
-
+	bg.start(context.Background(), service{"heartbeat", w.heartbeat})
+	bg.start(context.Background(), service{"prune", w.prune})
+	bg.start(context.Background(), service{"deadlines", w.failOverdue})
 	if !w.cfg.DisableScheduler {
-		schedDone := make(chan struct{})
-		schedCtx, stopScheduler := context.WithCancel(ctx)
-		go func() {
-			defer close(schedDone)
-			w.runScheduler(schedCtx)
-		}()
-		defer func() {
-			stopScheduler()
-			<-schedDone
-		}()
+		bg.start(ctx, service{"scheduler", w.runScheduler})
 	}
 
-	w.goroutines = gopool.New(idleGoroutineTime)
-	defer w.goroutines.Close()
+	goroutines := gopool.New(idleGoroutineTime)
+	defer goroutines.Close()
+	w.rt = w.runtime(goroutines)
 	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
 	err := w.loop(ctx, sub)
 	w.setStatus(WorkerDraining)
@@ -348,6 +277,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.setStatus(WorkerOffline)
 	w.logger.Info("kagzi: worker stopped")
 	return err
+}
+
+// runtime is what the worker's executions need of it (see runtime).
+func (w *Worker) runtime(goroutines *gopool.Pool) *runtime {
+	c := w.client
+	return &runtime{workerID: w.cfg.ID, cfg: &w.cfg, payloads: &c.payloads, hooks: c.hooks, logger: w.logger,
+		db: &writer{pool: c.pool, steps: w.db, ends: w.ends, client: c.id}, startChild: c.startChild,
+		abandoned: &w.abandoned, goroutines: goroutines}
 }
 
 // register records the worker in the registry, ONLINE.
@@ -552,7 +489,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 	if ctx.Err() != nil {
 		w.mu.Lock()
 		for _, run := range claimed {
-			w.handBack = append(w.handBack, store.HeldRun{RunID: run.RunID, Epoch: run.LeaseEpoch})
+			w.handBack = append(w.handBack, run.Fence)
 		}
 		w.mu.Unlock()
 		return false, nil
@@ -568,25 +505,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 // start executes a claimed run on a goroutine of its own (one of w.goroutines). sent
 // is when the claim was sent, claimedAt when its answer came.
 func (w *Worker) start(run store.ClaimedRun, sent, claimedAt time.Time) {
-	ctx, cancel := context.WithCancelCause(w.beginExecution(run))
-	if run.Deadline != nil {
-		// The deadline is the database's clock; the timer runs on ours.
-		dctx, stop := context.WithDeadlineCause(ctx, run.Deadline.Add(claimedAt.Sub(run.DBNow)), errRunDeadline)
-		cancelRun := cancel
-		ctx, cancel = dctx, func(cause error) { cancelRun(cause); stop() }
-	}
-	x := &execution{w: w, def: w.defs[run.WorkflowType], run: run, cancel: cancel, ctx: ctx,
-		dbOffset: run.DBNow.Sub(claimedAt), goroutines: w.goroutines}
-	x.extendLease(sent, w.cfg.LeaseDuration)
-	x.indexPositions()
-	switch {
-	case run.CancelRequested:
-		cancel(ErrCancelled)
-	case run.Deadline != nil && !run.Deadline.After(run.DBNow):
-		cancel(errRunDeadline)
-	case w.cfg.MaxTakeovers >= 0 && run.Takeovers > w.cfg.MaxTakeovers:
-		cancel(errRecoveryExhausted)
-	}
+	x := newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt)
 	w.mu.Lock()
 	if old := w.active[run.RunID]; old != nil && old.finishing {
 		// The run was claimed again (its lease ran out) while its previous execution
@@ -596,197 +515,25 @@ func (w *Worker) start(run store.ClaimedRun, sent, claimedAt time.Time) {
 	}
 	w.active[run.RunID] = x
 	w.mu.Unlock()
-	x.goroutines.Go(func() { w.execute(x) })
+	w.rt.goroutines.Go(func() { w.execute(x) })
 }
 
-// execute runs the workflow function on a goroutine of its own (so that Step and
-// Sleep can unwind it) and records how it ended.
-func (w *Worker) execute(x *execution) {
-	defer func() {
-		x.cancel(nil)
-		x.takePending() // still pending here only when the lease was lost: nothing to write
-		w.mu.Lock()
-		if w.active[x.run.RunID] == x { // a quick wake may have claimed the run again
-			delete(w.active, x.run.RunID)
-			if x.finishing {
-				w.finishing--
-			}
-		}
-		w.mu.Unlock()
-		select {
-		case w.slotFree <- struct{}{}:
-		default:
-		}
-	}()
-
-	type result struct {
-		out []byte
-		err error
-	}
-	var res *result
-	done := make(chan struct{})
-	x.goroutines.Go(func() {
-		defer close(done)
-		defer func() {
-			if r := recover(); r != nil {
-				res = &result{err: &panicError{value: r, stack: string(debug.Stack())}}
-			}
-		}()
-		wctx := &Context{Context: x.ctx, x: x, sc: &scope{counts: map[string]int{}}}
-		// Cancelled or past its deadline before it started: do not run it at all.
-		wctx.checkAlive()
-		input, err := w.client.decodePayload(x.run.Input)
-		if err != nil {
-			res = &result{err: inputCodecError(x, err)}
-			return
-		}
-		out, err := x.def.run(wctx, input)
-		res = &result{out: out, err: err}
-	})
-	<-done
-
-	reason := x.exitReason()
-	if res != nil && res.err != nil && x.ctx.Err() != nil {
-		// The workflow returned because its context was cancelled.
-		reason = reasonFor(context.Cause(x.ctx))
-	}
-	switch reason {
-	case exitSuspended, exitLeaseLost:
-		w.endExecution(x, exitOutcome(reason), nil)
-		return
-	case exitShutdown:
-		// A completed step whose record was held back is written before the run is
-		// handed back, so the next worker does not run it again.
-		if err := x.flush(); err != nil {
-			x.log().Warn("kagzi: cannot record the last step before handing the run back", "error", err)
-		}
-		w.mu.Lock()
-		w.handBack = append(w.handBack, store.HeldRun{RunID: x.run.RunID, Epoch: x.run.LeaseEpoch})
-		w.mu.Unlock()
-		w.endExecution(x, OutcomeHandedBack, nil)
-		return
-	}
-
-	if reason == exitNone && res.err == nil && x.ctx.Err() != nil && reasonFor(context.Cause(x.ctx)) == exitDeadline {
-		reason = exitDeadline // finished, but too late
-	}
-	if reason == exitNone && res.err == nil {
-		res.out, res.err = w.client.encodeRunOutput(x, res.out)
-	}
-	var failure ErrorDetail // the workflow function's error, when it returned one
-	if reason == exitNone && res.err != nil {
-		failure = failureDetail(res.err, CodeWorkflowError, x.run.WorkflowType)
-		if w.retryRun(x, res.err, &failure) {
-			w.endExecution(x, OutcomeRetrying, encodeDetail(failure))
-			return
+// executionDone forgets an execution that ended and frees its slot.
+func (w *Worker) executionDone(x *execution) {
+	x.cancel(nil)
+	x.takePending() // still pending here only when the lease was lost: nothing to write
+	w.mu.Lock()
+	if w.active[x.run.RunID] == x { // a quick wake may have claimed the run again
+		delete(w.active, x.run.RunID)
+		if x.finishing {
+			w.finishing--
 		}
 	}
-	status, output, detail := StatusCancelled, []byte(nil), []byte(nil)
-	switch reason {
-	case exitDeadline:
-		status, detail = StatusFailed, encodeDetail(ErrorDetail{Code: CodeDeadlineExceeded,
-			NonRetryable: true, Subject: x.run.WorkflowType, Message: "the run passed its deadline"})
-	case exitRecoveryExhausted:
-		status, detail = StatusFailed, encodeDetail(ErrorDetail{Code: CodeRecoveryExhausted,
-			NonRetryable: true, Subject: x.run.WorkflowType, Message: fmt.Sprintf(
-				"the run was taken over %d times after its worker lost its lease (died, froze or lost its "+
-					"database), more than MaxTakeovers (%d) allows: a step may be crashing its process",
-				x.run.Takeovers, w.cfg.MaxTakeovers)})
-		x.log().Error("kagzi: run failed: taken over too many times", "takeovers", x.run.Takeovers)
-	case exitNonDeterministic:
-		x.mu.Lock()
-		status, detail = StatusFailed, encodeDetail(*x.nondeterminism)
-		x.mu.Unlock()
-		x.log().Error("kagzi: " + x.nondeterminism.Message)
+	w.mu.Unlock()
+	select {
+	case w.slotFree <- struct{}{}:
+	default:
 	}
-	if reason == exitNone {
-		switch {
-		case res.err == nil && len(res.out) > w.client.maxBytes:
-			status, detail = StatusFailed, encodeDetail(ErrorDetail{Code: CodeInvalidOutput, NonRetryable: true,
-				Subject: x.run.WorkflowType, Message: fmt.Sprintf("output is %d bytes, over the limit of %d",
-					len(res.out), w.client.maxBytes)})
-		case res.err == nil:
-			status, output = StatusCompleted, res.out
-		default:
-			status, detail = StatusFailed, encodeDetail(failure)
-		}
-	}
-	// The run's last step, if its record was held back, is written with the end.
-	last := x.takePending()
-	var final RunStatus // the status the run ended with (CANCELLED if a cancel came first)
-	finish := func(status RunStatus, output, detail []byte) error {
-		return x.writeNow(func(ctx context.Context) (err error) {
-			final, err = store.FinishRun(ctx, w.ends, w.client.id, x.run.RunID, x.run.LeaseEpoch, status, output, detail, last)
-			return err
-		})
-	}
-	w.releaseSlot(x)
-	err := finish(status, output, detail)
-	if err != nil && last != nil && !errors.Is(err, errLeaseLost) {
-		// The statement was rejected: tell whether the step or the run's end was at
-		// fault by writing the step alone first.
-		x.flushMu.Lock()
-		x.pending, last = last, nil
-		x.flushMu.Unlock()
-		if ferr := x.flush(); ferr != nil {
-			if errors.Is(ferr, errLeaseLost) {
-				err = ferr
-			} else {
-				status, output, detail = StatusFailed, nil, encodeDetail(errorOf(ferr, CodeStepError, x.run.WorkflowType))
-				err = finish(status, output, detail)
-			}
-		} else {
-			err = finish(status, output, detail)
-		}
-	}
-	if err != nil && !errors.Is(err, errLeaseLost) && status == StatusCompleted {
-		// The database rejects the output itself (jsonb cannot hold a NUL character,
-		// say): record that, or the run would be retried forever.
-		x.log().Error("kagzi: the run's output cannot be recorded", "error", err)
-		status = StatusFailed
-		err = finish(status, nil, encodeDetail(ErrorDetail{Code: CodeInvalidOutput,
-			NonRetryable: true, Subject: x.run.WorkflowType,
-			Message: "the output cannot be recorded: " + err.Error()}))
-	}
-	if err == nil {
-		// This client's waiters hear of the end from us; others' from the end's own
-		// NOTIFY, when there are any (see waiters.go).
-		w.client.notifier.Publish(store.DoneTopic(x.run.RunID) + "|" + string(final))
-	}
-	switch {
-	case errors.Is(err, errLeaseLost):
-		x.log().Info("kagzi: the run's lease was lost before its end was recorded; another worker takes it over")
-	case err != nil:
-		x.log().Error("kagzi: cannot record the end of the run", "error", err)
-	case status == StatusCompleted:
-		w.completed.Add(1)
-	case status == StatusFailed:
-		w.failed.Add(1)
-	}
-	w.endExecution(x, outcomeOf(status, err), detail)
-}
-
-// retryRun schedules the next attempt of a run whose workflow function failed, if its
-// policy allows one, and reports whether it did. A *StepError (a step that already
-// had its own attempts) and non-retryable errors fail the run at once. d is err's
-// detail; a code the policy lists as non-retryable is marked so in it.
-func (w *Worker) retryRun(x *execution, err error, d *ErrorDetail) bool {
-	var se *StepError
-	if errors.As(err, &se) {
-		return false
-	}
-	policy := x.def.retry.or(w.cfg.DefaultRetry).or(DefaultRetry)
-	delay, retry := policy.next(x.run.Attempt, d)
-	if !retry {
-		return false
-	}
-	if err := x.write(func(ctx context.Context) error {
-		return store.RetryRun(ctx, w.client.pool, x.run.RunID, x.run.LeaseEpoch, encodeDetail(*d), delay)
-	}); err != nil && !errors.Is(err, errLeaseLost) {
-		x.log().Error("kagzi: cannot schedule the run's next attempt", "error", err)
-	}
-	x.log().Info("kagzi: run attempt failed; retrying", "attempt", x.run.Attempt, "retry_in", delay, "error", d.Message)
-	return true
 }
 
 // cancelRun cancels the context of a run this worker executes.
@@ -800,68 +547,6 @@ func (w *Worker) cancelRun(runID string) {
 	w.mu.Unlock()
 	if x != nil {
 		x.cancel(ErrCancelled)
-	}
-}
-
-// heartbeat extends the leases of all the worker's runs and refreshes its registry
-// row, one statement per beat. Runs the beat no longer holds are cancelled with
-// errLeaseLost; runs whose cancel was requested are cancelled with ErrCancelled.
-// When beats fail for longer than a lease, every run is given up: another worker
-// may hold them by now.
-func (w *Worker) heartbeat(ctx context.Context) {
-	t := time.NewTicker(w.cfg.HeartbeatInterval)
-	defer t.Stop()
-	registered := true
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if !registered { // the database was unreachable at start
-			registered = w.register(ctx) == nil
-		}
-		w.mu.Lock()
-		held := make([]store.HeldRun, 0, len(w.active))
-		execs := make(map[uuid.UUID]*execution, len(w.active))
-		for id, x := range w.active {
-			held = append(held, store.HeldRun{RunID: id, Epoch: x.run.LeaseEpoch})
-			execs[id] = x
-		}
-		w.mu.Unlock()
-		beat := time.Now()
-		bctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
-		res, err := store.Heartbeat(bctx, w.client.pool, w.beat(), held, w.cfg.LeaseDuration)
-		cancel()
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			w.logger.Warn("kagzi: heartbeat failed", "error", err, "runs", len(held))
-			for _, x := range execs {
-				if monoNow() > x.leaseUntil.Load() {
-					x.cancel(errLeaseLost)
-				}
-			}
-			continue
-		}
-		w.lastBeat.Store(beat.UnixNano())
-		kept := make(map[uuid.UUID]bool, len(res))
-		for _, r := range res {
-			kept[r.RunID] = true
-			x := execs[r.RunID]
-			if r.Extended {
-				x.extendLease(beat, w.cfg.LeaseDuration)
-			}
-			if r.CancelRequested {
-				x.cancel(ErrCancelled)
-			}
-		}
-		for id, x := range execs {
-			if !kept[id] {
-				x.cancel(errLeaseLost)
-			}
-		}
 	}
 }
 
@@ -902,8 +587,8 @@ func (w *Worker) drain() {
 	held := w.handBack
 	w.handBack = nil
 	if interrupted {
-		for id, x := range w.active {
-			held = append(held, store.HeldRun{RunID: id, Epoch: x.run.LeaseEpoch})
+		for _, x := range w.active {
+			held = append(held, x.run.Fence)
 		}
 	}
 	w.mu.Unlock()

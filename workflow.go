@@ -120,18 +120,6 @@ func (w *Workflow[In, Out]) definition() *definition {
 	}}
 }
 
-// detailError is an error that already knows the ErrorDetail to record for it.
-type detailError struct{ detail ErrorDetail }
-
-func (e *detailError) Error() string { return e.detail.String() }
-
-func (e *detailError) Unwrap() error {
-	if e.detail.NonRetryable {
-		return ErrNonRetryable
-	}
-	return nil
-}
-
 func typeName[T any]() string {
 	return reflect.TypeOf((*T)(nil)).Elem().String()
 }

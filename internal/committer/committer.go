@@ -9,9 +9,10 @@
 // costs one round trip, as before (it is sent at once on its caller's goroutine when
 // nothing else is in flight), and many concurrent ones share round trips and fsyncs.
 //
-// A statement registered with a Merge goes further: the requests of that statement
-// in one batch become a single set-based statement (one array per parameter), so
-// Postgres plans, starts and checks constraints once for all of them.
+// A Statement goes further: its requests in one batch (see Write) become a single
+// set-based statement (one array per parameter), so Postgres plans, starts and
+// checks constraints once for all of them. A Statement is a Go value, not SQL text:
+// the store builds the statement for one request and for many from one definition.
 //
 // A committer whose callers need not wait for their rows right away (see
 // GatherWhenBusy) can also hold a batch back while it is busy, so that fewer, larger
@@ -40,7 +41,6 @@ type Committer struct {
 	// once on its caller's goroutine: nothing to share a commit with, so no
 	// hand-off to pay for.
 	inFlight atomic.Int32
-	merges   map[string]Merge
 	// gather, gatherMin and loaded: see GatherWhenBusy. holdUntil (Unix
 	// nanoseconds) is when the batch being gathered goes: until then no statement
 	// goes out on its own.
@@ -60,26 +60,47 @@ func (c *Committer) SetupMergedBatches(sql string) {
 	c.setup = sql
 }
 
-// Merge turns the arguments of k ≥ 2 requests of one statement (args[i] are the
-// i-th request's) into one set-based statement and its arguments. That statement
-// returns, for each request that has a result, one row: the request's 1-based index
-// among the k, then the columns the original statement returns. A request without a
-// row gets pgx.ErrNoRows, as QueryRow would.
-type Merge func(args [][]any) (sql string, merged []any)
-
-type request struct {
-	ctx  context.Context
-	sql  string
-	args []any
-	dest []any
-	done chan error
+// A Statement writes the inputs of one or more requests at once. Build gets the
+// inputs (each what a caller passed to Write) and returns the SQL and arguments of
+// one statement that writes them all. That statement returns, for each input that
+// has a result, one row: the input's 1-based index, then the columns its caller
+// scans. An input without a row gets pgx.ErrNoRows, as QueryRow would.
+type Statement struct {
+	Name  string
+	Build func(inputs []any) (sql string, args []any)
 }
 
-// New returns a committer over pool whose batches hold at most maxBatch statements;
-// merges (which may be nil) maps statements to their set-based form. Call Run to
-// start it.
-func New(pool *pgxpool.Pool, maxBatch int, merges map[string]Merge) *Committer {
-	return &Committer{pool: pool, reqs: make(chan *request), maxBatch: maxBatch, merges: merges}
+// request is a Write (stmt set) or a plain QueryRow (sql set).
+type request struct {
+	ctx   context.Context
+	stmt  *Statement
+	input any
+	sql   string
+	args  []any
+	dest  []any
+	done  chan error
+}
+
+// alone runs the request on its own, outside any batch.
+func (r *request) alone(db *pgxpool.Pool) error {
+	if r.stmt == nil {
+		return db.QueryRow(r.ctx, r.sql, r.args...).Scan(r.dest...)
+	}
+	sql, args := r.stmt.Build([]any{r.input})
+	return ReadOne(db.QueryRow(r.ctx, sql, args...), r.dest)
+}
+
+// ReadOne scans the row a Statement returned for a single input into dest (the
+// leading index skipped).
+func ReadOne(row pgx.Row, dest []any) error {
+	var ord int
+	return row.Scan(append([]any{&ord}, dest...)...)
+}
+
+// New returns a committer over pool whose batches hold at most maxBatch requests.
+// Call Run to start it.
+func New(pool *pgxpool.Pool, maxBatch int) *Committer {
+	return &Committer{pool: pool, reqs: make(chan *request), maxBatch: maxBatch}
 }
 
 // GatherWhenBusy makes the committer wait for company while it is busy: after it
@@ -179,7 +200,7 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	defer c.inFlight.Add(-1)
 	if len(batch) == 1 {
 		r := batch[0]
-		r.done <- c.pool.QueryRow(r.ctx, r.sql, r.args...).Scan(r.dest...)
+		r.done <- r.alone(c.pool)
 		return
 	}
 	units := c.plan(batch)
@@ -223,7 +244,7 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	}
 	if failed {
 		for _, r := range batch {
-			r.done <- c.pool.QueryRow(r.ctx, r.sql, r.args...).Scan(r.dest...)
+			r.done <- r.alone(c.pool)
 		}
 		return
 	}
@@ -232,44 +253,44 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	}
 }
 
-// unit is one statement of a batch: a request's own, or the merged statement of
-// several requests (reqs[j] is at index idx[j] of the batch).
+// unit is one statement of a batch: a plain request's own, or the statement of all
+// the requests of one Statement (reqs[j] is at index idx[j] of the batch).
 type unit struct {
 	sql    string
 	args   []any
+	stmt   *Statement
 	reqs   []*request
 	idx    []int
-	merged bool
+	merged bool // a Statement's for more than one request
 }
 
-// plan turns a batch into its statements: the requests of a statement that has a
-// Merge and appears more than once become one merged statement, in the place of the
-// first of them; the others stay as they are.
+// plan turns a batch into its statements: the requests of one Statement become one
+// statement, in the place of the first of them; plain requests stay as they are.
 func (c *Committer) plan(batch []*request) []unit {
 	units := make([]unit, 0, len(batch))
-	at := map[string]int{} // sql of a mergeable statement -> its unit
+	at := map[*Statement]int{} // a Statement -> its unit
 	for i, r := range batch {
-		if _, ok := c.merges[r.sql]; ok {
-			if u, ok := at[r.sql]; ok {
+		if r.stmt != nil {
+			if u, ok := at[r.stmt]; ok {
 				units[u].reqs = append(units[u].reqs, r)
 				units[u].idx = append(units[u].idx, i)
 				continue
 			}
-			at[r.sql] = len(units)
+			at[r.stmt] = len(units)
 		}
-		units = append(units, unit{sql: r.sql, args: r.args, reqs: []*request{r}, idx: []int{i}})
+		units = append(units, unit{sql: r.sql, args: r.args, stmt: r.stmt, reqs: []*request{r}, idx: []int{i}})
 	}
 	for i := range units {
 		u := &units[i]
-		if len(u.reqs) < 2 {
+		if u.stmt == nil {
 			continue
 		}
-		args := make([][]any, len(u.reqs))
+		inputs := make([]any, len(u.reqs))
 		for j, r := range u.reqs {
-			args[j] = r.args
+			inputs[j] = r.input
 		}
-		u.sql, u.args = c.merges[u.sql](args)
-		u.merged = true
+		u.sql, u.args = u.stmt.Build(inputs)
+		u.merged = len(u.reqs) > 1
 	}
 	return units
 }
@@ -277,7 +298,7 @@ func (c *Committer) plan(batch []*request) []unit {
 // read reads the unit's result into its requests' destinations and errs, and
 // returns an error when the statement itself failed (not merely found no row).
 func (u *unit) read(br pgx.BatchResults, errs []error) error {
-	if !u.merged {
+	if u.stmt == nil {
 		i := u.idx[0]
 		errs[i] = br.QueryRow().Scan(u.reqs[0].dest...)
 		if errs[i] != nil && !errors.Is(errs[i], pgx.ErrNoRows) {
@@ -320,6 +341,12 @@ func (c *Committer) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 	return &row{c: c, ctx: ctx, sql: sql, args: args}
 }
 
+// Write queues an input of the statement s and waits until the batch that carries
+// it has committed, then scans the input's row into dest (pgx.ErrNoRows: none).
+func (c *Committer) Write(ctx context.Context, s *Statement, input any, dest ...any) error {
+	return c.do(&request{ctx: ctx, stmt: s, input: input, dest: dest})
+}
+
 // Exec runs on the pool, unbatched.
 func (c *Committer) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	return c.pool.Exec(ctx, sql, args...)
@@ -338,15 +365,21 @@ type row struct {
 }
 
 func (r *row) Scan(dest ...any) error {
-	if r.c.inFlight.Load() == 0 && r.c.released() && r.c.inFlight.CompareAndSwap(0, 1) {
-		defer r.c.inFlight.Add(-1)
-		return r.c.pool.QueryRow(r.ctx, r.sql, r.args...).Scan(dest...)
+	return r.c.do(&request{ctx: r.ctx, sql: r.sql, args: r.args, dest: dest})
+}
+
+// do sends the request: at once on the caller's goroutine when nothing is in flight
+// (nothing to share a commit with), else in the next batch.
+func (c *Committer) do(req *request) error {
+	if c.inFlight.Load() == 0 && c.released() && c.inFlight.CompareAndSwap(0, 1) {
+		defer c.inFlight.Add(-1)
+		return req.alone(c.pool)
 	}
-	req := &request{ctx: r.ctx, sql: r.sql, args: r.args, dest: dest, done: make(chan error, 1)}
+	req.done = make(chan error, 1)
 	select {
-	case r.c.reqs <- req:
-	case <-r.ctx.Done():
-		return r.ctx.Err()
+	case c.reqs <- req:
+	case <-req.ctx.Done():
+		return req.ctx.Err()
 	}
 	return <-req.done
 }

@@ -34,11 +34,6 @@ func (b *batchCounter) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchE
 
 func setup(t *testing.T) (*committer.Committer, *pgxpool.Pool, *batchCounter) {
 	t.Helper()
-	return setupWith(t, nil)
-}
-
-func setupWith(t *testing.T, merges map[string]committer.Merge) (*committer.Committer, *pgxpool.Pool, *batchCounter) {
-	t.Helper()
 	t.Parallel()
 	url := testdb.New(t)
 	cfg, err := pgxpool.ParseConfig(url)
@@ -55,7 +50,7 @@ func setupWith(t *testing.T, merges map[string]committer.Merge) (*committer.Comm
 	if _, err := pool.Exec(context.Background(), `CREATE TABLE t (id int PRIMARY KEY, v int CHECK (v >= 0))`); err != nil {
 		t.Fatal(err)
 	}
-	c := committer.New(pool, 64, merges)
+	c := committer.New(pool, 64)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); c.Run(ctx, 2) }()
@@ -160,25 +155,23 @@ func TestALoneStatementGoesOutOnItsCallersGoroutine(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	c := committer.New(pool, 8, nil) // never Run: only the direct path can answer
+	c := committer.New(pool, 8) // never Run: only the direct path can answer
 	var one int
 	if err := c.QueryRow(context.Background(), `SELECT 1`).Scan(&one); err != nil || one != 1 {
 		t.Fatalf("got %d, %v", one, err)
 	}
 }
 
-const (
-	insert       = `INSERT INTO t VALUES ($1, $2) ON CONFLICT DO NOTHING RETURNING v`
-	mergedInsert = `
-		WITH i AS (SELECT * FROM unnest($1::int[], $2::int[]) WITH ORDINALITY AS i(id, v, ord)),
-		ins AS (INSERT INTO t SELECT id, v FROM i ON CONFLICT DO NOTHING RETURNING id, v)
-		SELECT i.ord, ins.v FROM ins JOIN i ON i.id = ins.id`
-)
+// mergedInsert is the statement of inserts: one request or many, each an [id, v].
+const mergedInsert = `
+	WITH i AS (SELECT * FROM unnest($1::int[], $2::int[]) WITH ORDINALITY AS i(id, v, ord)),
+	ins AS (INSERT INTO t SELECT id, v FROM i ON CONFLICT DO NOTHING RETURNING id, v)
+	SELECT i.ord, ins.v FROM ins JOIN i ON i.id = ins.id`
 
-var merges = map[string]committer.Merge{insert: func(args [][]any) (string, []any) {
-	ids, vs := make([]int, len(args)), make([]int, len(args))
-	for i, a := range args {
-		ids[i], vs[i] = a[0].(int), a[1].(int)
+var inserts = &committer.Statement{Name: "inserts", Build: func(inputs []any) (string, []any) {
+	ids, vs := make([]int, len(inputs)), make([]int, len(inputs))
+	for i, in := range inputs {
+		ids[i], vs[i] = in.([2]int)[0], in.([2]int)[1]
 	}
 	return mergedInsert, []any{ids, vs}
 }}
@@ -196,7 +189,7 @@ func concurrentInserts(c *committer.Committer, n, bad int) ([]int, []error) {
 			if i == bad {
 				v = -1 // violates the check
 			}
-			errs[i] = c.QueryRow(context.Background(), insert, i, v).Scan(&got[i])
+			errs[i] = c.Write(context.Background(), inserts, [2]int{i, v}, &got[i])
 		}()
 	}
 	wg.Wait()
@@ -204,7 +197,7 @@ func concurrentInserts(c *committer.Committer, n, bad int) ([]int, []error) {
 }
 
 func TestMergedStatementsGiveEachCallerItsOwnRowOrNoRows(t *testing.T) {
-	c, pool, bc := setupWith(t, merges)
+	c, pool, bc := setup(t)
 	if _, err := pool.Exec(context.Background(), `INSERT INTO t SELECT g, 0 FROM generate_series(0, 199, 10) g`); err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +220,7 @@ func TestMergedStatementsGiveEachCallerItsOwnRowOrNoRows(t *testing.T) {
 }
 
 func TestAFailingMergedStatementFailsOnlyTheBadRequest(t *testing.T) {
-	c, pool, _ := setupWith(t, merges)
+	c, pool, _ := setup(t)
 	got, errs := concurrentInserts(c, 100, 42)
 	for i := range 100 {
 		if (i == 42) != (errs[i] != nil) || (i != 42 && got[i] != 2*i) {

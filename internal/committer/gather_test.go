@@ -20,7 +20,7 @@ func gathering(t *testing.T, d time.Duration, min int, loaded func() bool) *comm
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	c := committer.New(pool, 64, nil)
+	c := committer.New(pool, 64)
 	c.GatherWhenBusy(d, min, loaded)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -100,24 +100,22 @@ func notHeldBack(t *testing.T, c *committer.Committer) {
 }
 
 func TestAMergedBatchRunsTheSetupFirstInItsOwnTransaction(t *testing.T) {
-	const (
-		single = `SELECT coalesce(current_setting('kagzi.setup', true), '') || $1::text`
-		merged = `SELECT ord, coalesce(current_setting('kagzi.setup', true), '') || v
-			FROM unnest($1::text[]) WITH ORDINALITY AS i(v, ord)`
-	)
+	const merged = `SELECT ord, coalesce(current_setting('kagzi.setup', true), '') || v
+		FROM unnest($1::text[]) WITH ORDINALITY AS i(v, ord)`
 	t.Parallel()
 	pool, err := pgxpool.New(context.Background(), testdb.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	c := committer.New(pool, 64, map[string]committer.Merge{single: func(args [][]any) (string, []any) {
-		vs := make([]string, len(args))
-		for i, a := range args {
-			vs[i] = a[0].(string)
+	values := &committer.Statement{Name: "values", Build: func(inputs []any) (string, []any) {
+		vs := make([]string, len(inputs))
+		for i, in := range inputs {
+			vs[i] = in.(string)
 		}
 		return merged, []any{vs}
-	}})
+	}}
+	c := committer.New(pool, 64)
 	c.SetupMergedBatches(`SELECT set_config('kagzi.setup', 'set:', true)`)
 	c.GatherWhenBusy(2*time.Second, 1, nil)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -132,7 +130,7 @@ func TestAMergedBatchRunsTheSetupFirstInItsOwnTransaction(t *testing.T) {
 	for _, v := range []string{"a", "b"} {
 		go func() {
 			var s string
-			if err := c.QueryRow(context.Background(), single, v).Scan(&s); err != nil {
+			if err := c.Write(context.Background(), values, v, &s); err != nil {
 				t.Error(err)
 			}
 			got <- s

@@ -11,42 +11,46 @@ import (
 	"github.com/kagzi/kagzi/internal/vocab"
 )
 
-// RecordChildStep records the step that started a child run: its output names the
-// child. Fenced like RecordStep.
-func RecordChildStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key, name string, position int, output []byte) error {
-	var owned int
-	err := db.QueryRow(ctx, `
-		WITH `+ownerCTE+`, step AS (
-			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, attempts, position)
-			SELECT $1, $3, $4, 'CHILD', 'COMPLETED', $5, 1, $6 FROM owner
-			ON CONFLICT (run_id, step_key) DO NOTHING
-		)
-		SELECT count(*) FROM owner`, runID, epoch, key, name, output, position).Scan(&owned)
-	if err != nil {
-		return err
-	}
-	if owned == 0 {
-		return ErrLeaseLost
-	}
-	return nil
+// ResultStep records a step whose outcome came from outside the run: a child's start
+// (its output names the child) or result, a signal wait that timed out, a Patched
+// answer.
+type ResultStep struct {
+	Fence
+	Key  string
+	Name string
+	Kind vocab.StepKind
+	// Status is COMPLETED with Output, or FAILED with Error.
+	Status   vocab.StepStatus
+	Position *int
+	Output   []byte
+	Error    []byte
 }
 
-// RecordResultStep records a step whose outcome came from outside the run (a child's
-// result, a signal wait that timed out): COMPLETED with an output, or FAILED with an
-// error. Fenced.
-func RecordResultStep(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key, name string, kind vocab.StepKind, status vocab.StepStatus,
-	position *int, output, errDetail []byte) error {
+// recordResultStep records a ResultStep; a step recorded before is kept, unless it
+// was a signal wait still WAITING.
+var recordResultStep = named(`
+WITH `+ownerSQL+`, step AS (
+	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position)
+	SELECT @run_id, @step_key, @name, @kind, @status, @output, @error, 1, @position FROM owner
+	ON CONFLICT (run_id, step_key) DO UPDATE SET status = excluded.status, output = excluded.output,
+		error = excluded.error, updated_at = now()
+	WHERE s.status = 'WAITING'
+)
+SELECT count(*) FROM owner`,
+	append(fenceArgs[*ResultStep](),
+		arg("step_key", "text", func(w *ResultStep) string { return w.Key }),
+		arg("name", "text", func(w *ResultStep) string { return w.Name }),
+		arg("kind", "text", func(w *ResultStep) string { return string(w.Kind) }),
+		arg("status", "text", func(w *ResultStep) string { return string(w.Status) }),
+		arg("output", "jsonb", func(w *ResultStep) []byte { return w.Output }),
+		arg("error", "jsonb", func(w *ResultStep) []byte { return w.Error }),
+		arg("position", "integer", func(w *ResultStep) *int { return w.Position }))...)
+
+// RecordResultStep records a step whose outcome came from outside the run; see
+// ResultStep. It returns ErrLeaseLost when the fence no longer holds.
+func RecordResultStep(ctx context.Context, db DBTX, w ResultStep) error {
 	var owned int
-	err := db.QueryRow(ctx, `
-		WITH `+ownerCTE+`, step AS (
-			INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position)
-			SELECT $1, $3, $4, $5, $6, $7, $8, 1, $9 FROM owner
-			ON CONFLICT (run_id, step_key) DO UPDATE SET status = excluded.status, output = excluded.output,
-				error = excluded.error, updated_at = now()
-			WHERE s.status = 'WAITING'
-		)
-		SELECT count(*) FROM owner`, runID, epoch, key, name, kind, status, output, errDetail, position).Scan(&owned)
-	if err != nil {
+	if err := db.QueryRow(ctx, recordResultStep.sql, recordResultStep.args(&w)...).Scan(&owned); err != nil {
 		return err
 	}
 	if owned == 0 {
@@ -76,38 +80,40 @@ func GetRunOutcome(ctx context.Context, db DBTX, runID uuid.UUID) (RunOutcome, e
 // WaitWrite suspends a run until something from outside happens (a child ends, a
 // signal arrives) or until WakeAt (a timeout, or a safety re-check).
 type WaitWrite struct {
-	RunID  uuid.UUID
-	Epoch  int64
+	Fence
 	WakeAt time.Time
 	// Signal, when set, lets a signal of this name wake the run at once.
 	Signal string
 }
 
+// suspendForWait puts a running run to sleep until @wake_at (or its deadline) and
+// records what it waits for. A signal or a child's end that came while the run was
+// deciding to wait set wake_pending: this UPDATE sees it (it re-reads the row it
+// waited for), and the run stays claimable.
+var suspendForWait = named(`
+WITH upd AS (
+	UPDATE kagzi.runs r SET `+releaseSQL("SLEEPING", "CASE WHEN r.wake_pending THEN now() ELSE @wake_at END")+`,
+		waiting_signal = @signal, wake_pending = false
+	WHERE r.run_id = @run_id AND r.lease_epoch = @epoch AND r.status = 'RUNNING'
+	RETURNING `+releasedColumns+`
+)
+SELECT status, (`+notifyRunSQL+`)::text FROM upd`,
+	append(fenceArgs[*WaitWrite](),
+		arg("wake_at", "timestamptz", func(w *WaitWrite) time.Time { return w.WakeAt }),
+		arg("signal", "text", func(w *WaitWrite) *string {
+			if w.Signal == "" {
+				return nil
+			}
+			return &w.Signal
+		}))...)
+
 // SuspendForWait puts a running run to sleep until WakeAt (or its deadline), like
-// Suspend, and records what it waits for. A run whose cancel was requested ends
-// CANCELLED. Fenced; returns the new status.
+// Suspend, and records what it waits for; see suspendForWait. A run whose cancel was
+// requested ends CANCELLED. It returns the new status.
 func SuspendForWait(ctx context.Context, db DBTX, w WaitWrite) (vocab.RunStatus, error) {
 	var status vocab.RunStatus
-	var ignored string
-	var signal *string
-	if w.Signal != "" {
-		signal = &w.Signal
-	}
-	err := db.QueryRow(ctx, `
-		WITH upd AS (
-			UPDATE kagzi.runs r SET
-				status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'SLEEPING' END,
-				finished_at = CASE WHEN r.cancel_requested THEN now() END,
-				-- A signal or a child's end that came while the run was deciding to wait
-				-- set wake_pending: this UPDATE sees it (it re-reads the row it waited
-				-- for), and the run stays claimable.
-				available_at = CASE WHEN r.wake_pending THEN now() ELSE least($3, r.deadline_at) END,
-				waiting_signal = $4, wake_pending = false,
-				locked_by = NULL, updated_at = now()
-			WHERE r.run_id = $1 AND r.lease_epoch = $2 AND r.status = 'RUNNING'
-			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
-		)
-		SELECT status, (`+notifyRunSQL+`)::text FROM upd`, w.RunID, w.Epoch, w.WakeAt, signal).Scan(&status, &ignored)
+	var notified string
+	err := db.QueryRow(ctx, suspendForWait.sql, suspendForWait.args(&w)...).Scan(&status, &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrLeaseLost
 	}
@@ -167,74 +173,103 @@ type SignalWait struct {
 	DBNow     time.Time
 }
 
-// TakeSignal tries to receive the oldest pending signal of the name for a WaitSignal
-// step, in one fenced statement: it marks the signal consumed by the step and
-// records the step COMPLETED with its payload; with no signal pending, it records the
-// step WAITING with its timeout (fixed the first time: a restart does not extend it).
-func TakeSignal(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, key, name string, position int, timeout time.Duration) (SignalWait, error) {
-	var (
-		w      SignalWait
-		owned  int
-		status *string
-	)
-	var timeoutMS *int64
-	if timeout > 0 {
-		ms := timeout.Milliseconds()
-		timeoutMS = &ms
-	}
-	err := db.QueryRow(ctx, `
-		WITH `+ownerCTE+`, sig AS (
-			UPDATE kagzi.signals SET consumed_by = $3
-			WHERE id = (
-				SELECT id FROM kagzi.signals
-				WHERE run_id = $1 AND name = $4 AND consumed_by IS NULL AND EXISTS (SELECT 1 FROM owner)
-				ORDER BY id LIMIT 1
-				FOR UPDATE)
-			RETURNING payload
-		), step AS (
-			INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, wake_at, attempts, position)
-			SELECT $1, $3, $4, 'SIGNAL',
-				CASE WHEN EXISTS (SELECT 1 FROM sig) THEN 'COMPLETED' ELSE 'WAITING' END,
-				(SELECT payload FROM sig), now() + $5 * interval '1 millisecond', 0, $6
-			FROM owner
-			ON CONFLICT (run_id, step_key) DO UPDATE SET
-				status = excluded.status, output = excluded.output, updated_at = now()
-			WHERE s.status = 'WAITING'
-			RETURNING status, output, wake_at
-		)
-		SELECT (SELECT count(*) FROM owner), (SELECT status FROM step), (SELECT output FROM step),
-			coalesce((SELECT wake_at FROM step), (SELECT wake_at FROM kagzi.steps WHERE run_id = $1 AND step_key = $3)),
-			now()`,
-		runID, epoch, key, name, timeoutMS, position).Scan(&owned, &status, &w.Payload, &w.TimeoutAt, &w.DBNow)
+// SignalTake is a WaitSignal step's attempt to receive a signal.
+type SignalTake struct {
+	Fence
+	Key, Name string
+	Position  int
+	// Timeout, when positive, is fixed from the first attempt on.
+	Timeout time.Duration
+}
+
+// takeSignal receives the oldest pending signal of the name for a WaitSignal step:
+// it marks the signal consumed by the step and records the step COMPLETED with its
+// payload; with no signal pending, it records the step WAITING with its timeout
+// (fixed the first time: a restart does not extend it).
+var takeSignal = named(`
+WITH `+ownerSQL+`, sig AS (
+	UPDATE kagzi.signals SET consumed_by = @step_key
+	WHERE id = (
+		SELECT id FROM kagzi.signals
+		WHERE run_id = @run_id AND name = @name AND consumed_by IS NULL AND EXISTS (SELECT 1 FROM owner)
+		ORDER BY id LIMIT 1
+		FOR UPDATE)
+	RETURNING payload
+), step AS (
+	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, wake_at, attempts, position)
+	SELECT @run_id, @step_key, @name, 'SIGNAL',
+		CASE WHEN EXISTS (SELECT 1 FROM sig) THEN 'COMPLETED' ELSE 'WAITING' END,
+		(SELECT payload FROM sig), now() + @timeout_ms * interval '1 millisecond', 0, @position
+	FROM owner
+	ON CONFLICT (run_id, step_key) DO UPDATE SET
+		status = excluded.status, output = excluded.output, updated_at = now()
+	WHERE s.status = 'WAITING'
+	RETURNING status, output, wake_at
+)
+SELECT (SELECT count(*) FROM owner), (SELECT status FROM step), (SELECT output FROM step),
+	coalesce((SELECT wake_at FROM step), (SELECT wake_at FROM kagzi.steps WHERE run_id = @run_id AND step_key = @step_key)),
+	now()`,
+	append(fenceArgs[*SignalTake](),
+		arg("step_key", "text", func(w *SignalTake) string { return w.Key }),
+		arg("name", "text", func(w *SignalTake) string { return w.Name }),
+		arg("timeout_ms", "bigint", func(w *SignalTake) *int64 {
+			if w.Timeout <= 0 {
+				return nil
+			}
+			ms := w.Timeout.Milliseconds()
+			return &ms
+		}),
+		arg("position", "integer", func(w *SignalTake) int { return w.Position }))...)
+
+// TakeSignal tries to receive a signal for a WaitSignal step; see takeSignal.
+func TakeSignal(ctx context.Context, db DBTX, t SignalTake) (SignalWait, error) {
+	var w SignalWait
+	var owned int
+	var status *vocab.StepStatus
+	err := db.QueryRow(ctx, takeSignal.sql, takeSignal.args(&t)...).Scan(&owned, &status, &w.Payload, &w.TimeoutAt, &w.DBNow)
 	if err != nil {
 		return w, err
 	}
 	if owned == 0 {
 		return w, ErrLeaseLost
 	}
-	w.Received = status != nil && *status == "COMPLETED"
+	w.Received = status != nil && *status == vocab.StepCompleted
 	return w, nil
 }
 
-// SetEvent publishes a run's event and records the step that did it, in one fenced
+// EventWrite publishes an event of a run and records the step that did it.
+type EventWrite struct {
+	Fence
+	StepKey  string
+	Key      string
+	Position int
+	Value    []byte
+}
+
+// setEvent publishes a run's event and records the step that did it, in one fenced
 // statement, and tells waiters.
-func SetEvent(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, stepKey, key string, position int, value []byte) error {
+var setEvent = named(`
+WITH `+ownerSQL+`, ev AS (
+	INSERT INTO kagzi.events (run_id, key, value)
+	SELECT @run_id, @key, @value FROM owner
+	ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value, updated_at = now()
+	RETURNING run_id
+), step AS (
+	INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, attempts, position)
+	SELECT @run_id, @step_key, @key, 'EVENT', 'COMPLETED', @value, 1, @position FROM owner
+	ON CONFLICT (run_id, step_key) DO NOTHING
+)
+SELECT (SELECT count(*) FROM owner), (SELECT pg_notify('`+Channel+`', 'e|' || run_id || '|' || @key)::text FROM ev)`,
+	append(fenceArgs[*EventWrite](),
+		arg("step_key", "text", func(w *EventWrite) string { return w.StepKey }),
+		arg("key", "text", func(w *EventWrite) string { return w.Key }),
+		arg("value", "jsonb", func(w *EventWrite) []byte { return w.Value }),
+		arg("position", "integer", func(w *EventWrite) int { return w.Position }))...)
+
+// SetEvent publishes a run's event; see setEvent.
+func SetEvent(ctx context.Context, db DBTX, w EventWrite) error {
 	var owned int
-	err := db.QueryRow(ctx, `
-		WITH `+ownerCTE+`, ev AS (
-			INSERT INTO kagzi.events (run_id, key, value)
-			SELECT $1, $4, $5 FROM owner
-			ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value, updated_at = now()
-			RETURNING run_id
-		), step AS (
-			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, attempts, position)
-			SELECT $1, $3, $4, 'EVENT', 'COMPLETED', $5, 1, $6 FROM owner
-			ON CONFLICT (run_id, step_key) DO NOTHING
-		)
-		SELECT (SELECT count(*) FROM owner),
-			(SELECT pg_notify('`+Channel+`', 'e|' || run_id || '|' || $4)::text FROM ev)`,
-		runID, epoch, stepKey, key, value, position).Scan(&owned, new(*string))
-	if err != nil {
+	if err := db.QueryRow(ctx, setEvent.sql, setEvent.args(&w)...).Scan(&owned, new(*string)); err != nil {
 		return err
 	}
 	if owned == 0 {

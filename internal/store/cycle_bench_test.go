@@ -54,13 +54,13 @@ func BenchmarkRunCycle(b *testing.B) {
 		if len(claimed) == 0 {
 			b.Fatalf("claimed nothing with %d of %d done", done, b.N)
 		}
-		args := make([][]any, len(claimed))
+		inputs := make([]any, len(claimed))
 		now := time.Now()
 		for i, c := range claimed {
-			args[i] = []any{[16]byte(c.RunID), c.LeaseEpoch, "COMPLETED", []byte(`{"ok":true}`), []byte(nil),
-				&key, &name, []byte(`2`), &now, &now, &pos, [16]byte{}}
+			inputs[i] = &FinishWrite{Fence: c.Fence, Status: "COMPLETED", Output: []byte(`{"ok":true}`),
+				Last: &StepWrite{Key: key, Name: name, Output: []byte(`2`), StartedAt: now, FinishedAt: now, Position: pos}}
 		}
-		sql, merged := mergeFinishRuns(args)
+		sql, merged := finishes.stmt.Build(inputs)
 		rows, err := conn.Query(ctx, sql, merged...)
 		if err != nil {
 			b.Fatal(err)

@@ -9,23 +9,72 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// renewLeaseSQL extends the lease of one run the caller holds ($1 the run, $2 its
-// epoch) to $3 milliseconds from now, and tells whether a cancel was requested. It
-// matches nothing once another claim bumped the epoch or the run ended.
-const renewLeaseSQL = `
-UPDATE kagzi.runs SET available_at = now() + $3 * interval '1 millisecond'
-WHERE run_id = $1 AND lease_epoch = $2 AND status = 'RUNNING'
-RETURNING cancel_requested`
+// renewLease extends the lease of one run its worker holds to @lease_ms from now,
+// and tells whether a cancel was requested.
+var renewLease = named(`
+UPDATE kagzi.runs SET available_at = now() + @lease_ms * interval '1 millisecond'
+WHERE run_id = @run_id AND lease_epoch = @epoch AND status = 'RUNNING'
+RETURNING cancel_requested`,
+	append(fenceArgs[leaseRenewal](),
+		arg("lease_ms", "bigint", func(r leaseRenewal) int64 { return r.lease.Milliseconds() }))...)
 
-// RenewLease extends the lease of a run the caller holds, at once. A worker calls it
+type leaseRenewal struct {
+	Fence
+	lease time.Duration
+}
+
+// RenewLease extends the lease of a run its worker holds, at once. A worker calls it
 // before something with effects outside the database begins (a step body, a child's
 // start) when, by its own clock, the lease may have passed: a frozen process must not
 // act on a run another worker has taken over. It returns ErrLeaseLost when the caller
 // no longer holds the run.
-func RenewLease(ctx context.Context, db DBTX, runID uuid.UUID, epoch int64, lease time.Duration) (cancelRequested bool, err error) {
-	err = db.QueryRow(ctx, renewLeaseSQL, [16]byte(runID), epoch, lease.Milliseconds()).Scan(&cancelRequested)
+func RenewLease(ctx context.Context, db DBTX, f Fence, lease time.Duration) (cancelRequested bool, err error) {
+	err = db.QueryRow(ctx, renewLease.sql, renewLease.args(leaseRenewal{f, lease})...).Scan(&cancelRequested)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, ErrLeaseLost
 	}
 	return cancelRequested, err
 }
+
+// HeartbeatResult is what a heartbeat learns of one run it still holds.
+type HeartbeatResult struct {
+	RunID           uuid.UUID
+	CancelRequested bool
+	// Extended: the beat extended the run's lease. A run whose row another
+	// transaction was writing is not waited for, nor extended, this beat.
+	Extended bool
+}
+
+// fenceArrays returns the run ids and epochs of fences, as parallel arrays.
+func fenceArrays(fences []Fence) ([][16]byte, []int64) {
+	ids := make([][16]byte, len(fences))
+	epochs := make([]int64, len(fences))
+	for i, f := range fences {
+		ids[i], epochs[i] = f.RunID, f.Epoch
+	}
+	return ids, epochs
+}
+
+// ReleaseRuns hands runs back at once (a worker shutting down): they become PENDING
+// and claimable now, and the workers of their types are notified. A run whose cancel
+// was requested ends CANCELLED instead. Runs whose fence no longer holds are left
+// alone.
+func ReleaseRuns(ctx context.Context, db DBTX, held []Fence) error {
+	ids, epochs := fenceArrays(held)
+	rows, err := queryAfter(ctx, db, KeyedPlansSQL, releaseRunsSQL, ids, epochs)
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
+}
+
+// releaseRunsSQL: see ReleaseRuns and KeyedPlansSQL.
+var releaseRunsSQL = `
+WITH upd AS (
+	UPDATE kagzi.runs r SET ` + releaseSQL("PENDING", "now()") + `
+	FROM unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
+	WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND coalesce(r.status, '') = 'RUNNING'
+	RETURNING ` + releasedColumns + `
+)
+SELECT ` + notifyRunSQL + ` FROM upd`

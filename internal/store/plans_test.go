@@ -10,6 +10,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
+	"github.com/kagzi/kagzi/internal/committer"
 	"github.com/kagzi/kagzi/internal/testdb"
 )
 
@@ -83,12 +84,15 @@ func TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics(t *testing.
 	const n = 200
 	now := time.Now()
 	key, name, client := "s#2", "s", [16]byte(uuid.New())
-	var records, ends, suspends [][]any
+	var records, ends, suspensions, sleeps []any
 	for i := range n {
-		id := [16]byte(uuid.New())
-		records = append(records, []any{id, int64(1), "s#2", "s", "COMPLETED", []byte(`1`), []byte(nil), now, now, "COMPLETED", i})
-		ends = append(ends, []any{id, int64(1), "COMPLETED", []byte(`1`), []byte(nil), &key, &name, []byte(`1`), &now, &now, &i, client})
-		suspends = append(suspends, []any{id, int64(1), "nap#1", "nap", &now, int64(1000), i})
+		f := Fence{uuid.New(), 1}
+		records = append(records, &StepWrite{Fence: f, Key: "s#2", Name: "s", Status: "COMPLETED", StepStatus: "COMPLETED",
+			Output: []byte(`1`), StartedAt: now, FinishedAt: now, Position: i})
+		ends = append(ends, &FinishWrite{Fence: f, Client: client, Status: "COMPLETED", Output: []byte(`1`),
+			Last: &StepWrite{Key: key, Name: name, Output: []byte(`1`), StartedAt: now, FinishedAt: now, Position: i}})
+		suspensions = append(suspensions, &SleepWrite{Fence: f, Key: "nap#1", Name: "nap", WakeAt: &now, Duration: time.Second, Position: i})
+		sleeps = append(sleeps, &SleepWrite{Fence: f, Key: "nap#1", Name: "nap", Duration: time.Second, Position: i})
 	}
 	type statement struct {
 		name     string
@@ -98,17 +102,22 @@ func TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics(t *testing.
 		table    string // the table read by key: runs unless said
 	}
 	var statements []statement
-	sql, args := mergeRecordSteps(records)
-	statements = append(statements, statement{name: "merged step records", settings: KeyedPlansSQL, sql: sql, args: args})
-	sql, args = mergeFinishRuns(ends)
-	statements = append(statements, statement{name: "merged run ends", settings: KeyedPlansSQL, sql: sql, args: args})
-	sql, args = mergeSuspends(suspends)
-	statements = append(statements, statement{name: "merged suspensions", settings: KeyedPlansSQL, sql: sql, args: args})
+	for _, w := range []struct {
+		stmt   *committer.Statement
+		inputs []any
+	}{{&recordSteps.stmt, records}, {&finishes.stmt, ends}, {&suspends.stmt, suspensions}, {&recordSleeps.stmt, sleeps}} {
+		// Merged, as a busy committer sends them (after KeyedPlansSQL), and alone, as a
+		// lone write goes out (without it).
+		sql, args := w.stmt.Build(w.inputs)
+		statements = append(statements, statement{name: "merged " + w.stmt.Name, settings: KeyedPlansSQL, sql: sql, args: args})
+		sql, args = w.stmt.Build(w.inputs[:1])
+		statements = append(statements, statement{name: "lone " + w.stmt.Name, settings: "SELECT 1", sql: sql, args: args})
+	}
 	statements = append(statements, statement{name: "claim", settings: genericPlanSQL, sql: claimSQL,
 		args: []any{"default", []string{"wf"}, "w", n, int64(60000), []string{"v1"}}})
 	ids, epochs := make([][16]byte, n), make([]int64, n)
 	for i, r := range ends {
-		ids[i], epochs[i] = r[0].([16]byte), 1
+		ids[i], epochs[i] = r.(*FinishWrite).RunID, 1
 	}
 	statements = append(statements,
 		statement{name: "heartbeat", settings: KeyedPlansSQL, sql: heartbeatSQL,

@@ -51,8 +51,7 @@ func CancelTopic(namespace string) string { return "c|" + namespace }
 
 // Errors returned by this package.
 var (
-	ErrNotFound  = errors.New("not found")
-	ErrLeaseLost = errors.New("lease lost")
+	ErrNotFound = errors.New("not found")
 )
 
 // DBTX is what the store needs of a connection: a pool, a single connection or a transaction.

@@ -81,7 +81,7 @@ func TestEveryWakeNotificationCarriesTheTopicWakeTopicBuilds(t *testing.T) {
 		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', lease_epoch = 7 WHERE run_id = $1`, parent); err != nil {
 			t.Fatal(err)
 		}
-		if err := ReleaseRuns(ctx, pool, []HeldRun{{RunID: parent, Epoch: 7}}); err != nil {
+		if err := ReleaseRuns(ctx, pool, []Fence{{RunID: parent, Epoch: 7}}); err != nil {
 			t.Fatal(err)
 		}
 		check("ReleaseRuns")

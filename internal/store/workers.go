@@ -6,7 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/kagzi/kagzi/internal/vocab"
 )
@@ -142,12 +141,8 @@ FROM mine m LEFT JOIN extended e ON e.run_id = m.run_id`
 // in one statement. Runs missing from the result are no longer held by this worker:
 // their lease was taken over or they finished. A run in the result but not Extended
 // is still held; its row was being written, so its lease keeps its old end.
-func Heartbeat(ctx context.Context, db DBTX, beat WorkerBeat, held []HeldRun, lease time.Duration) ([]HeartbeatResult, error) {
-	ids := make([]uuid.UUID, len(held))
-	epochs := make([]int64, len(held))
-	for i, h := range held {
-		ids[i], epochs[i] = h.RunID, h.Epoch
-	}
+func Heartbeat(ctx context.Context, db DBTX, beat WorkerBeat, held []Fence, lease time.Duration) ([]HeartbeatResult, error) {
+	ids, epochs := fenceArrays(held)
 	rows, err := queryAfter(ctx, db, KeyedPlansSQL, heartbeatSQL, ids, epochs, beat.Namespace, beat.WorkerID,
 		beat.ActiveRuns, beat.Completed, beat.Failed, lease.Milliseconds())
 	if err != nil {

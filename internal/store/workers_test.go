@@ -30,7 +30,7 @@ func TestAHeartbeatDoesNotWaitForARunWhoseRowIsBeingWrittenAndKeepsItHeld(t *tes
 	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	res, err := Heartbeat(bctx, pool, WorkerBeat{Namespace: "default", WorkerID: "w"},
-		[]HeldRun{{busy, 1}, {free, 1}, {taken, 1}}, time.Hour)
+		[]Fence{{busy, 1}, {free, 1}, {taken, 1}}, time.Hour)
 	if err != nil {
 		t.Fatalf("heartbeat: %v (it waited for the busy row?)", err)
 	}

@@ -27,9 +27,14 @@ func runningRun(t *testing.T, pool *pgxpool.Pool, epoch int64, cancelRequested b
 	return id
 }
 
-// mergedRows runs a merged statement and returns its rows by request index.
-func mergedRows(t *testing.T, pool *pgxpool.Pool, sql string, args []any) map[int][]any {
+// setRows runs a set write for the inputs at once and returns its rows by input index.
+func setRows[W any](t *testing.T, pool *pgxpool.Pool, s *setWrite[W], inputs ...W) map[int][]any {
 	t.Helper()
+	in := make([]any, len(inputs))
+	for i, w := range inputs {
+		in[i] = w
+	}
+	sql, args := s.stmt.Build(in)
 	rows, err := pool.Query(context.Background(), sql, args...)
 	if err != nil {
 		t.Fatal(err)
@@ -49,12 +54,13 @@ func mergedRows(t *testing.T, pool *pgxpool.Pool, sql string, args []any) map[in
 	return got
 }
 
-func stepWrite(run uuid.UUID, epoch int64, key, output string) []any {
+func stepWrite(run uuid.UUID, epoch int64, key, output string) *StepWrite {
 	now := time.Now()
-	return []any{[16]byte(run), epoch, key, "s", "COMPLETED", []byte(output), []byte(nil), now, now, "COMPLETED", 1}
+	return &StepWrite{Fence: Fence{run, epoch}, Key: key, Name: "s", Status: "COMPLETED", StepStatus: "COMPLETED",
+		Output: []byte(output), StartedAt: now, FinishedAt: now, Position: 1}
 }
 
-func TestMergedStepRecordsAreFencedPerRunAndNeverOverwriteACompletedStep(t *testing.T) {
+func TestStepRecordsOfManyRunsAreFencedPerRunAndNeverOverwriteACompletedStep(t *testing.T) {
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
@@ -65,13 +71,12 @@ func TestMergedStepRecordsAreFencedPerRunAndNeverOverwriteACompletedStep(t *test
 		VALUES ($1, 's#1', 's', 'STEP', 'COMPLETED', '"first"', 1)`, done); err != nil {
 		t.Fatal(err)
 	}
-	sql, args := mergeRecordSteps([][]any{
+	got := setRows(t, pool, recordSteps,
 		stepWrite(held, 1, "s#1", `"a"`),
 		stepWrite(held, 1, "s#2", `"b"`), // a parallel branch of the same run
 		stepWrite(taken, 1, "s#1", `"late"`),
 		stepWrite(done, 1, "s#1", `"again"`),
-	})
-	got := mergedRows(t, pool, sql, args)
+	)
 	for i, want := range []struct {
 		owned    int32
 		attempts any
@@ -94,7 +99,7 @@ func TestMergedStepRecordsAreFencedPerRunAndNeverOverwriteACompletedStep(t *test
 	}
 }
 
-func TestMergedRunEndsAreFencedAndRecordTheirLastStep(t *testing.T) {
+func TestEndsOfManyRunsAreFencedAndRecordTheirLastStep(t *testing.T) {
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
@@ -104,16 +109,14 @@ func TestMergedRunEndsAreFencedAndRecordTheirLastStep(t *testing.T) {
 	plain := runningRun(t, pool, 1, false)
 	key, name, pos := "last#1", "last", 0
 	now := time.Now()
-	end := func(run uuid.UUID, withStep bool) []any {
-		if !withStep {
-			return []any{[16]byte(run), int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
-				(*string)(nil), (*string)(nil), []byte(nil), (*time.Time)(nil), (*time.Time)(nil), (*int)(nil), [16]byte{}}
+	end := func(run uuid.UUID, withStep bool) *FinishWrite {
+		w := &FinishWrite{Fence: Fence{run, 1}, Status: "COMPLETED", Output: []byte(`"out"`)}
+		if withStep {
+			w.Last = &StepWrite{Key: key, Name: name, Output: []byte(`"step"`), StartedAt: now, FinishedAt: now, Position: pos}
 		}
-		return []any{[16]byte(run), int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
-			&key, &name, []byte(`"step"`), &now, &now, &pos, [16]byte{}}
+		return w
 	}
-	sql, args := mergeFinishRuns([][]any{end(held, true), end(taken, true), end(cancelled, false), end(plain, false)})
-	got := mergedRows(t, pool, sql, args)
+	got := setRows(t, pool, finishes, end(held, true), end(taken, true), end(cancelled, false), end(plain, false))
 	if len(got) != 3 || got[1][0] != "COMPLETED" || got[2] != nil || got[3][0] != "CANCELLED" || got[4][0] != "COMPLETED" {
 		t.Fatalf("got %v, want 1 COMPLETED, 2 fenced out (no row), 3 CANCELLED, 4 COMPLETED", got)
 	}
@@ -131,7 +134,7 @@ func TestMergedRunEndsAreFencedAndRecordTheirLastStep(t *testing.T) {
 	}
 }
 
-func TestMergedSuspendsAreFencedAndPutEachHeldRunToSleep(t *testing.T) {
+func TestSuspendsOfManyRunsAreFencedAndPutEachHeldRunToSleep(t *testing.T) {
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
@@ -139,11 +142,10 @@ func TestMergedSuspendsAreFencedAndPutEachHeldRunToSleep(t *testing.T) {
 	taken := runningRun(t, pool, 2, false)
 	cancelled := runningRun(t, pool, 1, true)
 	wake := time.Now().Add(time.Hour)
-	sleep := func(run uuid.UUID, key string, at *time.Time) []any {
-		return []any{[16]byte(run), int64(1), key, "nap", at, int64(60_000), 0}
+	sleep := func(run uuid.UUID, key string, at *time.Time) *SleepWrite {
+		return &SleepWrite{Fence: Fence{run, 1}, Key: key, Name: "nap", WakeAt: at, Duration: time.Minute}
 	}
-	sql, args := mergeSuspends([][]any{sleep(held, "nap#1", nil), sleep(taken, "nap#1", nil), sleep(cancelled, "", &wake)})
-	got := mergedRows(t, pool, sql, args)
+	got := setRows(t, pool, suspends, sleep(held, "nap#1", nil), sleep(taken, "nap#1", nil), sleep(cancelled, "", &wake))
 	if len(got) != 2 || got[1][0] != "SLEEPING" || got[2] != nil || got[3][0] != "CANCELLED" {
 		t.Fatalf("got %v, want 1 SLEEPING, 2 fenced out (no row), 3 CANCELLED", got)
 	}
@@ -159,7 +161,7 @@ func TestMergedSuspendsAreFencedAndPutEachHeldRunToSleep(t *testing.T) {
 	}
 }
 
-func TestMergedRunEndsNotifyAnotherClientsWaitersInFewNotifications(t *testing.T) {
+func TestEndsOfManyRunsNotifyAnotherClientsWaitersInFewNotifications(t *testing.T) {
 	t.Parallel()
 	pool, url := testdb.NewPool(t)
 	ctx := context.Background()
@@ -169,15 +171,14 @@ func TestMergedRunEndsNotifyAnotherClientsWaitersInFewNotifications(t *testing.T
 		t.Fatal(err)
 	}
 	const n = 320
-	ends := make([][]any, n)
+	ends := make([]*FinishWrite, n)
 	want := map[string]bool{}
 	for i := range ends {
 		run := runningRun(t, pool, 1, false)
 		ends[i] = runEnd(run, me)
 		want[DoneTopic(run)+"|COMPLETED"] = true
 	}
-	sql, args := mergeFinishRuns(ends)
-	if got := mergedRows(t, pool, sql, args); len(got) != n {
+	if got := setRows(t, pool, finishes, ends...); len(got) != n {
 		t.Fatalf("%d runs ended, want %d", len(got), n)
 	}
 	var notifications int
@@ -214,13 +215,12 @@ func TestARunsEndNotifiesOnlyWhileAnotherClientWaitsInItsNamespace(t *testing.T)
 		t.Helper()
 		a, b := runningRun(t, pool, 1, false), runningRun(t, pool, 1, false)
 		if merged {
-			sql, args := mergeFinishRuns([][]any{runEnd(a, me), runEnd(b, me)})
-			if got := mergedRows(t, pool, sql, args); len(got) != 2 {
+			if got := setRows(t, pool, finishes, runEnd(a, me), runEnd(b, me)); len(got) != 2 {
 				t.Fatalf("%d runs ended, want 2", len(got))
 			}
 			return
 		}
-		if _, err := FinishRun(ctx, pool, me, a, 1, "COMPLETED", []byte(`1`), nil, nil); err != nil {
+		if _, err := FinishRun(ctx, Direct(pool), *runEnd(a, me)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -284,8 +284,7 @@ func listen(t *testing.T, url string) *pgx.Conn {
 	return conn
 }
 
-// runEnd is the arguments of a run's end (COMPLETED, no held-back step) by client.
-func runEnd(run, client uuid.UUID) []any {
-	return []any{[16]byte(run), int64(1), "COMPLETED", []byte(`"out"`), []byte(nil),
-		(*string)(nil), (*string)(nil), []byte(nil), (*time.Time)(nil), (*time.Time)(nil), (*int)(nil), [16]byte(client)}
+// runEnd is a run's end (COMPLETED, no held-back step) by client.
+func runEnd(run, client uuid.UUID) *FinishWrite {
+	return &FinishWrite{Fence: Fence{run, 1}, Client: client, Status: "COMPLETED", Output: []byte(`"out"`)}
 }

@@ -1,0 +1,191 @@
+package kagzi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"syscall"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// Error classification, in one place: what a failure records (its ErrorDetail), why
+// an execution stopped, and which driver errors are Kagzi's typed errors or worth
+// another try.
+
+// dbError turns driver errors Kagzi knows into its own: a missing schema becomes
+// ErrSchemaNotMigrated, a closed pool ErrClosed, and a database that cannot be
+// reached (see unavailable) an *UnavailableError. Others are wrapped as they are.
+func dbError(op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "42P01", "3F000": // undefined_table, invalid_schema_name
+			return fmt.Errorf("%s: %w: %v", op, ErrSchemaNotMigrated, err)
+		}
+	}
+	if strings.Contains(err.Error(), "closed pool") {
+		return fmt.Errorf("%s: %w", op, ErrClosed)
+	}
+	if ok, mayHaveCommitted := unavailable(err); ok {
+		return &UnavailableError{Op: op, MayHaveCommitted: mayHaveCommitted, Err: err}
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// unavailable reports whether err is a transient failure to reach the database,
+// and if so whether the request may have committed all the same.
+//
+// Transient: an error the server sent for the connection itself (class 08,
+// connection exception; 57P01 admin shutdown, 57P02 crash shutdown, 57P03 cannot
+// connect now), or a network error of the driver (refused, reset, EOF, timeout, a
+// connection the driver had closed). The request did not commit when the driver
+// says it sent nothing (pgconn.SafeToRetry), when the connection was never made,
+// or when the server answered with an error (a statement that fails rolls back;
+// Kagzi's statements outside a caller's transaction are autocommit). After any
+// other network error the connection broke with the request sent: its outcome is
+// unknown.
+//
+// A context that ended is the caller's doing, not the database's: not transient.
+func unavailable(err error) (ok, mayHaveCommitted bool) {
+	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false, false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03":
+			return true, false
+		}
+		return false, false
+	}
+	if pgconn.SafeToRetry(err) {
+		return true, false
+	}
+	var netErr net.Error
+	network := errors.As(err, &netErr) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, pgconn.ErrConnClosed) || errors.Is(err, syscall.ECONNREFUSED) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+	if !network {
+		return false, false
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) {
+		return true, false // no connection, nothing sent
+	}
+	return true, true
+}
+
+// wrapStoreErr maps store errors to Kagzi's.
+func wrapStoreErr(op string, err error) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return fmt.Errorf("%s: %w", op, ErrNotFound)
+	}
+	return dbError(op, err)
+}
+
+// failureDetail is the detail to record for an error a workflow function or step body
+// returned (code is the default code, subject what failed): errorOf's, with CodePanic
+// and the stack for a recovered panic.
+func failureDetail(err error, code, subject string) ErrorDetail {
+	var pe *panicError
+	if errors.As(err, &pe) {
+		code = CodePanic
+	}
+	d := errorOf(err, code, subject)
+	if pe != nil {
+		d.Metadata = map[string]string{"stack": pe.stack}
+	}
+	return d
+}
+
+// errorOf turns an error returned by a workflow or step into the detail to record:
+// an *Error in the chain sets the code, retry-after and metadata; a *StepError (a
+// step that failed for good, returned by the workflow) keeps its recorded detail.
+func errorOf(err error, code, subject string) ErrorDetail {
+	var de *detailError
+	if errors.As(err, &de) {
+		return de.detail
+	}
+	var se *StepError
+	if errors.As(err, &se) {
+		return se.Detail // the step's recorded detail, as it is: code, message, subject
+	}
+	d := ErrorDetail{Code: code, Message: err.Error(), Subject: subject}
+	var ke *Error
+	if errors.As(err, &ke) {
+		if ke.Code != "" {
+			d.Code = ke.Code
+		}
+		d.RetryAfter, d.Metadata = ke.RetryAfter, ke.Metadata
+	}
+	if errors.Is(err, ErrNonRetryable) {
+		d.NonRetryable = true
+	}
+	return d
+}
+
+// stepDetail is the error detail to record for a failed attempt.
+func stepDetail(err error, timedOut bool, key string) ErrorDetail {
+	d := failureDetail(err, CodeStepError, key)
+	if timedOut {
+		d.Code = CodeDeadlineExceeded
+	}
+	return d
+}
+
+// panicError is a recovered panic with its stack.
+type panicError struct {
+	value any
+	stack string
+}
+
+func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.value) }
+
+// reasonFor maps the cause of the run context's cancellation to an exit reason.
+func reasonFor(cause error) exitReason {
+	switch {
+	case errors.Is(cause, errLeaseLost):
+		return exitLeaseLost
+	case errors.Is(cause, errShutdown):
+		return exitShutdown
+	case errors.Is(cause, errRunDeadline):
+		return exitDeadline
+	case errors.Is(cause, errRecoveryExhausted):
+		return exitRecoveryExhausted
+	default:
+		return exitCancelled
+	}
+}
+
+// transient reports whether a failed statement may succeed if tried again.
+func transient(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return true // no answer from the server: connection lost, timeout
+	}
+	switch pgErr.Code[:2] {
+	case "08", "40", "53", "57", "58": // connection, rollback, resources, shutdown, system
+		return true
+	}
+	return false
+}
+
+// detailError is an error that already knows the ErrorDetail to record for it.
+type detailError struct{ detail ErrorDetail }
+
+func (e *detailError) Error() string { return e.detail.String() }
+
+func (e *detailError) Unwrap() error {
+	if e.detail.NonRetryable {
+		return ErrNonRetryable
+	}
+	return nil
+}

@@ -1,0 +1,149 @@
+package kagzi
+
+import (
+	"context"
+	"errors"
+	"runtime/debug"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// execute runs the workflow function of a claimed run on a goroutine of its own (so
+// that Step and Sleep can unwind it), decides how the execution ended (decide), and
+// writes that.
+func (w *Worker) execute(x *execution) {
+	defer w.executionDone(x)
+	res := x.runFunction()
+	x.mu.Lock()
+	s := stopped{reason: x.exit, res: res, workflowType: x.run.WorkflowType, attempt: x.run.Attempt,
+		policy: x.def.retry.or(w.cfg.DefaultRetry).or(DefaultRetry), maxBytes: x.rt.payloads.maxBytes,
+		nondeterminism: x.nondeterminism, takeovers: x.run.Takeovers, maxTakeovers: w.cfg.MaxTakeovers}
+	x.mu.Unlock()
+	if x.ctx.Err() != nil {
+		s.cause = context.Cause(x.ctx)
+	}
+	e := decide(s)
+	switch e.kind {
+	case endNothing:
+		x.rt.endExecution(x, e.hookOutcome(), nil)
+	case endHandBack:
+		// A completed step whose record was held back is written before the run is
+		// handed back, so that the next worker does not run it again.
+		if err := x.flush(); err != nil {
+			x.log().Warn("kagzi: cannot record the last step before handing the run back", "error", err)
+		}
+		w.mu.Lock()
+		w.handBack = append(w.handBack, x.run.Fence)
+		w.mu.Unlock()
+		x.rt.endExecution(x, e.hookOutcome(), nil)
+	case endRetry:
+		x.retry(e)
+		x.rt.endExecution(x, e.hookOutcome(), e.detailBytes())
+	case endFinish:
+		w.end(x, e)
+	}
+}
+
+// runFunction calls the workflow function with the run's input and waits for it to
+// return or unwind. A panic is a failure of the function (CodePanic, with its stack).
+// A run cancelled, past its deadline or taken over too often before it started does
+// not run at all.
+func (x *execution) runFunction() result {
+	var res result
+	done := make(chan struct{})
+	x.rt.goroutines.Go(func() {
+		defer close(done)
+		defer func() {
+			if r := recover(); r != nil {
+				res = result{returned: true, err: &panicError{value: r, stack: string(debug.Stack())}}
+			}
+		}()
+		wctx := &Context{Context: x.ctx, x: x, sc: &scope{counts: map[string]int{}}}
+		wctx.checkAlive()
+		input, err := x.rt.payloads.decodePayload(x.run.Input)
+		if err != nil {
+			res = result{returned: true, err: inputCodecError(&x.run, err)}
+			return
+		}
+		out, err := x.def.run(wctx, input)
+		if err == nil {
+			out, err = x.rt.payloads.encodeRunOutput(&x.run, out)
+		}
+		res = result{returned: true, out: out, err: err}
+	})
+	<-done
+	return res
+}
+
+// retry writes the next attempt of a run whose workflow function failed; see endRetry.
+func (x *execution) retry(e ending) {
+	err := x.write(func(ctx context.Context, db *writer) error {
+		return db.retryRun(ctx, x.run.Fence, e.detailBytes(), e.retryIn)
+	})
+	if err != nil && !errors.Is(err, errLeaseLost) {
+		x.log().Error("kagzi: cannot schedule the run's next attempt", "error", err)
+	}
+	x.log().Info("kagzi: run attempt failed; retrying", "attempt", x.run.Attempt, "retry_in", e.retryIn,
+		"error", e.detail.Message)
+}
+
+// end writes the run's end, with its last step if the step's record was held back,
+// and tells this client's waiters. The run's slot is free once the end is queued.
+func (w *Worker) end(x *execution, e ending) {
+	last := x.takePending()
+	w.releaseSlot(x)
+	final, e, err := x.finish(e, last)
+	if err == nil {
+		// This client's waiters hear of the end from us; others' from the end's own
+		// NOTIFY, when there are any (see waiters.go).
+		w.client.notifier.Publish(store.DoneTopic(x.run.RunID) + "|" + string(final))
+	}
+	switch {
+	case errors.Is(err, errLeaseLost):
+		x.log().Info("kagzi: the run's lease was lost before its end was recorded; another worker takes it over")
+	case err != nil:
+		x.log().Error("kagzi: cannot record the end of the run", "error", err)
+	case e.status == StatusCompleted:
+		w.completed.Add(1)
+	case e.status == StatusFailed:
+		w.failed.Add(1)
+	}
+	x.rt.endExecution(x, outcomeOf(e.status, err), e.detailBytes())
+}
+
+// finish writes the run's end e in one statement with last, its held-back last step
+// (nil: none), and returns the status the run ended with (CANCELLED when a cancel
+// came first) and the ending written. When the database rejects the statement, it
+// tells whether the step or the end was at fault by writing the step alone: a step
+// that cannot be recorded fails the run. An output the database rejects (jsonb
+// cannot hold a NUL character, say) fails the run too: retried, it would fail for ever.
+func (x *execution) finish(e ending, last *store.StepWrite) (RunStatus, ending, error) {
+	var final RunStatus
+	write := func(e ending, last *store.StepWrite) error {
+		return x.writeNow(func(ctx context.Context, db *writer) (err error) {
+			final, err = db.finish(ctx, store.FinishWrite{Fence: x.run.Fence, Status: e.status, Output: e.output,
+				Error: e.detailBytes(), Last: last})
+			return err
+		})
+	}
+	err := write(e, last)
+	if err != nil && last != nil && !errors.Is(err, errLeaseLost) {
+		x.flushMu.Lock()
+		x.pending = last
+		x.flushMu.Unlock()
+		if ferr := x.flush(); ferr != nil {
+			if errors.Is(ferr, errLeaseLost) {
+				return final, e, ferr
+			}
+			e = failed(errorOf(ferr, CodeStepError, x.run.WorkflowType))
+		}
+		err = write(e, nil)
+	}
+	if err != nil && !errors.Is(err, errLeaseLost) && e.status == StatusCompleted {
+		x.log().Error("kagzi: the run's output cannot be recorded", "error", err)
+		e = failed(ErrorDetail{Code: CodeInvalidOutput, NonRetryable: true, Subject: x.run.WorkflowType,
+			Message: "the output cannot be recorded: " + err.Error()})
+		err = write(e, nil)
+	}
+	return final, e, err
+}

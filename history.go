@@ -1,0 +1,86 @@
+package kagzi
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// history is what a run has recorded, as an execution replays it: the recorded steps
+// by key, and by scope and position for the determinism check. It starts as what the
+// claim loaded and grows with every step the execution records. Branches read and
+// write it concurrently.
+type history struct {
+	mu    sync.Mutex
+	steps map[string]store.StepRecord
+	// at indexes the loaded steps by scope prefix + "@" + position, and maxPosition
+	// holds the highest loaded position of each scope prefix.
+	at          map[string]store.StepRecord
+	maxPosition map[string]int
+}
+
+// newHistory takes over the steps a claim loaded.
+func newHistory(steps map[string]store.StepRecord) *history {
+	h := &history{steps: steps, at: map[string]store.StepRecord{}, maxPosition: map[string]int{}}
+	if h.steps == nil {
+		h.steps = map[string]store.StepRecord{}
+	}
+	for key, rec := range steps {
+		if rec.Position == nil {
+			continue
+		}
+		prefix := scopePrefixOf(key, rec.Name)
+		h.at[prefix+"@"+strconv.Itoa(*rec.Position)] = rec
+		h.maxPosition[prefix] = max(h.maxPosition[prefix], *rec.Position)
+	}
+	return h
+}
+
+// scopePrefixOf returns the scope prefix of a step key: the key without its
+// "name#occurrence" part ("fetch#1/" for "fetch#1/get#2", "" at the top).
+func scopePrefixOf(key, name string) string {
+	base := key[:strings.LastIndexByte(key, '#')]
+	return strings.TrimSuffix(base, name)
+}
+
+// get returns the recorded step of the key.
+func (h *history) get(key string) (store.StepRecord, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	rec, ok := h.steps[key]
+	return rec, ok
+}
+
+// set records a step the execution has just written (or left to the run's end).
+func (h *history) set(key string, rec store.StepRecord) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.steps[key] = rec
+}
+
+// fresh reports a run with no positioned history: nothing to check a call against.
+func (h *history) fresh() bool { return len(h.at) == 0 }
+
+// replaying reports whether the scope's loaded history goes past position pos: the
+// code at pos runs under a history written before it, by older code perhaps (see
+// Context.Patched).
+func (h *history) replaying(prefix string, pos int) bool {
+	return h.maxPosition[prefix] > pos
+}
+
+// check compares a call (name and kind, the key it got, at position pos of the scope
+// prefix) with what the history holds at that position. It returns the detail of the
+// failure when they differ (the code changed under the run), nil when they agree or
+// the history holds nothing there.
+func (h *history) check(prefix, key string, pos int, name string, kind StepKind, runID fmt.Stringer) *ErrorDetail {
+	rec, ok := h.at[prefix+"@"+strconv.Itoa(pos)]
+	if !ok || (rec.Name == name && rec.Kind == kind) {
+		return nil
+	}
+	return &ErrorDetail{Code: CodeNonDeterministic, NonRetryable: true, Subject: key,
+		Message: fmt.Sprintf("run %s is not deterministic: at position %d of scope %q its history has step %q (%s), "+
+			"but the code now asks for %q (%s)", runID, pos, strings.TrimSuffix(prefix, "/"), rec.Name, rec.Kind, name, kind)}
+}

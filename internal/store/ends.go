@@ -1,0 +1,149 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kagzi/kagzi/internal/vocab"
+)
+
+// FinishWrite ends a run its worker holds.
+type FinishWrite struct {
+	Fence
+	// Client is the worker's client: its own waiters hear of the end in process, so
+	// the end notifies only other clients' (see remoteWaitersSQL).
+	Client uuid.UUID
+	// Status is COMPLETED with Output, FAILED with Error, or CANCELLED.
+	Status vocab.RunStatus
+	Output []byte
+	Error  []byte
+	// Last, when set, is the run's last step, completed and not yet recorded: the
+	// end records it in the same statement (its Status and StepStatus are COMPLETED,
+	// its Error nil).
+	Last *StepWrite
+}
+
+// finishes end runs their workers hold: COMPLETED with an output, FAILED with an
+// error, or CANCELLED. A cancel requested before this commits wins: the run ends
+// CANCELLED and the output is discarded. When step_key is set, the same statement
+// records that step as completed, the run's last, whose record was held back so that
+// both share one write; the update of the run is its fence. Waiters in other clients
+// are notified when there are any: one run's end in the row that returns it, the
+// ends of many one notification per 150 runs (each costs the listening backend and
+// process a message; one per run was a tenth of a busy worker's CPU, and the batched
+// form costs a lone end a fifth of its time). Each input that held its fence returns
+// the status the run ended with.
+var finishes = newSetWriteOf("finishes", func(many bool) string {
+	sql := `
+upd AS (
+	UPDATE kagzi.runs r SET
+		status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE i.status END,
+		output = CASE WHEN r.cancel_requested THEN NULL ELSE i.output END,
+		error = CASE WHEN r.cancel_requested THEN NULL ELSE i.error END,
+		finished_at = now(), locked_by = NULL, updated_at = now()
+	FROM i
+	WHERE r.run_id = i.run_id AND r.lease_epoch = i.epoch AND coalesce(r.status, '') = 'RUNNING' -- see KeyedPlansSQL
+	RETURNING i.ord, i.client_id, r.run_id, r.namespace, r.status
+), step AS (
+	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, attempts, position,
+		started_at, finished_at)
+	SELECT i.run_id, i.step_key, i.step_name, 'STEP', 'COMPLETED', i.step_output, 1, i.position,
+		i.started_at, i.finished_at
+	FROM upd u JOIN i ON i.ord = u.ord
+	WHERE i.step_key IS NOT NULL
+	ON CONFLICT (run_id, step_key) DO UPDATE SET
+		status = 'COMPLETED', output = excluded.output, error = NULL, attempts = s.attempts + 1,
+		started_at = excluded.started_at, finished_at = excluded.finished_at, updated_at = now()
+	WHERE s.status <> 'COMPLETED'
+	RETURNING s.run_id, s.step_key, s.attempts
+), attempt AS (
+	INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, started_at, finished_at)
+	SELECT st.run_id, st.step_key, st.attempts, 'COMPLETED', i.started_at, i.finished_at
+	FROM step st JOIN i ON i.run_id = st.run_id AND i.step_key = st.step_key
+	WHERE st.attempts > 1
+)`
+	remote := remoteWaitersSQL("upd.namespace", "upd.client_id")
+	if !many {
+		return sql + `
+SELECT ord, status, coalesce(CASE WHEN ` + remote + `
+	THEN pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)::text END, '') FROM upd`
+	}
+	return sql + `, notified AS (
+	-- A newline, then the runs' DoneTopic payloads, one per line (Postgres takes
+	-- payloads under 8000 bytes).
+	SELECT pg_notify('` + Channel + `', string_agg(E'\n' || 'd|' || run_id || '|' || status, ''))
+	FROM upd
+	WHERE ` + remote + `
+	GROUP BY (ord - 1) / 150
+)
+SELECT ord, status, (SELECT count(*) FROM notified)::text FROM upd`
+},
+	append(fenceArgs[*FinishWrite](),
+		arg("status", "text", func(w *FinishWrite) string { return string(w.Status) }),
+		arg("output", "jsonb", func(w *FinishWrite) []byte { return w.Output }),
+		arg("error", "jsonb", func(w *FinishWrite) []byte { return w.Error }),
+		arg("step_key", "text", func(w *FinishWrite) *string { return lastStep(w, func(s *StepWrite) string { return s.Key }) }),
+		arg("step_name", "text", func(w *FinishWrite) *string { return lastStep(w, func(s *StepWrite) string { return s.Name }) }),
+		arg("step_output", "jsonb", func(w *FinishWrite) []byte {
+			if w.Last == nil {
+				return nil
+			}
+			return w.Last.Output
+		}),
+		arg("started_at", "timestamptz", func(w *FinishWrite) *time.Time {
+			return lastStep(w, func(s *StepWrite) time.Time { return s.StartedAt })
+		}),
+		arg("finished_at", "timestamptz", func(w *FinishWrite) *time.Time {
+			return lastStep(w, func(s *StepWrite) time.Time { return s.FinishedAt })
+		}),
+		arg("position", "integer", func(w *FinishWrite) *int32 { return lastStep(w, func(s *StepWrite) int32 { return int32(s.Position) }) }),
+		arg("client_id", "uuid", func(w *FinishWrite) [16]byte { return w.Client }),
+	)...)
+
+// lastStep reads a field of w's last step, nil when it has none.
+func lastStep[V any](w *FinishWrite, get func(*StepWrite) V) *V {
+	if w.Last == nil {
+		return nil
+	}
+	v := get(w.Last)
+	return &v
+}
+
+// FinishRun ends a run; see finishes. It returns the status the run ended with.
+func FinishRun(ctx context.Context, db Writer, w FinishWrite) (vocab.RunStatus, error) {
+	var final vocab.RunStatus
+	var notified string
+	err := write(ctx, db, finishes, &w, &final, &notified)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", ErrLeaseLost
+	}
+	return final, err
+}
+
+// remoteWaitersSQL is true when a client other than me waits for run ends in the
+// namespace (kagzi.waiters). A run's end notifies only then: a notifying transaction
+// holds a server-wide lock through its commit, and the ending worker tells its own
+// client's waiters in process.
+func remoteWaitersSQL(namespace, me string) string {
+	return `EXISTS (SELECT 1 FROM kagzi.waiters w WHERE w.namespace = ` + namespace +
+		` AND w.client_id <> ` + me + ` AND w.expires_at > now())`
+}
+
+// RegisterWaiter records that the client waits for run ends in the namespace until ttl
+// from now (see remoteWaitersSQL), and deletes the namespace's registrations expired
+// for an hour.
+func RegisterWaiter(ctx context.Context, db DBTX, namespace string, clientID uuid.UUID, ttl time.Duration) error {
+	_, err := db.Exec(ctx, `
+WITH gone AS (
+	DELETE FROM kagzi.waiters WHERE namespace = $1 AND expires_at < now() - interval '1 hour'
+)
+INSERT INTO kagzi.waiters (namespace, client_id, expires_at)
+VALUES ($1, $2, now() + $3 * interval '1 millisecond')
+ON CONFLICT (namespace, client_id) DO UPDATE SET expires_at = excluded.expires_at`,
+		namespace, clientID, ttl.Milliseconds())
+	return err
+}

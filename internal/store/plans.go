@@ -1,0 +1,84 @@
+package store
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Plans: the set-based statements reach runs by primary key whatever the tables'
+// statistics say, and the claim uses its generic plan.
+
+// KeyedPlansSQL is sent before the set-based statements (the committers' batches
+// that hold one, the claim, the load of claimed runs' steps, the heartbeat, the
+// hand-back) in the same implicit transaction. They reach runs (and steps) by
+// primary key, one lookup per run in their arrays, but a plan made while kagzi.runs
+// is small, or before it was first analyzed, would rather scan the table (or every
+// active run through runs_one_active_per_workflow_id) and join, and Postgres keeps a
+// connection's generic plan until the table is analyzed again: with 20,000 runs in
+// the table, such a plan made each claim and each end of 200 runs take 160-300 ms
+// instead of 1-3. Without sequential and bitmap scans, and with their status tests
+// wrapped in coalesce (status = 'RUNNING' would let the planner scan
+// runs_one_active_per_workflow_id whole), the primary key is the only way left;
+// TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics checks the plans.
+const KeyedPlansSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
+
+// genericPlanSQL makes the statement sent after it in the same implicit transaction
+// use its generic plan (made once per connection) instead of one planned for its
+// parameters, and plan it as KeyedPlansSQL says. It is set_config(..., true), not
+// SET LOCAL: the pipelined statements share a transaction, but not a transaction
+// block, and SET LOCAL outside one makes Postgres log a WARNING (and send it to the
+// client) at every claim.
+const genericPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+	set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
+
+// batcher is a DBTX that can pipeline statements (a pool, a connection, a transaction).
+type batcher interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// queryAfter runs setup (transaction-local settings: genericPlanSQL, KeyedPlansSQL)
+// and then the query, in one round trip and one implicit transaction, when db can
+// pipeline; otherwise the query alone. Inside the caller's own transaction the
+// settings last until that transaction ends.
+func queryAfter(ctx context.Context, db DBTX, setup, sql string, args ...any) (pgx.Rows, error) {
+	b, ok := db.(batcher)
+	if !ok {
+		return db.Query(ctx, sql, args...)
+	}
+	var batch pgx.Batch
+	batch.Queue(setup)
+	batch.Queue(sql, args...)
+	br := b.SendBatch(ctx, &batch)
+	if _, err := br.Exec(); err != nil {
+		br.Close()
+		return nil, err
+	}
+	rows, err := br.Query()
+	if err != nil {
+		br.Close()
+		return nil, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
+}
+
+// batchRows closes its batch with its rows.
+type batchRows struct {
+	pgx.Rows
+	br  pgx.BatchResults
+	err error // from closing the batch: the commit's, if it failed
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	if err := r.br.Close(); err != nil && r.Rows.Err() == nil {
+		r.err = err
+	}
+}
+
+func (r *batchRows) Err() error {
+	if r.err != nil {
+		return r.err
+	}
+	return r.Rows.Err()
+}
