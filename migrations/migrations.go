@@ -10,6 +10,13 @@ import "embed"
 //go:embed *.sql
 var FS embed.FS
 
-// VersionTable is the name of goose's version table for Kagzi's schema. It differs
-// from goose's default so it never clashes with the application's own goose table.
-const VersionTable = "kagzi_goose_db_version"
+// Schema is the PostgreSQL schema that holds every Kagzi table, and goose's version
+// table for them.
+const Schema = "kagzi"
+
+// VersionTable is goose's version table for Kagzi's schema, schema-qualified: it lives
+// inside the kagzi schema, so it never clashes with the application's own goose table
+// (goose_db_version in the search path), and dropping the schema removes every trace
+// of Kagzi. goose creates this table before it runs the first migration, so the schema
+// must exist first: kagzi.Migrate creates it; with the goose CLI, create it by hand.
+const VersionTable = Schema + ".goose_db_version"
