@@ -1,6 +1,17 @@
 // Package migrations holds Kagzi's schema as goose SQL files, embedded so that
 // kagzi.Migrate can apply them without any file on disk. The same files work with
 // the goose command-line tool (see the README for the flags).
+//
+// The migrations are append-only from the first release (0.1.0) on: a released file is
+// never edited, renumbered or deleted, since databases out there have recorded it as
+// applied. A change to the schema is a new file, NNNNN_what.sql with the next number,
+// with a Down section that undoes it. 00001_baseline.sql is the schema as it stood at
+// the first release (the development history was squashed into it before then).
+//
+// snapshot/schema.sql is the whole schema as pg_dump prints it after every migration,
+// checked by TestSchemaSnapshot: commit it, regenerated, with each new migration
+// (go test ./migrations -run TestSchemaSnapshot -update). It lives in a directory of
+// its own because the goose CLI takes every .sql file of its -dir for a migration.
 package migrations
 
 import "embed"
