@@ -254,8 +254,18 @@ func TestHealthOfANeverMigratedDatabaseIsVersionZeroAndCreatesNothing(t *testing
 		t.Fatalf("health of a never-migrated database: %+v; want the database OK at schema version 0 of %d, not current",
 			h, h.LatestSchemaVersion)
 	}
-	if n := countRows(t, pool, `SELECT count(*) FROM pg_tables WHERE tablename = $1`, migrations.VersionTable); n != 0 {
-		t.Fatalf("Health created goose's version table (%d found)", n)
+	if n := countRows(t, pool, `SELECT count(*) FROM pg_namespace WHERE nspname = $1`, migrations.Schema); n != 0 {
+		t.Fatalf("Health created the %s schema", migrations.Schema)
+	}
+	// The schema without goose's version table in it: still version 0, and still nothing created.
+	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+migrations.Schema); err != nil {
+		t.Fatal(err)
+	}
+	if h := newClient(t, pool, "").Health(ctx); !h.DatabaseOK || h.DatabaseError != "" || h.SchemaVersion != 0 || h.SchemaCurrent {
+		t.Fatalf("health of a database with an empty kagzi schema: %+v; want the database OK at schema version 0", h)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM pg_tables WHERE schemaname = $1`, migrations.Schema); n != 0 {
+		t.Fatalf("Health created %d tables (goose's version table?)", n)
 	}
 }
 

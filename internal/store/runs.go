@@ -4,6 +4,15 @@
 // Every write a worker makes for a run is fenced: it names the run and the lease
 // epoch the worker claimed it with, and matches no row once another claim has bumped
 // the epoch. Such writes return ErrLeaseLost.
+//
+// Not every effect of these statements is in them: the trigger kagzi.runs_changed
+// (function kagzi.run_changed, in migrations/00001_baseline.sql) fires on every UPDATE
+// that changes a run's status or cancel_requested, whichever statement here makes it.
+// A child's end sets wake_pending on its parent and wakes it if it sleeps; a run
+// cancelled, or failed on its deadline (error code DEADLINE_EXCEEDED), cancels its
+// active children, recursively. Both notify on the channel 'kagzi' (WakeTopic,
+// DoneTopic, CancelTopic). A statement that changes either column, or a test that
+// counts notifications, has to count the trigger's work too.
 package store
 
 import (
@@ -179,7 +188,7 @@ type NewRun struct {
 }
 
 // runsCreatedSQL, followed by a FROM whose rows have namespace, created_at and run_id,
-// enters new runs in ListRuns' order (kagzi.runs_created, migration 00011): written
+// enters new runs in ListRuns' order (kagzi.runs_created): written
 // once with its run, never updated, so rewrites of the run add nothing to it.
 const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, run_id) SELECT namespace, created_at, run_id`
 

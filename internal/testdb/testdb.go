@@ -146,9 +146,11 @@ func connect(ctx context.Context) (*pgx.Conn, error) {
 }
 
 // ensureTemplate builds the template database for the current migrations once per
-// server: its name carries a hash of the migration files.
+// server: its name carries a hash of the migration files and of where goose's version
+// table lives, so a change to either builds a new template.
 func ensureTemplate(ctx context.Context) (string, error) {
 	h := sha256.New()
+	h.Write([]byte(migrations.VersionTable + "\n"))
 	err := fs.WalkDir(migrations.FS, ".", func(path string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return err
