@@ -3,6 +3,7 @@ package kagzitest_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -232,4 +233,80 @@ func TestAdvanceFiresADailySchedule(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// exampleT stands in for a test's *testing.T in the Example functions below, which
+// have none: in your tests, pass t.
+type exampleT struct {
+	testing.TB // not set: kagzitest calls only the methods below
+	cleanups   []func()
+}
+
+func (t *exampleT) Helper()                        {}
+func (t *exampleT) Cleanup(f func())               { t.cleanups = append(t.cleanups, f) }
+func (t *exampleT) Errorf(format string, a ...any) { fmt.Printf(format+"\n", a...) }
+func (t *exampleT) Fatalf(format string, a ...any) { panic(fmt.Sprintf(format, a...)) }
+func (t *exampleT) finish() {
+	for i := len(t.cleanups) - 1; i >= 0; i-- {
+		t.cleanups[i]()
+	}
+}
+
+func ExampleNew() {
+	t := &exampleT{} // in a test: func TestOnboarding(t *testing.T) { ... }
+	defer t.finish()
+
+	// A database of the test's own, a client and a worker for the workflow.
+	env := kagzitest.New(t, Onboarding)
+	env.StubStep("send-email", func(ctx context.Context, attempt int) (any, error) {
+		return "sent", nil // no mail leaves the test
+	})
+
+	run := kagzitest.Start(env, Onboarding, User{ID: "u1", Email: "ada@example.com"})
+	out, err := kagzitest.Wait(env, run) // the 30-day Sleep inside takes milliseconds
+	fmt.Println(out, err)
+	fmt.Println(env.StepKeys(run.RunID))
+	fmt.Println("the Env's clock moved 30 days:", env.Now().Sub(time.Now()) > 30*24*time.Hour-time.Minute)
+	env.AssertSteps(run.RunID, "send-email#1", "wait#1", "check-activity#1", "send-email#2=COMPLETED*1")
+	// Output:
+	// reminded <nil>
+	// [send-email#1 wait#1 check-activity#1 send-email#2]
+	// the Env's clock moved 30 days: true
+}
+
+func ExampleEnv_CrashAt() {
+	t := &exampleT{}
+	defer t.finish()
+	env := kagzitest.New(t, pipeline)
+
+	// The worker dies when the transform step begins; a new worker resumes the run
+	// and replays what completed.
+	env.CrashAt("transform")
+	out, err := kagzitest.Run(env, pipeline, 0)
+	fmt.Println(out, err, "restarts:", env.Restarts())
+	fmt.Println("extract", env.Calls("extract"), "transform", env.Calls("transform"), "load", env.Calls("load"))
+	// Output:
+	// 20 <nil> restarts: 1
+	// extract 1 transform 2 load 1
+}
+
+func ExampleEnv_FailStep() {
+	t := &exampleT{}
+	defer t.finish()
+	env := kagzitest.New(t, charge)
+
+	// The first two attempts fail; the policy's 10- and 20-minute backoffs pass on the
+	// Env's clock, not the wall clock.
+	env.FailStep("charge-card", 2, errors.New("card network down"))
+	run := kagzitest.Start(env, charge, 100)
+	out, err := kagzitest.Wait(env, run)
+	fmt.Println(out, err)
+	for _, a := range env.Steps(run.RunID)[0].Attempts {
+		fmt.Println("attempt", a.Number, a.Status)
+	}
+	// Output:
+	// charged <nil>
+	// attempt 1 FAILED
+	// attempt 2 FAILED
+	// attempt 3 COMPLETED
 }
