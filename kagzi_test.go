@@ -351,7 +351,7 @@ func TestAWaitIsWokenByTheRunsEndFromAWorkerOfItsOwnClientOrOfAnother(t *testing
 				t.Fatal(err)
 			}
 			kagzi.SetWaitPoll(waiter, time.Hour) // only a notification can wake the Wait below
-			listeners := 3 // the test's, the worker's client's and the waiter's
+			listeners := 3                       // the test's, the worker's client's and the waiter's
 			if sameClient {
 				listeners = 2
 			}
