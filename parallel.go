@@ -170,48 +170,77 @@ func Map[In, Out any](ctx *Context, name string, items []In, fn func(ctx *Contex
 		}
 		keys[i] = key
 	}
-	outs := make([]Out, len(items))
+	m := &mapping{sem: make(chan struct{}, o.limit), failFast: !o.collectAll}
 	futures := make([]*Future[Out], len(items))
-	sem := make(chan struct{}, o.limit)
-	var (
-		mu       sync.Mutex
-		branches []*Context
-		failed   bool
-	)
 	for i, item := range items {
-		f := &Future[Out]{parent: ctx, done: make(chan struct{})}
-		futures[i] = f
-		branch := ctx.branch(keys[i])
-		mu.Lock()
-		branches = append(branches, branch)
-		mu.Unlock()
-		go func() {
-			select {
-			case sem <- struct{}{}:
-				defer func() { <-sem }()
-			case <-branch.Done(): // cancelled while waiting for a slot: run stops at once
-			}
-			f.run(branch, func(c *Context) (Out, error) {
+		futures[i] = &Future[Out]{parent: ctx, done: make(chan struct{})}
+		branch := m.add(ctx.branch(keys[i]))
+		go m.runItem(branch, func() {
+			futures[i].run(branch, func(c *Context) (Out, error) {
 				c.checkAlive() // cancelled while waiting for a slot
 				out, err := fn(c, item)
-				if err != nil && !o.collectAll {
-					mu.Lock()
-					if !failed {
-						failed = true
-						for _, b := range branches {
-							if b != c {
-								b.sc.cancel(errBranchCancelled)
-							}
-						}
-					}
-					mu.Unlock()
+				if err != nil {
+					m.fail(c)
 				}
 				return out, err
 			})
-		}()
+		})
 	}
+	return mapResults(futures, o.collectAll)
+}
+
+// mapping is what the branches of one Map share: the slots (MaxParallel) and, to
+// fail fast, every branch, so that the first failure cancels the others.
+type mapping struct {
+	sem      chan struct{}
+	failFast bool
+	mu       sync.Mutex
+	branches []*Context
+	failed   bool
+}
+
+func (m *mapping) add(branch *Context) *Context {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.branches = append(m.branches, branch)
+	return branch
+}
+
+// runItem runs an item's branch once a slot is free, or at once when the branch is
+// cancelled while it waits (it then stops at once).
+func (m *mapping) runItem(branch *Context, run func()) {
+	select {
+	case m.sem <- struct{}{}:
+		defer func() { <-m.sem }()
+	case <-branch.Done():
+	}
+	run()
+}
+
+// fail cancels every other branch after the first failure, when the Map fails fast.
+func (m *mapping) fail(c *Context) {
+	if !m.failFast {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.failed {
+		return
+	}
+	m.failed = true
+	for _, b := range m.branches {
+		if b != c {
+			b.sc.cancel(errBranchCancelled)
+		}
+	}
+}
+
+// mapResults waits for every item and returns the outputs in order, with the first
+// error (by index) that is not a cancel by a sibling, or with every error collected.
+func mapResults[Out any](futures []*Future[Out], collectAll bool) ([]Out, error) {
+	outs := make([]Out, len(futures))
 	var first error
-	firstIndex := len(items)
+	firstIndex := len(futures)
 	perr := &ParallelError{Errors: map[int]error{}}
 	for i, f := range futures {
 		out, err := f.Get()
@@ -227,7 +256,7 @@ func Map[In, Out any](ctx *Context, name string, items []In, fn func(ctx *Contex
 	switch {
 	case len(perr.Errors) == 0:
 		return outs, nil
-	case o.collectAll:
+	case collectAll:
 		return outs, perr
 	case first == nil:
 		return outs, perr.first()

@@ -58,132 +58,197 @@ func WithRetry(r Retry) StepOption { return func(o *stepOptions) { o.retry = r }
 // recorded and Step does not return: the workflow goroutine unwinds, see Context.
 func Step[T any](ctx *Context, name string, fn func(context.Context) (T, error), opts ...StepOption) (T, error) {
 	var zero T
-	if err := ctx.usable("Step", name); err != nil {
-		return zero, err
-	}
-	if fn == nil {
-		return zero, invalidArgument("step %q: nil function", name)
-	}
-	x := ctx.x
-	key, pos, err := ctx.nextKey(name, KindStep)
+	s, err := ctx.newStepCall(name, fn == nil, opts)
 	if err != nil {
 		return zero, err
 	}
-	var o stepOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.timeout < 0 {
-		return zero, invalidArgument("step %q: negative timeout %v", name, o.timeout)
-	}
-	policy := o.retry.or(x.def.retry).or(x.rt.cfg.DefaultRetry).or(DefaultRetry)
-	if err := policy.Err(); err != nil {
-		return zero, fmt.Errorf("step %q: %w", name, err)
-	}
-	ctx.checkAlive()
-	attempts := 0
-	if rec, ok := x.hist.get(key); ok {
-		switch rec.Status {
-		case StepCompleted:
-			return decodeStepOutput[T](x, key, rec.Output)
-		case StepFailed:
-			return zero, stepError(key, rec)
-		case StepRetrying:
-			attempts = rec.Attempts // the backoff was served while the run waited
+	if rec, ok := s.recorded(); ok {
+		if rec.Status == StepCompleted {
+			return decodeStepOutput[T](s.x, s.key, rec.Output)
 		}
+		return zero, stepError(s.key, rec)
 	}
-
 	// The body may depend on what the previous step returned: that must be durable
 	// before the body runs (see holdRecord).
 	if err := ctx.flush(); err != nil {
 		return zero, err
 	}
 	for {
-		attempts++
-		ctx.ensureLease() // a frozen worker must not run a body another worker recorded
+		s.attempts++
 		started := time.Now()
-		att := ctx.beginAttempt(key, name, attempts)
-		ctx.sc.inStep.Store(&key)
-		res := callStep(att.ctx, stepBody(att, fn), o.timeout)
-		ctx.sc.inStep.Store(nil)
-		att.end(res.err, res.timedOut)
-		finished := time.Now()
-		if res.abandoned {
-			n := x.rt.abandoned.Add(1)
-			x.log().Warn("kagzi: step ignored its timeout; its goroutine is abandoned",
-				"step", key, "timeout", o.timeout, "abandoned_total", n)
-		}
-		if ctx.Err() != nil {
-			// Interrupted, not failed: the attempt does not count.
-			ctx.checkAlive()
-		}
-		w := store.StepWrite{Fence: x.run.Fence, Key: key, Name: name, Position: pos,
-			StartedAt: started, FinishedAt: finished}
+		res := runAttempt(s, fn)
+		w := store.StepWrite{Fence: s.x.run.Fence, Key: s.key, Name: s.name, Position: s.pos,
+			StartedAt: started, FinishedAt: time.Now()}
 		fnErr := res.err
 		if fnErr == nil {
-			b, err := json.Marshal(res.out)
-			var codecErr error
-			if err == nil {
-				b, codecErr = x.rt.payloads.encode(b)
-			}
-			switch {
-			case err != nil:
-				fnErr = NonRetryable(fmt.Errorf("output of step %s (%s) does not encode as JSON: %w", key, typeName[T](), err))
-			case codecErr != nil:
-				fnErr = NonRetryable(fmt.Errorf("output of step %s: %w", key, codecErr))
-			case len(b) > x.rt.payloads.maxBytes:
-				fnErr = NonRetryable(fmt.Errorf("output of step %s is %d bytes, over the limit of %d", key, len(b), x.rt.payloads.maxBytes))
-			default:
-				w.Output = b
-			}
+			w.Output, fnErr = s.encodeOutput(res.out, typeName[T]())
 		}
 		if fnErr == nil {
-			w.Status, w.StepStatus = StepCompleted, StepCompleted
-			if ctx.holdRecord(w) {
-				x.hist.set(key, store.StepRecord{Kind: KindStep, Status: StepCompleted, Output: w.Output, Attempts: attempts})
-				return res.out, nil
-			}
-			stored, err := ctx.recordStep(w)
-			if err != nil {
+			stored, err := s.completed(w)
+			switch {
+			case err != nil:
 				return zero, err
+			case stored != nil: // recorded before by this run: the recorded output wins
+				return decodeStepOutput[T](s.x, s.key, stored)
 			}
-			if stored != nil { // recorded before by this run: the recorded output wins
-				return decodeStepOutput[T](x, key, stored)
-			}
-			x.hist.set(key, store.StepRecord{Kind: KindStep, Status: StepCompleted, Output: w.Output, Attempts: attempts})
 			return res.out, nil
 		}
-
-		d := stepDetail(fnErr, res.timedOut, key)
-		w.Status = StepFailed
-		if res.timedOut {
-			w.Status = StepTimedOut
-		}
-		delay, retry := policy.next(attempts, &d)
-		w.Error = encodeDetail(d)
-		if !retry {
-			w.StepStatus = StepFailed
-			if _, err := ctx.recordStep(w); err != nil {
-				return zero, err
-			}
-			rec := store.StepRecord{Kind: KindStep, Status: StepFailed, Error: w.Error, Attempts: attempts}
-			x.hist.set(key, rec)
-			return zero, stepError(key, rec)
-		}
-		w.StepStatus = StepRetrying
-		if delay > x.rt.cfg.MaxInProcessSleep && ctx.canSuspend() {
-			w.RetryIn = &delay
-			if _, err := ctx.recordStep(w); err != nil {
-				return zero, err
-			}
-			ctx.stop(exitSuspended)
-		}
-		if _, err := ctx.recordStep(w); err != nil {
+		if err := s.failed(w, fnErr, res.timedOut); err != nil {
 			return zero, err
 		}
-		x.log().Debug("kagzi: step attempt failed; retrying", "step", key, "attempt", attempts, "retry_in", delay)
-		ctx.waitInProcess(delay)
 	}
+}
+
+// stepCall is one call of Step, apart from its type parameter.
+type stepCall struct {
+	ctx       *Context
+	x         *execution
+	name, key string
+	pos       int
+	opts      stepOptions
+	policy    Retry
+	attempts  int // made so far, recorded ones included
+}
+
+// newStepCall checks a call of Step and numbers it.
+func (c *Context) newStepCall(name string, nilFn bool, opts []StepOption) (*stepCall, error) {
+	if err := c.usable("Step", name); err != nil {
+		return nil, err
+	}
+	if nilFn {
+		return nil, invalidArgument("step %q: nil function", name)
+	}
+	key, pos, err := c.nextKey(name, KindStep)
+	if err != nil {
+		return nil, err
+	}
+	s := &stepCall{ctx: c, x: c.x, name: name, key: key, pos: pos}
+	for _, opt := range opts {
+		opt(&s.opts)
+	}
+	if s.opts.timeout < 0 {
+		return nil, invalidArgument("step %q: negative timeout %v", name, s.opts.timeout)
+	}
+	s.policy = s.opts.retry.or(c.x.def.retry).or(c.x.rt.cfg.DefaultRetry).or(DefaultRetry)
+	if err := s.policy.Err(); err != nil {
+		return nil, fmt.Errorf("step %q: %w", name, err)
+	}
+	c.checkAlive()
+	return s, nil
+}
+
+// recorded returns the step's record when the run's history holds its outcome
+// (COMPLETED or FAILED): the step does not run again. A step RETRYING continues with
+// its next attempt (the backoff was served while the run waited).
+func (s *stepCall) recorded() (store.StepRecord, bool) {
+	rec, ok := s.x.hist.get(s.key)
+	if !ok {
+		return rec, false
+	}
+	switch rec.Status {
+	case StepCompleted, StepFailed:
+		return rec, true
+	case StepRetrying:
+		s.attempts = rec.Attempts
+	}
+	return rec, false
+}
+
+// stepResult is what one attempt of a step's body returned.
+type stepResult[T any] struct {
+	out       T
+	err       error
+	timedOut  bool
+	abandoned bool
+}
+
+// runAttempt runs one attempt of the step's body, within the run's lease (see
+// ensureLease), as the hooks see it. An attempt interrupted by the run's context
+// (cancel, deadline, lost lease, shutdown) does not return: it does not count.
+func runAttempt[T any](s *stepCall, fn func(context.Context) (T, error)) stepResult[T] {
+	c, x := s.ctx, s.x
+	c.ensureLease() // a frozen worker must not run a body another worker recorded
+	att := c.beginAttempt(s.key, s.name, s.attempts)
+	c.sc.inStep.Store(&s.key)
+	res := callStep(att.ctx, stepBody(att, fn), s.opts.timeout)
+	c.sc.inStep.Store(nil)
+	att.end(res.err, res.timedOut)
+	if res.abandoned {
+		n := x.rt.abandoned.Add(1)
+		x.log().Warn("kagzi: step ignored its timeout; its goroutine is abandoned",
+			"step", s.key, "timeout", s.opts.timeout, "abandoned_total", n)
+	}
+	if c.Err() != nil {
+		c.checkAlive() // interrupted, not failed
+	}
+	return res
+}
+
+// encodeOutput encodes a step's output as it is recorded; its errors fail the step
+// for good.
+func (s *stepCall) encodeOutput(out any, typ string) ([]byte, error) {
+	b, err := json.Marshal(out)
+	if err != nil {
+		return nil, NonRetryable(fmt.Errorf("output of step %s (%s) does not encode as JSON: %w", s.key, typ, err))
+	}
+	p := s.x.rt.payloads
+	if b, err = p.encode(b); err != nil {
+		return nil, NonRetryable(fmt.Errorf("output of step %s: %w", s.key, err))
+	}
+	if len(b) > p.maxBytes {
+		return nil, NonRetryable(fmt.Errorf("output of step %s is %d bytes, over the limit of %d", s.key, len(b), p.maxBytes))
+	}
+	return b, nil
+}
+
+// completed records an attempt that succeeded (or holds its record back; see
+// holdRecord). stored is the output recorded before by this run, if any.
+func (s *stepCall) completed(w store.StepWrite) (stored []byte, err error) {
+	w.Status, w.StepStatus = StepCompleted, StepCompleted
+	if !s.ctx.holdRecord(w) {
+		if stored, err = s.ctx.recordStep(w); err != nil || stored != nil {
+			return stored, err
+		}
+	}
+	s.x.hist.set(s.key, store.StepRecord{Kind: KindStep, Status: StepCompleted, Output: w.Output, Attempts: s.attempts})
+	return nil, nil
+}
+
+// failed records an attempt that failed, and returns the step's *StepError when its
+// policy gives up. Otherwise it waits out the backoff, in process or, for a long one,
+// with the run released (the workflow goroutine then unwinds), and returns nil: the
+// next attempt follows.
+func (s *stepCall) failed(w store.StepWrite, fnErr error, timedOut bool) error {
+	d := stepDetail(fnErr, timedOut, s.key)
+	w.Status = StepFailed
+	if timedOut {
+		w.Status = StepTimedOut
+	}
+	delay, retry := s.policy.next(s.attempts, &d)
+	w.Error = encodeDetail(d)
+	if !retry {
+		w.StepStatus = StepFailed
+		if _, err := s.ctx.recordStep(w); err != nil {
+			return err
+		}
+		rec := store.StepRecord{Kind: KindStep, Status: StepFailed, Error: w.Error, Attempts: s.attempts}
+		s.x.hist.set(s.key, rec)
+		return stepError(s.key, rec)
+	}
+	w.StepStatus = StepRetrying
+	if delay > s.x.rt.cfg.MaxInProcessSleep && s.ctx.canSuspend() {
+		w.RetryIn = &delay
+		if _, err := s.ctx.recordStep(w); err != nil {
+			return err
+		}
+		s.ctx.stop(exitSuspended)
+	}
+	if _, err := s.ctx.recordStep(w); err != nil {
+		return err
+	}
+	s.x.log().Debug("kagzi: step attempt failed; retrying", "step", s.key, "attempt", s.attempts, "retry_in", delay)
+	s.ctx.waitInProcess(delay)
+	return nil
 }
 
 // recordStep writes a step attempt. When the step already has a recorded output, it
@@ -231,12 +296,7 @@ func decodeStepOutput[T any](x *execution, key string, b []byte) (T, error) {
 // callStep runs fn, turning a panic into an error. With a timeout, fn runs in its own
 // goroutine with a context that ends at the deadline, and callStep returns at the
 // deadline even if fn ignores it (abandoned); fn's late result is then discarded.
-func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), timeout time.Duration) (res struct {
-	out       T
-	err       error
-	timedOut  bool
-	abandoned bool
-}) {
+func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), timeout time.Duration) (res stepResult[T]) {
 	call := func(ctx context.Context) (out T, err error) {
 		defer func() {
 			if r := recover(); r != nil {

@@ -15,7 +15,6 @@ import (
 
 	"github.com/kagzi/kagzi/internal/committer"
 	"github.com/kagzi/kagzi/internal/gopool"
-	"github.com/kagzi/kagzi/internal/notifier"
 	"github.com/kagzi/kagzi/internal/store"
 )
 
@@ -131,12 +130,43 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 	if len(workflows) == 0 {
 		return nil, invalidArgument("a worker needs at least one workflow")
 	}
+	if err := cfg.resolve(client); err != nil {
+		return nil, err
+	}
+	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{},
+		db: committer.New(client.pool, 256), ends: committer.New(client.pool, maxEndsBatch),
+		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
+		active: map[uuid.UUID]*execution{}, slotFree: make(chan struct{}, 1)}
+	w.ends.GatherWhenBusy(endsGather, endsGatherMin, w.backlog.Load)
+	for _, c := range []*committer.Committer{w.db, w.ends} {
+		c.SetupMergedBatches(store.KeyedPlansSQL)
+	}
+	for _, wf := range workflows {
+		if wf == nil {
+			return nil, invalidArgument("nil workflow")
+		}
+		d := wf.definition()
+		if d.err != nil {
+			return nil, d.err
+		}
+		if w.defs[d.name] != nil {
+			return nil, invalidArgument("workflow type %q registered twice", d.name)
+		}
+		w.defs[d.name] = d
+		w.types = append(w.types, d.name)
+		w.versions = append(w.versions, d.version)
+	}
+	return w, nil
+}
+
+// resolve fills in the defaults of the zero fields and checks the configuration.
+func (cfg *WorkerConfig) resolve(client *Client) error {
 	if cfg.ID == "" {
 		host, _ := os.Hostname()
 		cfg.ID = host + "/" + strconv.Itoa(os.Getpid()) + "/" + uuid.NewString()[:8]
 	}
 	if err := validName("worker id", cfg.ID); err != nil {
-		return nil, err
+		return err
 	}
 	if cfg.MaxConcurrent == 0 {
 		cfg.MaxConcurrent = 10
@@ -170,41 +200,18 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 	}
 	switch {
 	case cfg.MaxConcurrent < 0:
-		return nil, invalidArgument("negative MaxConcurrent %d", cfg.MaxConcurrent)
+		return invalidArgument("negative MaxConcurrent %d", cfg.MaxConcurrent)
 	case cfg.LeaseDuration < 100*time.Millisecond:
-		return nil, invalidArgument("LeaseDuration %v is below 100ms", cfg.LeaseDuration)
+		return invalidArgument("LeaseDuration %v is below 100ms", cfg.LeaseDuration)
 	case cfg.HeartbeatInterval <= 0 || cfg.HeartbeatInterval >= cfg.LeaseDuration:
-		return nil, invalidArgument("HeartbeatInterval %v must be positive and shorter than LeaseDuration %v",
+		return invalidArgument("HeartbeatInterval %v must be positive and shorter than LeaseDuration %v",
 			cfg.HeartbeatInterval, cfg.LeaseDuration)
 	case cfg.PollInterval < 0 || cfg.DrainTimeout < 0 || cfg.MaxInProcessSleep < 0:
-		return nil, invalidArgument("negative PollInterval, DrainTimeout or MaxInProcessSleep")
+		return invalidArgument("negative PollInterval, DrainTimeout or MaxInProcessSleep")
 	case cfg.DefaultRetry.Err() != nil:
-		return nil, fmt.Errorf("DefaultRetry: %w", cfg.DefaultRetry.Err())
+		return fmt.Errorf("DefaultRetry: %w", cfg.DefaultRetry.Err())
 	}
-	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{},
-		db: committer.New(client.pool, 256), ends: committer.New(client.pool, maxEndsBatch),
-		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
-		active: map[uuid.UUID]*execution{}, slotFree: make(chan struct{}, 1)}
-	w.ends.GatherWhenBusy(endsGather, endsGatherMin, w.backlog.Load)
-	for _, c := range []*committer.Committer{w.db, w.ends} {
-		c.SetupMergedBatches(store.KeyedPlansSQL)
-	}
-	for _, wf := range workflows {
-		if wf == nil {
-			return nil, invalidArgument("nil workflow")
-		}
-		d := wf.definition()
-		if d.err != nil {
-			return nil, d.err
-		}
-		if w.defs[d.name] != nil {
-			return nil, invalidArgument("workflow type %q registered twice", d.name)
-		}
-		w.defs[d.name] = d
-		w.types = append(w.types, d.name)
-		w.versions = append(w.versions, d.version)
-	}
-	return w, nil
+	return nil
 }
 
 // ID returns the worker's id.
@@ -317,113 +324,6 @@ func (w *Worker) beat() store.WorkerBeat {
 		Completed: w.completed.Load(), Failed: w.failed.Load()}
 }
 
-// loop claims runs until ctx is done, or the pool is closed (ErrClosed).
-func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	claimNow := true
-	// more: runs may be claimable that the last claim left (it filled every free
-	// slot), or that were announced since. A freed slot claims only then: after a
-	// claim that took all there was, nothing can have become claimable unannounced
-	// (the timer covers what becomes claimable later).
-	more := true
-	backoff := 100 * time.Millisecond
-	var wakeAt time.Time  // when the timer fires
-	var askedAt time.Time // when NextWake was last asked
-	setTimer := func(t time.Time) {
-		if poll := time.Now().Add(w.cfg.PollInterval); t.IsZero() || t.After(poll) {
-			t = poll
-		}
-		if !wakeAt.IsZero() && !t.Before(wakeAt) && wakeAt.After(time.Now()) {
-			return
-		}
-		wakeAt = t
-		timer.Reset(time.Until(t))
-	}
-	// A closed pool ends Run with ErrClosed; this probe notices one within a quarter
-	// second even while the worker has nothing to claim.
-	probe := time.NewTicker(closedPoolProbe)
-	defer probe.Stop()
-	for {
-		if claimNow && ctx.Err() == nil {
-			claimNow = false
-			full, err := w.claim(ctx)
-			switch {
-			case err != nil:
-				if ctx.Err() != nil {
-					break
-				}
-				if errors.Is(err, ErrClosed) {
-					w.logger.Error("kagzi: the pool was closed; the worker stops", "error", err)
-					return err
-				}
-				more = true
-				w.logger.Warn("kagzi: claim failed; retrying", "error", err, "retry_in", backoff)
-				wakeAt = time.Time{}
-				setTimer(time.Now().Add(backoff))
-				backoff = min(backoff*2, 5*time.Second)
-			case full:
-				backoff = 100 * time.Millisecond
-				more = true
-				claimNow = w.freeSlots() > 0 // more work may be waiting
-			case wakeAt.After(time.Now()) && !wakeAt.After(askedAt.Add(w.cfg.LeaseDuration)):
-				// Fewer runs than free slots, and the timer set from the last answer
-				// still waits: nothing that answer saw has become claimable, a run
-				// that becomes claimable later announces its time (a start, a sleep,
-				// a retry notifies), and a lease taken since expires a lease from now,
-				// after the timer. Asking again would repeat the answer.
-				backoff = 100 * time.Millisecond
-				more = false
-			default:
-				// Fewer runs than free slots: ask when the next one becomes claimable.
-				// (Asking in the claim's own batch costs every claim that statement, and
-				// most claims under load fill their slots.)
-				backoff = 100 * time.Millisecond
-				more = false
-				askedAt = time.Now()
-				next, err := store.NextWake(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID)
-				wakeAt = time.Time{}
-				if err != nil || next == nil {
-					setTimer(time.Time{})
-				} else {
-					setTimer(*next)
-				}
-			}
-			if claimNow {
-				continue
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return nil
-		case <-probe.C:
-			if w.client.poolClosed() {
-				w.logger.Error("kagzi: the pool was closed; the worker stops")
-				return fmt.Errorf("kagzi: worker %s: %w", w.cfg.ID, ErrClosed)
-			}
-		case <-timer.C:
-			wakeAt = time.Time{}
-			claimNow = true
-		case <-w.slotFree:
-			claimNow = more
-		case n := <-sub.C:
-			switch {
-			case n.Topic == store.CancelTopic(w.client.ns):
-				w.cancelRun(n.Extra)
-			case n.Topic == "":
-				claimNow, more = true, true
-			default:
-				ms, err := strconv.ParseInt(n.Extra, 10, 64)
-				if err != nil || time.Until(time.UnixMilli(ms)) <= 5*time.Millisecond {
-					claimNow, more = true, true
-				} else {
-					setTimer(time.UnixMilli(ms))
-				}
-			}
-		}
-	}
-}
-
 // closedPoolProbe is how often a worker's loop looks whether its pool was closed.
 const closedPoolProbe = 250 * time.Millisecond
 
@@ -464,42 +364,6 @@ func (w *Worker) releaseSlot(x *execution) {
 	case w.slotFree <- struct{}{}:
 	default:
 	}
-}
-
-// claim claims up to the free slots and starts executing what it got. full reports
-// that it got as many runs as it asked for, or had no free slot (a freed slot calls
-// again).
-func (w *Worker) claim(ctx context.Context) (full bool, err error) {
-	free := w.freeSlots()
-	if free <= 0 {
-		return true, nil
-	}
-	began := time.Now()
-	// A claim that reached the database commits whatever happens to ctx afterwards, so
-	// it is never abandoned half way: its runs would stay leased to a worker that
-	// dropped them until the lease passed. It is bounded by the lease instead, and the
-	// runs of a claim that returns after ctx ended are handed back (see drain).
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
-	claimed, err := store.ClaimRuns(cctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID, w.cfg.LeaseDuration, free)
-	cancel()
-	w.hookClaim(ctx, free, len(claimed), began, err)
-	if err != nil {
-		return false, dbError("kagzi: claim", err)
-	}
-	if ctx.Err() != nil {
-		w.mu.Lock()
-		for _, run := range claimed {
-			w.handBack = append(w.handBack, run.Fence)
-		}
-		w.mu.Unlock()
-		return false, nil
-	}
-	now := time.Now()
-	for _, run := range claimed {
-		w.start(run, began, now)
-	}
-	w.backlog.Store(len(claimed) == free)
-	return len(claimed) == free, nil
 }
 
 // start executes a claimed run on a goroutine of its own (one of w.goroutines). sent

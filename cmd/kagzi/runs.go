@@ -136,9 +136,14 @@ func (a *app) runsShow(ctx context.Context, args []string) error {
 		}
 		return a.printJSON(out)
 	}
+	a.printRun(run)
+	a.printSteps(steps)
+	return nil
+}
 
-	w := a.stdout
-	kv := newTable(w)
+// printRun prints a run's facts, one per line.
+func (a *app) printRun(run *kagzi.RunInfo) {
+	kv := newTable(a.stdout)
 	kv.row("Run:", run.RunID)
 	kv.row("Workflow ID:", run.WorkflowID)
 	kv.row("Type:", run.WorkflowType)
@@ -172,11 +177,16 @@ func (a *app) runsShow(ctx context.Context, args []string) error {
 		kv.row("Error:", run.Error.String())
 	}
 	kv.flush()
+}
 
+// printSteps prints a run's step timeline: each step, and each attempt of a step that
+// failed at least once.
+func (a *app) printSteps(steps []kagzi.StepInfo) {
+	w := a.stdout
 	fmt.Fprintf(w, "\nSteps (%d):\n", len(steps))
 	if len(steps) == 0 {
 		fmt.Fprintln(w, "  none recorded")
-		return nil
+		return
 	}
 	t := newTable(w, "  STEP", "KIND", "STATUS", "STARTED", "DURATION", "DETAIL")
 	for _, s := range steps {
@@ -206,7 +216,6 @@ func (a *app) runsShow(ctx context.Context, args []string) error {
 		}
 	}
 	t.flush()
-	return nil
 }
 
 func (a *app) runsCancel(ctx context.Context, args []string) error {

@@ -66,25 +66,11 @@ func (a *app) serveAdmin(ctx context.Context, args []string) error {
 		opts = append(opts, kagziadmin.WithBearerToken(*token))
 	}
 	if *certFile != "" {
-		cert, err := tls.LoadX509KeyPair(*certFile, *keyFile)
+		tlsOpts, err := tlsOptions(*certFile, *keyFile, *clientCA)
 		if err != nil {
-			return fmt.Errorf("TLS: %w", err)
+			return err
 		}
-		cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-		if *clientCA != "" {
-			pem, err := os.ReadFile(*clientCA)
-			if err != nil {
-				return fmt.Errorf("client CA: %w", err)
-			}
-			cas := x509.NewCertPool()
-			if !cas.AppendCertsFromPEM(pem) {
-				return fmt.Errorf("client CA: no certificate in %s", *clientCA)
-			}
-			cfg.ClientCAs = cas
-			cfg.ClientAuth = tls.VerifyClientCertIfGiven
-			opts = append(opts, kagziadmin.WithClientCertAuth(nil))
-		}
-		opts = append(opts, kagziadmin.WithTLS(cfg))
+		opts = append(opts, tlsOpts...)
 	}
 	if *token == "" && *clientCA == "" {
 		fmt.Fprintln(a.stderr, "kagzi: warning: no authentication (set KAGZI_ADMIN_TOKEN or --client-ca); anyone who reaches the address can read")
@@ -125,4 +111,29 @@ func loopbackAddr(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// tlsOptions are the admin server's options to serve TLS with the certificate and
+// key files, and, with a client CA file, to accept client certificates it signed.
+func tlsOptions(certFile, keyFile, clientCA string) ([]kagziadmin.Option, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("TLS: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	var opts []kagziadmin.Option
+	if clientCA != "" {
+		pem, err := os.ReadFile(clientCA)
+		if err != nil {
+			return nil, fmt.Errorf("client CA: %w", err)
+		}
+		cas := x509.NewCertPool()
+		if !cas.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("client CA: no certificate in %s", clientCA)
+		}
+		cfg.ClientCAs = cas
+		cfg.ClientAuth = tls.VerifyClientCertIfGiven
+		opts = append(opts, kagziadmin.WithClientCertAuth(nil))
+	}
+	return append(opts, kagziadmin.WithTLS(cfg)), nil
 }

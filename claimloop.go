@@ -1,0 +1,177 @@
+package kagzi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/kagzi/kagzi/internal/notifier"
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// claimLoop is the state of a worker's loop of claims (see Worker.loop).
+type claimLoop struct {
+	w        *Worker
+	timer    *time.Timer
+	claimNow bool
+	// more: runs may be claimable that the last claim left (it filled every free
+	// slot), or that were announced since. A freed slot claims only then: after a
+	// claim that took all there was, nothing can have become claimable unannounced
+	// (the timer covers what becomes claimable later).
+	more    bool
+	backoff time.Duration
+	wakeAt  time.Time // when the timer fires
+	askedAt time.Time // when NextWake was last asked
+}
+
+// loop claims runs until ctx is done, or the pool is closed (ErrClosed).
+func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
+	l := &claimLoop{w: w, timer: time.NewTimer(0), claimNow: true, more: true, backoff: 100 * time.Millisecond}
+	defer l.timer.Stop()
+	// A closed pool ends Run with ErrClosed; this probe notices one within a quarter
+	// second even while the worker has nothing to claim.
+	probe := time.NewTicker(closedPoolProbe)
+	defer probe.Stop()
+	for {
+		for l.claimNow && ctx.Err() == nil {
+			l.claimNow = false
+			full, err := w.claim(ctx)
+			if err := l.claimed(ctx, full, err); err != nil {
+				return err
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-probe.C:
+			if w.client.poolClosed() {
+				w.logger.Error("kagzi: the pool was closed; the worker stops")
+				return fmt.Errorf("kagzi: worker %s: %w", w.cfg.ID, ErrClosed)
+			}
+		case <-l.timer.C:
+			l.wakeAt = time.Time{}
+			l.claimNow = true
+		case <-w.slotFree:
+			l.claimNow = l.more
+		case n := <-sub.C:
+			l.notified(n)
+		}
+	}
+}
+
+// setTimer makes the loop claim at t (at the latest a PollInterval from now), unless
+// the timer already fires sooner.
+func (l *claimLoop) setTimer(t time.Time) {
+	if poll := time.Now().Add(l.w.cfg.PollInterval); t.IsZero() || t.After(poll) {
+		t = poll
+	}
+	if !l.wakeAt.IsZero() && !t.Before(l.wakeAt) && l.wakeAt.After(time.Now()) {
+		return
+	}
+	l.wakeAt = t
+	l.timer.Reset(time.Until(t))
+}
+
+// claimed decides what follows a claim that got every run it asked for (full) or
+// fewer, or failed. It returns an error only when the loop must end (a closed pool).
+func (l *claimLoop) claimed(ctx context.Context, full bool, err error) error {
+	w := l.w
+	switch {
+	case err != nil:
+		if ctx.Err() != nil {
+			return nil
+		}
+		if errors.Is(err, ErrClosed) {
+			w.logger.Error("kagzi: the pool was closed; the worker stops", "error", err)
+			return err
+		}
+		l.more = true
+		w.logger.Warn("kagzi: claim failed; retrying", "error", err, "retry_in", l.backoff)
+		l.wakeAt = time.Time{}
+		l.setTimer(time.Now().Add(l.backoff))
+		l.backoff = min(l.backoff*2, 5*time.Second)
+		return nil
+	case full:
+		l.more = true
+		l.claimNow = w.freeSlots() > 0 // more work may be waiting
+	case l.wakeAt.After(time.Now()) && !l.wakeAt.After(l.askedAt.Add(w.cfg.LeaseDuration)):
+		// Fewer runs than free slots, and the timer set from the last answer still
+		// waits: nothing that answer saw has become claimable, a run that becomes
+		// claimable later announces its time (a start, a sleep, a retry notifies), and
+		// a lease taken since expires a lease from now, after the timer. Asking again
+		// would repeat the answer.
+		l.more = false
+	default:
+		// Fewer runs than free slots: ask when the next one becomes claimable. (Asking
+		// in the claim's own batch costs every claim that statement, and most claims
+		// under load fill their slots.)
+		l.more = false
+		l.askedAt = time.Now()
+		next, err := store.NextWake(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID)
+		l.wakeAt = time.Time{}
+		if err != nil || next == nil {
+			l.setTimer(time.Time{})
+		} else {
+			l.setTimer(*next)
+		}
+	}
+	l.backoff = 100 * time.Millisecond
+	return nil
+}
+
+// notified handles a notification: a cancel of a run this worker may execute, runs
+// claimable now (or at a time: the timer), or "look again" after the listener
+// reconnected.
+func (l *claimLoop) notified(n notifier.Notification) {
+	switch {
+	case n.Topic == store.CancelTopic(l.w.client.ns):
+		l.w.cancelRun(n.Extra)
+	case n.Topic == "":
+		l.claimNow, l.more = true, true
+	default:
+		ms, err := strconv.ParseInt(n.Extra, 10, 64)
+		if err != nil || time.Until(time.UnixMilli(ms)) <= 5*time.Millisecond {
+			l.claimNow, l.more = true, true
+		} else {
+			l.setTimer(time.UnixMilli(ms))
+		}
+	}
+}
+
+// claim claims up to the free slots and starts executing what it got. full reports
+// that it got as many runs as it asked for, or had no free slot (a freed slot calls
+// again).
+func (w *Worker) claim(ctx context.Context) (full bool, err error) {
+	free := w.freeSlots()
+	if free <= 0 {
+		return true, nil
+	}
+	began := time.Now()
+	// A claim that reached the database commits whatever happens to ctx afterwards, so
+	// it is never abandoned half way: its runs would stay leased to a worker that
+	// dropped them until the lease passed. It is bounded by the lease instead, and the
+	// runs of a claim that returns after ctx ended are handed back (see drain).
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
+	claimed, err := store.ClaimRuns(cctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID, w.cfg.LeaseDuration, free)
+	cancel()
+	w.hookClaim(ctx, free, len(claimed), began, err)
+	if err != nil {
+		return false, dbError("kagzi: claim", err)
+	}
+	if ctx.Err() != nil {
+		w.mu.Lock()
+		for _, run := range claimed {
+			w.handBack = append(w.handBack, run.Fence)
+		}
+		w.mu.Unlock()
+		return false, nil
+	}
+	now := time.Now()
+	for _, run := range claimed {
+		w.start(run, began, now)
+	}
+	w.backlog.Store(len(claimed) == free)
+	return len(claimed) == free, nil
+}

@@ -1,0 +1,190 @@
+package kagzi
+
+// Unit tests of the engine's pure parts: no database.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+func baseStopped() stopped {
+	return stopped{workflowType: "wf", attempt: 1, policy: Linear(3, time.Second), maxBytes: 100,
+		maxTakeovers: 5, takeovers: 6}
+}
+
+func TestDecideEndsTheRunAsItsFunctionAndContextSay(t *testing.T) {
+	nondet := &ErrorDetail{Code: CodeNonDeterministic, Message: "changed"}
+	stepErr := &StepError{Key: "charge#1", Detail: ErrorDetail{Code: "card_declined", Message: "declined", Subject: "charge#1"}}
+	cases := []struct {
+		name   string
+		change func(*stopped)
+		want   ending
+	}{
+		{"completed", func(s *stopped) { s.res = result{returned: true, out: []byte(`1`)} },
+			ending{kind: endFinish, status: StatusCompleted, output: []byte(`1`)}},
+		{"output over the limit", func(s *stopped) { s.res = result{returned: true, out: make([]byte, 101)} },
+			ending{kind: endFinish, status: StatusFailed, detail: &ErrorDetail{Code: CodeInvalidOutput, NonRetryable: true}}},
+		{"suspended", func(s *stopped) { s.reason = exitSuspended }, ending{kind: endNothing, unwound: exitSuspended}},
+		{"lease lost", func(s *stopped) { s.reason = exitLeaseLost }, ending{kind: endNothing, unwound: exitLeaseLost}},
+		{"shutdown", func(s *stopped) { s.reason = exitShutdown }, ending{kind: endHandBack}},
+		{"cancelled", func(s *stopped) { s.reason = exitCancelled }, ending{kind: endFinish, status: StatusCancelled}},
+		{"returned an error because it was cancelled", func(s *stopped) {
+			s.res, s.cause = result{returned: true, err: context.Canceled}, ErrCancelled
+		}, ending{kind: endFinish, status: StatusCancelled}},
+		{"returned an error because its lease was lost", func(s *stopped) {
+			s.res, s.cause = result{returned: true, err: context.Canceled}, errLeaseLost
+		}, ending{kind: endNothing, unwound: exitLeaseLost}},
+		{"finished after its deadline", func(s *stopped) {
+			s.res, s.cause = result{returned: true, out: []byte(`1`)}, errRunDeadline
+		}, ending{kind: endFinish, status: StatusFailed, detail: &ErrorDetail{Code: CodeDeadlineExceeded, NonRetryable: true}}},
+		{"deadline", func(s *stopped) { s.reason = exitDeadline },
+			ending{kind: endFinish, status: StatusFailed, detail: &ErrorDetail{Code: CodeDeadlineExceeded, NonRetryable: true}}},
+		{"taken over too often", func(s *stopped) { s.reason = exitRecoveryExhausted },
+			ending{kind: endFinish, status: StatusFailed, detail: &ErrorDetail{Code: CodeRecoveryExhausted, NonRetryable: true}}},
+		{"not deterministic", func(s *stopped) { s.reason, s.nondeterminism = exitNonDeterministic, nondet },
+			ending{kind: endFinish, status: StatusFailed, detail: nondet}},
+		{"failed, retried", func(s *stopped) { s.res = result{returned: true, err: errors.New("boom")} },
+			ending{kind: endRetry, detail: &ErrorDetail{Code: CodeWorkflowError}, retryIn: time.Second}},
+		{"failed, attempts exhausted", func(s *stopped) {
+			s.res, s.attempt = result{returned: true, err: errors.New("boom")}, 3
+		}, ending{kind: endFinish, status: StatusFailed, detail: &ErrorDetail{Code: CodeWorkflowError}}},
+		{"failed non-retryably", func(s *stopped) { s.res = result{returned: true, err: NonRetryable(errors.New("no"))} },
+			ending{kind: endFinish, status: StatusFailed, detail: &ErrorDetail{Code: CodeWorkflowError, NonRetryable: true}}},
+		{"failed by a step: the step's detail, no workflow retry", func(s *stopped) {
+			s.res = result{returned: true, err: fmt.Errorf("charging: %w", stepErr)}
+		}, ending{kind: endFinish, status: StatusFailed, detail: &stepErr.Detail}},
+		{"panicked", func(s *stopped) {
+			s.res, s.policy = result{returned: true, err: &panicError{value: "oops", stack: "trace"}}, NoRetry()
+		}, ending{kind: endFinish, status: StatusFailed, detail: &ErrorDetail{Code: CodePanic}}},
+	}
+	for _, c := range cases {
+		s := baseStopped()
+		c.change(&s)
+		got := decide(s)
+		if got.kind != c.want.kind || got.status != c.want.status || got.unwound != c.want.unwound ||
+			string(got.output) != string(c.want.output) || got.retryIn != c.want.retryIn {
+			t.Errorf("%s: got %+v, want %+v", c.name, got, c.want)
+			continue
+		}
+		if (got.detail == nil) != (c.want.detail == nil) {
+			t.Errorf("%s: detail %+v, want %+v", c.name, got.detail, c.want.detail)
+			continue
+		}
+		if d := got.detail; d != nil && (d.Code != c.want.detail.Code || d.NonRetryable != c.want.detail.NonRetryable ||
+			(c.want.detail.Subject != "" && d.Subject != c.want.detail.Subject)) {
+			t.Errorf("%s: detail %+v, want %+v", c.name, *d, *c.want.detail)
+		}
+	}
+}
+
+func TestDecideMarksACodeThePolicyListsNonRetryable(t *testing.T) {
+	s := baseStopped()
+	s.policy = Attempts(5).NonRetryable("fraud")
+	s.res = result{returned: true, err: &Error{Code: "fraud", Message: "flagged"}}
+	got := decide(s)
+	if got.kind != endFinish || got.status != StatusFailed || got.detail.Code != "fraud" || !got.detail.NonRetryable {
+		t.Fatalf("got %+v (%+v), want FAILED with fraud marked NonRetryable", got, got.detail)
+	}
+}
+
+func TestStepKeysNumberOccurrencesByNameAndPositionsByCallInAScope(t *testing.T) {
+	root := &scope{counts: map[string]int{}}
+	branch := &scope{prefix: "fetch#1/", counts: map[string]int{}}
+	var got []string
+	for _, n := range []string{"send", "send", "wait", "send"} {
+		key, pos := root.next(n)
+		got = append(got, fmt.Sprint(key, "@", pos))
+	}
+	key, pos := branch.next("get")
+	got = append(got, fmt.Sprint(key, "@", pos))
+	want := "send#1@1 send#2@2 wait#1@3 send#3@4 fetch#1/get#1@1"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("keys %v, want %s", got, want)
+	}
+	h := newHistory(map[string]store.StepRecord{})
+	patch, replaying := root.nextPatch("new-order", h)
+	if patch != "new-order#patch1" || replaying {
+		t.Fatalf("patch key %q (replaying %t), want new-order#patch1 on a fresh history", patch, replaying)
+	}
+	if _, pos := root.next("after"); pos != 5 {
+		t.Fatalf("a Patched took a position: the next call is at %d, want 5", pos)
+	}
+}
+
+func TestHistoryFindsTheStepOfAScopesPositionAndFlagsAnotherCall(t *testing.T) {
+	one, two := 1, 2
+	h := newHistory(map[string]store.StepRecord{
+		"charge#1":           {Name: "charge", Kind: KindStep, Position: &one},
+		"fetch#1/get-user#1": {Name: "get-user", Kind: KindStep, Position: &one},
+		"nap#1":              {Name: "nap", Kind: KindSleep, Position: &two},
+	})
+	id := uuid.New()
+	if h.fresh() {
+		t.Fatal("a history with positioned steps is not fresh")
+	}
+	if d := h.check("", "charge#1", 1, "charge", KindStep, id); d != nil {
+		t.Fatalf("the same call at the same position was flagged: %+v", d)
+	}
+	if d := h.check("fetch#1/", "get-user#1", 1, "get-user", KindStep, id); d != nil {
+		t.Fatalf("a branch's own step was flagged: %+v", d)
+	}
+	d := h.check("", "reserve#1", 1, "reserve", KindStep, id)
+	if d == nil || d.Code != CodeNonDeterministic || !strings.Contains(d.Message, `history has step "charge"`) {
+		t.Fatalf("another step at a recorded position: %+v, want NON_DETERMINISTIC naming both", d)
+	}
+	if d := h.check("", "nap#1", 2, "nap", KindStep, id); d == nil {
+		t.Fatal("a step where the history has a sleep of the same name was not flagged")
+	}
+	if d := h.check("", "later#1", 3, "later", KindStep, id); d != nil {
+		t.Fatalf("a call past the history was flagged: %+v", d)
+	}
+	if !h.replaying("", 1) || h.replaying("", 2) {
+		t.Fatal("replaying: the root's history goes past position 1, not past 2")
+	}
+}
+
+func TestErrorsAreClassifiedIntoTheDetailTheyRecord(t *testing.T) {
+	cases := []struct {
+		name string
+		err  error
+		want ErrorDetail
+	}{
+		{"plain", errors.New("boom"), ErrorDetail{Code: CodeStepError, Message: "boom", Subject: "s#1"}},
+		{"non-retryable", NonRetryable(errors.New("no")), ErrorDetail{Code: CodeStepError, Message: "no", Subject: "s#1", NonRetryable: true}},
+		{"coded", fmt.Errorf("wrapped: %w", &Error{Code: "rate_limited", Message: "slow down", RetryAfter: time.Minute}),
+			ErrorDetail{Code: "rate_limited", Message: "wrapped: slow down", Subject: "s#1", RetryAfter: time.Minute}},
+		{"panic", &panicError{value: "oops", stack: "trace"},
+			ErrorDetail{Code: CodePanic, Message: "panic: oops", Subject: "s#1", Metadata: map[string]string{"stack": "trace"}}},
+		{"a step's error keeps its detail", &StepError{Key: "k#1", Detail: ErrorDetail{Code: "x", Message: "m", Subject: "k#1"}},
+			ErrorDetail{Code: "x", Message: "m", Subject: "k#1"}},
+	}
+	for _, c := range cases {
+		got := failureDetail(c.err, CodeStepError, "s#1")
+		if fmt.Sprint(got) != fmt.Sprint(c.want) || got.NonRetryable != c.want.NonRetryable ||
+			got.RetryAfter != c.want.RetryAfter || fmt.Sprint(got.Metadata) != fmt.Sprint(c.want.Metadata) {
+			t.Errorf("%s: %+v, want %+v", c.name, got, c.want)
+		}
+	}
+	if d := stepDetail(errors.New("late"), true, "s#1"); d.Code != CodeDeadlineExceeded {
+		t.Errorf("a timed-out attempt: code %s, want DEADLINE_EXCEEDED", d.Code)
+	}
+	for cause, want := range map[error]exitReason{errLeaseLost: exitLeaseLost, errShutdown: exitShutdown,
+		errRunDeadline: exitDeadline, errRecoveryExhausted: exitRecoveryExhausted, ErrCancelled: exitCancelled} {
+		if got := reasonFor(cause); got != want {
+			t.Errorf("reasonFor(%v) = %d, want %d", cause, got, want)
+		}
+	}
+	if !transient(io.ErrUnexpectedEOF) || !transient(&pgconn.PgError{Code: "40001"}) || transient(&pgconn.PgError{Code: "23505"}) {
+		t.Error("transient: lost connections and serialization failures are worth another try, constraint violations are not")
+	}
+}
