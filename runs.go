@@ -191,11 +191,9 @@ func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
 		}
 		p.ParentRunID = &id
 	}
-	switch {
-	case p.Limit == 0:
-		p.Limit = 50
-	case p.Limit < 0 || p.Limit > 1000:
-		return nil, invalidArgument("page size %d is not within 1..1000", f.PageSize)
+	var err error
+	if p.Limit, err = pageSize(f.PageSize); err != nil {
+		return nil, err
 	}
 	for _, s := range f.Statuses {
 		switch s {
@@ -375,4 +373,15 @@ func (c *Client) Cancel(ctx context.Context, runID string) error {
 		return fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, before)
 	}
 	return nil
+}
+
+// pageSize checks a listing's page size: default 50, at most 1000.
+func pageSize(n int) (int, error) {
+	switch {
+	case n == 0:
+		return 50, nil
+	case n < 0 || n > 1000:
+		return 0, invalidArgument("page size %d is not within 1..1000", n)
+	}
+	return n, nil
 }

@@ -302,11 +302,9 @@ func (c *Client) ListSchedules(ctx context.Context, f ScheduleFilter) (*Schedule
 		f.WorkflowType = f.Workflow
 	}
 	p := store.ListSchedulesParams{Namespace: c.ns, WorkflowType: f.WorkflowType, Paused: f.Paused, Limit: f.PageSize}
-	switch {
-	case p.Limit == 0:
-		p.Limit = 50
-	case p.Limit < 0 || p.Limit > 1000:
-		return nil, invalidArgument("page size %d is not within 1..1000", f.PageSize)
+	var err error
+	if p.Limit, err = pageSize(f.PageSize); err != nil {
+		return nil, err
 	}
 	if f.PageToken != "" {
 		raw, err := base64.RawURLEncoding.DecodeString(f.PageToken)

@@ -84,11 +84,9 @@ type WorkerPage struct {
 // ListWorkers lists the workers of the client's namespace from the registry.
 func (c *Client) ListWorkers(ctx context.Context, f WorkerFilter) (*WorkerPage, error) {
 	p := store.ListWorkersParams{Namespace: c.ns, WorkflowType: f.WorkflowType, Limit: f.PageSize}
-	switch {
-	case p.Limit == 0:
-		p.Limit = 50
-	case p.Limit < 0 || p.Limit > 1000:
-		return nil, invalidArgument("page size %d is not within 1..1000", f.PageSize)
+	var err error
+	if p.Limit, err = pageSize(f.PageSize); err != nil {
+		return nil, err
 	}
 	for _, s := range f.Statuses {
 		switch s {

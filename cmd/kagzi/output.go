@@ -24,88 +24,31 @@ type errorJSON struct {
 	Metadata     map[string]string `json:"metadata,omitempty"`
 }
 
+// runJSON is a run as the tool prints it: RunInfo's own JSON, times in UTC, and an
+// error's retry_after as a duration.
 type runJSON struct {
-	RunID           string          `json:"run_id"`
-	WorkflowID      string          `json:"workflow_id"`
-	Namespace       string          `json:"namespace"`
-	WorkflowType    string          `json:"workflow_type"`
-	Status          string          `json:"status"`
-	Input           json.RawMessage `json:"input,omitempty"`
-	Output          json.RawMessage `json:"output,omitempty"`
-	Error           *errorJSON      `json:"error,omitempty"`
-	Attempt         int             `json:"attempt"`
-	Takeovers       int             `json:"takeovers"`
-	WorkerID        string          `json:"worker_id,omitempty"`
-	CancelRequested bool            `json:"cancel_requested,omitempty"`
-	ScheduleID      string          `json:"schedule_id,omitempty"`
-	ScheduleTick    *time.Time      `json:"schedule_tick,omitempty"`
-	AvailableAt     time.Time       `json:"available_at"`
-	CreatedAt       time.Time       `json:"created_at"`
-	StartedAt       *time.Time      `json:"started_at,omitempty"`
-	FinishedAt      *time.Time      `json:"finished_at,omitempty"`
-	UpdatedAt       time.Time       `json:"updated_at"`
+	kagzi.RunInfo
+	Error *errorJSON `json:"error,omitempty"`
 }
 
+// attemptJSON is AttemptInfo's JSON with its duration.
 type attemptJSON struct {
-	Number     int        `json:"number"`
-	Status     string     `json:"status"`
+	kagzi.AttemptInfo
 	Error      *errorJSON `json:"error,omitempty"`
-	StartedAt  time.Time  `json:"started_at"`
-	FinishedAt time.Time  `json:"finished_at"`
 	DurationMS float64    `json:"duration_ms"`
 }
 
+// stepJSON is StepInfo's JSON, its attempts as attemptJSON.
 type stepJSON struct {
-	Key       string          `json:"key"`
-	Name      string          `json:"name"`
-	Kind      string          `json:"kind"`
-	Status    string          `json:"status"`
-	Output    json.RawMessage `json:"output,omitempty"`
-	Error     *errorJSON      `json:"error,omitempty"`
-	WakeAt    *time.Time      `json:"wake_at,omitempty"`
-	Attempts  []attemptJSON   `json:"attempts"`
-	CreatedAt time.Time       `json:"created_at"`
-	UpdatedAt time.Time       `json:"updated_at"`
+	kagzi.StepInfo
+	Error    *errorJSON    `json:"error,omitempty"`
+	Attempts []attemptJSON `json:"attempts"`
 }
 
+// workerJSON is WorkerInfo's JSON, its heartbeat interval as a duration.
 type workerJSON struct {
-	WorkerID          string            `json:"worker_id"`
-	Namespace         string            `json:"namespace"`
-	Status            string            `json:"status"`
-	Hostname          string            `json:"hostname"`
-	PID               int               `json:"pid"`
-	Version           string            `json:"version"`
-	WorkflowTypes     []string          `json:"workflow_types"`
-	MaxConcurrent     int               `json:"max_concurrent"`
-	ActiveRuns        int               `json:"active_runs"`
-	CompletedTotal    int64             `json:"completed_total"`
-	FailedTotal       int64             `json:"failed_total"`
-	HeartbeatInterval string            `json:"heartbeat_interval"`
-	Labels            map[string]string `json:"labels,omitempty"`
-	StartedAt         time.Time         `json:"started_at"`
-	LastHeartbeatAt   time.Time         `json:"last_heartbeat_at"`
-	StoppedAt         *time.Time        `json:"stopped_at,omitempty"`
-}
-
-type scheduleJSON struct {
-	ScheduleID     string          `json:"schedule_id"`
-	Namespace      string          `json:"namespace"`
-	WorkflowType   string          `json:"workflow_type"`
-	Cron           string          `json:"cron"`
-	CronSeconds    bool            `json:"cron_seconds,omitempty"`
-	TimeZone       string          `json:"time_zone"`
-	Input          json.RawMessage `json:"input,omitempty"`
-	Paused         bool            `json:"paused"`
-	MaxCatchup     int             `json:"max_catchup"`
-	Overlap        string          `json:"overlap"`
-	NextFireAt     *time.Time      `json:"next_fire_at,omitempty"`
-	LastFiredAt    *time.Time      `json:"last_fired_at,omitempty"`
-	LastRunID      string          `json:"last_run_id,omitempty"`
-	BufferedTick   *time.Time      `json:"buffered_tick,omitempty"`
-	CatchupSkipped int64           `json:"catchup_skipped"`
-	OverlapSkipped int64           `json:"overlap_skipped"`
-	CreatedAt      time.Time       `json:"created_at"`
-	UpdatedAt      time.Time       `json:"updated_at"`
+	kagzi.WorkerInfo
+	HeartbeatInterval string `json:"heartbeat_interval"`
 }
 
 func utc(t time.Time) time.Time { return t.UTC() }
@@ -130,39 +73,36 @@ func errorOf(d *kagzi.ErrorDetail) *errorJSON {
 }
 
 func runOf(r *kagzi.RunInfo) runJSON {
-	return runJSON{RunID: r.RunID, WorkflowID: r.WorkflowID, Namespace: r.Namespace, WorkflowType: r.WorkflowType,
-		Status: string(r.Status), Input: r.Input, Output: r.Output, Error: errorOf(r.Error), Attempt: r.Attempt, Takeovers: r.Takeovers,
-		WorkerID: r.LockedBy, CancelRequested: r.CancelRequested, ScheduleID: r.ScheduleID,
-		ScheduleTick: utcp(r.ScheduleTick), AvailableAt: utc(r.AvailableAt), CreatedAt: utc(r.CreatedAt),
-		StartedAt: utcp(r.StartedAt), FinishedAt: utcp(r.FinishedAt), UpdatedAt: utc(r.UpdatedAt)}
+	c := *r
+	c.AvailableAt, c.CreatedAt, c.UpdatedAt = utc(c.AvailableAt), utc(c.CreatedAt), utc(c.UpdatedAt)
+	c.ScheduleTick, c.StartedAt, c.FinishedAt = utcp(c.ScheduleTick), utcp(c.StartedAt), utcp(c.FinishedAt)
+	return runJSON{RunInfo: c, Error: errorOf(r.Error)}
 }
 
 func stepOf(s *kagzi.StepInfo) stepJSON {
-	out := stepJSON{Key: s.Key, Name: s.Name, Kind: string(s.Kind), Status: string(s.Status), Output: s.Output,
-		Error: errorOf(s.Error), WakeAt: utcp(s.WakeAt), Attempts: []attemptJSON{}, CreatedAt: utc(s.CreatedAt),
-		UpdatedAt: utc(s.UpdatedAt)}
+	c := *s
+	c.WakeAt, c.CreatedAt, c.UpdatedAt = utcp(c.WakeAt), utc(c.CreatedAt), utc(c.UpdatedAt)
+	out := stepJSON{StepInfo: c, Error: errorOf(s.Error), Attempts: []attemptJSON{}}
 	for _, a := range s.Attempts {
-		out.Attempts = append(out.Attempts, attemptJSON{Number: a.Number, Status: string(a.Status),
-			Error: errorOf(a.Error), StartedAt: utc(a.StartedAt), FinishedAt: utc(a.FinishedAt),
+		a.StartedAt, a.FinishedAt = utc(a.StartedAt), utc(a.FinishedAt)
+		out.Attempts = append(out.Attempts, attemptJSON{AttemptInfo: a, Error: errorOf(a.Error),
 			DurationMS: float64(a.FinishedAt.Sub(a.StartedAt).Microseconds()) / 1000})
 	}
 	return out
 }
 
 func workerOf(w *kagzi.WorkerInfo) workerJSON {
-	return workerJSON{WorkerID: w.ID, Namespace: w.Namespace, Status: string(w.Status), Hostname: w.Hostname,
-		PID: w.PID, Version: w.Version, WorkflowTypes: w.WorkflowTypes, MaxConcurrent: w.MaxConcurrent,
-		ActiveRuns: w.ActiveRuns, CompletedTotal: w.CompletedTotal, FailedTotal: w.FailedTotal,
-		HeartbeatInterval: w.HeartbeatInterval.String(), Labels: w.Labels, StartedAt: utc(w.StartedAt),
-		LastHeartbeatAt: utc(w.LastHeartbeatAt), StoppedAt: utcp(w.StoppedAt)}
+	c := *w
+	c.StartedAt, c.LastHeartbeatAt, c.StoppedAt = utc(c.StartedAt), utc(c.LastHeartbeatAt), utcp(c.StoppedAt)
+	return workerJSON{WorkerInfo: c, HeartbeatInterval: w.HeartbeatInterval.String()}
 }
 
-func scheduleOf(s *kagzi.ScheduleInfo) scheduleJSON {
-	return scheduleJSON{ScheduleID: s.ID, Namespace: s.Namespace, WorkflowType: s.WorkflowType, Cron: s.Cron,
-		CronSeconds: s.Seconds, TimeZone: s.TimeZone, Input: s.Input, Paused: s.Paused, MaxCatchup: s.MaxCatchup,
-		Overlap: s.Overlap.String(), NextFireAt: utcp(s.NextFireAt), LastFiredAt: utcp(s.LastFiredAt),
-		LastRunID: s.LastRunID, BufferedTick: utcp(s.BufferedTick), CatchupSkipped: s.CatchupSkipped,
-		OverlapSkipped: s.OverlapSkipped, CreatedAt: utc(s.CreatedAt), UpdatedAt: utc(s.UpdatedAt)}
+// scheduleOf is a schedule as the tool prints it: ScheduleInfo's own JSON, times in UTC.
+func scheduleOf(s *kagzi.ScheduleInfo) kagzi.ScheduleInfo {
+	c := *s
+	c.NextFireAt, c.LastFiredAt, c.BufferedTick = utcp(c.NextFireAt), utcp(c.LastFiredAt), utcp(c.BufferedTick)
+	c.CreatedAt, c.UpdatedAt = utc(c.CreatedAt), utc(c.UpdatedAt)
+	return c
 }
 
 func (a *app) printJSON(v any) error {

@@ -38,9 +38,9 @@ func (a *app) schedulesList(ctx context.Context, args []string) error {
 	}
 	if a.json {
 		out := struct {
-			Schedules     []scheduleJSON `json:"schedules"`
-			NextPageToken string         `json:"next_page_token,omitempty"`
-		}{Schedules: []scheduleJSON{}, NextPageToken: page.NextPageToken}
+			Schedules     []kagzi.ScheduleInfo `json:"schedules"`
+			NextPageToken string               `json:"next_page_token,omitempty"`
+		}{Schedules: []kagzi.ScheduleInfo{}, NextPageToken: page.NextPageToken}
 		for i := range page.Schedules {
 			out.Schedules = append(out.Schedules, scheduleOf(&page.Schedules[i]))
 		}
