@@ -3,77 +3,15 @@ package kagzi_test
 import (
 	"context"
 	"fmt"
-	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi"
 	"github.com/kagzi/kagzi/internal/store"
 	"github.com/kagzi/kagzi/internal/testdb"
 )
-
-// roundTrips counts the round trips a pool makes: each query, and each pipelined
-// batch as one. It also keeps the statements so tests can classify them.
-type roundTrips struct {
-	n   atomic.Int64
-	mu  sync.Mutex
-	sql []string
-}
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	r.n.Add(1)
-	r.mu.Lock()
-	r.sql = append(r.sql, d.SQL)
-	r.mu.Unlock()
-	return ctx
-}
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	r.n.Add(1)
-	var sqls []string
-	for _, q := range d.Batch.QueuedQueries {
-		sqls = append(sqls, q.SQL)
-	}
-	r.mu.Lock()
-	r.sql = append(r.sql, "BATCH["+strings.Join(sqls, "; ")+"]")
-	r.mu.Unlock()
-	return ctx
-}
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-func (r *roundTrips) count(substr string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	n := 0
-	for _, s := range r.sql {
-		if strings.Contains(s, substr) {
-			n++
-		}
-	}
-	return n
-}
-
-func tracedPool(tb testing.TB, url string) (*pgxpool.Pool, *roundTrips) {
-	tb.Helper()
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	rt := &roundTrips{}
-	cfg.ConnConfig.Tracer = rt
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(pool.Close)
-	return pool, rt
-}
 
 func TestANewStepCostsOneWriteAndAReplayedStepNoRoundTrip(t *testing.T) {
 	e := newEnv(t)

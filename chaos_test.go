@@ -111,13 +111,6 @@ func (c *chaosProcs) killRandom() {
 	c.procs = slices.Delete(c.procs, i, i+1)
 }
 
-func envInt(name string, def int) int {
-	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
-		return v
-	}
-	return def
-}
-
 // chaosCheck verifies what the database holds after a chaos run and prints figures.
 func chaosCheck(t *testing.T, pool *pgxpool.Pool, runs int, killed map[int]time.Time, extra string) {
 	t.Helper()

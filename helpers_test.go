@@ -3,12 +3,18 @@ package kagzi_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi"
@@ -131,4 +137,105 @@ func mustErrorIs(t *testing.T, err, target error) {
 	if !errors.Is(err, target) {
 		t.Fatalf("got error %v, want one that wraps %v", err, target)
 	}
+}
+
+// failingStep fails its first n attempts with err, then returns "ok".
+func failingStep(n int32, err error) (func(context.Context) (string, error), *atomic.Int32) {
+	var calls atomic.Int32
+	return func(context.Context) (string, error) {
+		if calls.Add(1) <= n {
+			return "", err
+		}
+		return "ok", nil
+	}, &calls
+}
+
+func stepsOf(t *testing.T, c *kagzi.Client, runID string) []kagzi.StepInfo {
+	t.Helper()
+	steps, err := c.ListSteps(context.Background(), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return steps
+}
+
+// roundTrips counts the round trips a pool makes: each query, and each pipelined
+// batch as one. It also keeps the statements so tests can classify them.
+type roundTrips struct {
+	n   atomic.Int64
+	mu  sync.Mutex
+	sql []string
+}
+
+func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	r.n.Add(1)
+	r.mu.Lock()
+	r.sql = append(r.sql, d.SQL)
+	r.mu.Unlock()
+	return ctx
+}
+
+func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+
+func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	r.n.Add(1)
+	var sqls []string
+	for _, q := range d.Batch.QueuedQueries {
+		sqls = append(sqls, q.SQL)
+	}
+	r.mu.Lock()
+	r.sql = append(r.sql, "BATCH["+strings.Join(sqls, "; ")+"]")
+	r.mu.Unlock()
+	return ctx
+}
+
+func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+
+func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
+
+func (r *roundTrips) count(substr string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, s := range r.sql {
+		if strings.Contains(s, substr) {
+			n++
+		}
+	}
+	return n
+}
+
+func tracedPool(tb testing.TB, url string) (*pgxpool.Pool, *roundTrips) {
+	tb.Helper()
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rt := &roundTrips{}
+	cfg.ConnConfig.Tracer = rt
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(pool.Close)
+	return pool, rt
+}
+
+// processState returns the state letter of a process (R, S, T for stopped, ...).
+func processState(t *testing.T, pid int) string {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// pid (comm) state ...: comm may hold spaces, so read after its closing paren.
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	return fields[0]
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v > 0 {
+		return v
+	}
+	return def
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -32,18 +31,6 @@ func freezingWorkflow(pool *pgxpool.Pool) *kagzi.Workflow[int, int] {
 			return os.Getpid(), err
 		})
 	})
-}
-
-// processState returns the state letter of a process (R, S, T for stopped, ...).
-func processState(t *testing.T, pid int) string {
-	t.Helper()
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	// pid (comm) state ...: comm may hold spaces, so read after its closing paren.
-	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
-	return fields[0]
 }
 
 func TestAWorkerFrozenAfterItsClaimDoesNotRunAStepAnotherWorkerRecorded(t *testing.T) {

@@ -12,26 +12,6 @@ import (
 	"github.com/kagzi/kagzi"
 )
 
-// failingStep fails its first n attempts with err, then returns "ok".
-func failingStep(n int32, err error) (func(context.Context) (string, error), *atomic.Int32) {
-	var calls atomic.Int32
-	return func(context.Context) (string, error) {
-		if calls.Add(1) <= n {
-			return "", err
-		}
-		return "ok", nil
-	}, &calls
-}
-
-func stepsOf(t *testing.T, c *kagzi.Client, runID string) []kagzi.StepInfo {
-	t.Helper()
-	steps, err := c.ListSteps(context.Background(), runID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return steps
-}
-
 func TestExponentialBackoffDelaysGrowAndCap(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
