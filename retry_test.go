@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/kagzitest"
 )
 
 func TestExponentialBackoffDelaysGrowAndCap(t *testing.T) {
@@ -325,28 +326,25 @@ func TestRetryAfterOverridesTheBackoffAndTheWaitingRunFreesItsSlot(t *testing.T)
 }
 
 func TestAStepThatFailedForGoodReplaysTheSameErrorWithoutRunning(t *testing.T) {
-	e := newEnv(t)
-	ctx := waitCtx(t)
+	t.Parallel()
 	fn, calls := failingStep(100, &kagzi.Error{Code: "sold_out", Message: "sold out"})
 	wf := kagzi.Define("handles-failure", func(ctx *kagzi.Context, _ int) (string, error) {
 		_, err := kagzi.Step(ctx, "reserve", fn, kagzi.WithRetry(kagzi.NoRetry()))
 		code := kagzi.ErrorCode(err)
-		if err := ctx.Sleep("nap", 300*time.Millisecond); err != nil { // suspends: the next line runs on a replay
+		if err := ctx.Sleep("nap", 24*time.Hour); err != nil { // suspends: the next line runs on a replay
 			return "", err
 		}
 		return code, nil
 	})
-	runWorker(t, e.client, fastWorker(), wf)
-	run, err := kagzi.Start(ctx, e.client, wf, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if out, err := run.Wait(ctx); err != nil || out != "sold_out" {
+	env := kagzitest.New(t, wf)
+	run := kagzitest.Start(env, wf, 0)
+	if out, err := kagzitest.Wait(env, run); err != nil || out != "sold_out" {
 		t.Fatalf("got %q, %v; want the replayed error's code", out, err)
 	}
 	if calls.Load() != 1 {
 		t.Fatalf("the failed step ran %d times, want 1: a replay returns the recorded error", calls.Load())
 	}
+	env.AssertSteps(run.RunID, "reserve#1=FAILED", "nap#1=COMPLETED")
 }
 
 func TestRunDeadlineFailsASleepingRun(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/kagzitest"
 )
 
 // counter counts step body executions by name.
@@ -33,8 +34,7 @@ func (c *counter) get(name string) int {
 }
 
 func TestReplayAfterSleepDoesNotRerunCompletedSteps(t *testing.T) {
-	e := newEnv(t)
-	ctx := waitCtx(t)
+	t.Parallel()
 	calls := newCounter()
 	var executions atomic.Int32
 	wf := kagzi.Define("replay", func(ctx *kagzi.Context, in int) (int, error) {
@@ -43,18 +43,14 @@ func TestReplayAfterSleepDoesNotRerunCompletedSteps(t *testing.T) {
 		if err != nil {
 			return 0, err
 		}
-		if err := ctx.Sleep("nap", 500*time.Millisecond); err != nil { // longer than MaxInProcessSleep: suspends
+		if err := ctx.Sleep("nap", 30*24*time.Hour); err != nil { // a durable sleep: the run is released
 			return 0, err
 		}
 		b, err := kagzi.Step(ctx, "b", func(context.Context) (int, error) { calls.inc("b"); return a * 10, nil })
 		return b, err
 	})
-	runWorker(t, e.client, fastWorker(), wf)
-	run, err := kagzi.Start(ctx, e.client, wf, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := run.Wait(ctx)
+	env := kagzitest.New(t, wf) // its clock moves the month in milliseconds
+	out, err := kagzitest.Run(env, wf, 1)
 	if err != nil || out != 20 {
 		t.Fatalf("got %d, %v; want 20", out, err)
 	}
