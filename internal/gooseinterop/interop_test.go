@@ -3,10 +3,12 @@ package gooseinterop_test
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"os"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -262,6 +264,59 @@ func TestGooseDownToZeroThenKagziMigrateUp(t *testing.T) {
 			}
 			d.checkCurrent(t)
 		})
+	}
+}
+
+// kagzi.Migrate and goose's Postgres session locker take the same advisory lock, so
+// neither migrates while the other does.
+func TestKagziAndGooseSessionLockerExcludeEachOther(t *testing.T) {
+	if schema.LockID != lock.DefaultLockID {
+		t.Fatalf("Kagzi's migration lock is %d, goose's default %d", schema.LockID, lock.DefaultLockID)
+	}
+	ctx := context.Background()
+	d := emptyDatabase(t)
+
+	// goose holds the lock: kagzi.Migrate waits.
+	locker, err := lock.NewPostgresSessionLocker()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := d.db.Conn(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := locker.SessionLock(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	if err := kagzi.Migrate(short, d.pool); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("kagzi.Migrate while goose holds its lock = %v, want it to wait until its deadline", err)
+	}
+	if err := locker.SessionUnlock(ctx, conn); err != nil {
+		t.Fatal(err)
+	}
+	if err := kagzi.Migrate(ctx, d.pool); err != nil {
+		t.Fatal(err)
+	}
+
+	// Kagzi's lock is held (as while kagzi.Migrate runs): goose's provider cannot take its own.
+	held, err := d.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Release()
+	if _, err := held.Exec(ctx, `SELECT pg_advisory_lock($1)`, schema.LockID); err != nil {
+		t.Fatal(err)
+	}
+	defer held.Exec(ctx, `SELECT pg_advisory_unlock($1)`, schema.LockID) //nolint:errcheck
+	p := d.provider(t, lock.WithLockTimeout(1, 1))
+	if _, err := p.DownTo(ctx, 0); err == nil {
+		t.Fatal("goose migrated down while Kagzi's migration lock was held")
+	}
+	if current, latestV, err := schema.Version(ctx, d.pool); err != nil || current != latestV {
+		t.Fatalf("schema version %d of %d, %v: goose ran", current, latestV, err)
 	}
 }
 
