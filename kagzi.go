@@ -148,10 +148,14 @@ func (c *Client) Close() { c.notifier.Close() }
 func (c *Client) Namespace() string { return c.ns }
 
 // Migrate applies Kagzi's schema migrations (the goose files in the migrations
-// package) to the database of pool. It is safe to call from many processes at once
-// (a Postgres advisory lock serialises them) and does nothing when the schema is
-// current. Kagzi's tables live in the "kagzi" schema; goose's version table for them
-// is migrations.VersionTable, so it never clashes with the application's own.
+// package) to the database of pool. It applies them itself, as goose would (Kagzi
+// does not depend on goose): the goose CLI sees the result as migrated, and Migrate
+// accepts a database the goose CLI migrated. It is safe to call from many processes
+// at once (an advisory lock serialises them, the one goose's provider takes with its
+// Postgres session locker; a caller waits for it as long as ctx allows) and does
+// nothing when the schema is current. Kagzi's tables
+// live in the "kagzi" schema; goose's version table for them is
+// migrations.VersionTable, so it never clashes with the application's own.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	if pool == nil {
 		return invalidArgument("nil pool")

@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/schema"
 	"github.com/kagzi/kagzi/internal/testdb"
 	"github.com/kagzi/kagzi/migrations"
 )
@@ -209,17 +209,17 @@ func TestHealthReportsDatabaseSchemaLocalWorkersAndPendingTypesWithoutWorker(t *
 func TestConcurrentHealthChecksAnswerWithinASecondWhileTheMigrationLockIsHeld(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	// Another process migrating holds goose's migration lock (the session lock
-	// Migrate takes) on a connection of its own.
+	// Another process migrating holds the migration lock (the session lock Migrate
+	// takes, goose's) on a connection of its own.
 	migrating, err := e.pool.Acquire(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer migrating.Release()
-	if _, err := migrating.Exec(ctx, `SELECT pg_advisory_lock($1)`, lock.DefaultLockID); err != nil {
+	if _, err := migrating.Exec(ctx, `SELECT pg_advisory_lock($1)`, schema.LockID); err != nil {
 		t.Fatal(err)
 	}
-	defer migrating.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, lock.DefaultLockID)
+	defer migrating.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, schema.LockID)
 
 	reports := make([]*kagzi.HealthReport, 8)
 	took := make([]time.Duration, len(reports))

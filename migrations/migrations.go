@@ -1,6 +1,7 @@
 // Package migrations holds Kagzi's schema as goose SQL files, embedded so that
-// kagzi.Migrate can apply them without any file on disk. The same files work with
-// the goose command-line tool (see the README for the flags).
+// kagzi.Migrate can apply them without any file on disk. kagzi.Migrate applies them
+// with a runner of its own that reads and records them as goose does; the same files
+// work with the goose command-line tool (docs/workers-in-production.md has the flags).
 //
 // The migrations are append-only from the first release (0.1.0) on: a released file is
 // never edited, renumbered or deleted, since databases out there have recorded it as
@@ -28,6 +29,6 @@ const Schema = "kagzi"
 // VersionTable is goose's version table for Kagzi's schema, schema-qualified: it lives
 // inside the kagzi schema, so it never clashes with the application's own goose table
 // (goose_db_version in the search path), and dropping the schema removes every trace
-// of Kagzi. goose creates this table before it runs the first migration, so the schema
-// must exist first: kagzi.Migrate creates it; with the goose CLI, create it by hand.
+// of Kagzi. The table is created before the first migration runs, so the schema must
+// exist first: kagzi.Migrate creates it; with the goose CLI, create it by hand.
 const VersionTable = Schema + ".goose_db_version"

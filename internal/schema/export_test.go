@@ -1,5 +1,5 @@
 package schema
 
-// Provider exposes goose's provider to the external tests (testdb imports this package,
-// so tests that use testdb live in package schema_test).
-var Provider = provider
+// UpFS applies the migrations of a file system of the test's (testdb imports this
+// package, so tests that use testdb live in package schema_test).
+var UpFS = up

@@ -1,50 +1,245 @@
-// Package schema applies Kagzi's goose migrations to a database.
+// Package schema applies Kagzi's migrations (the goose SQL files of package migrations)
+// to a database. It does what goose's provider would, with pgx alone, so that the core
+// module does not depend on goose: the same statements, the same version table
+// (migrations.VersionTable, goose's columns and rows) and the same advisory lock. A
+// database migrated here looks migrated to the goose CLI, and the other way round;
+// internal/gooseinterop checks that against goose itself.
 package schema
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io/fs"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
-	"github.com/pressly/goose/v3/lock"
 
 	"github.com/kagzi/kagzi/migrations"
 )
 
-// Up applies every pending migration. Concurrent callers are serialised by a
-// Postgres advisory lock held for the duration.
+// LockID is the key of the session-level advisory lock held while migrating: goose's
+// lock.DefaultLockID, the key of goose's Postgres session locker, so that Kagzi and a
+// goose provider using that locker never migrate at the same time.
+const LockID int64 = 4097083626
+
+// Up applies every pending migration, each in a transaction of its own with its version
+// row (or, for a file marked NO TRANSACTION, statement by statement). Concurrent callers
+// are serialised by the advisory lock LockID, held on one connection for the duration;
+// a caller waits for it as long as ctx allows.
 //
-// It first creates the kagzi schema if it is missing: goose creates its version table,
-// which lives in that schema, before it runs any migration.
+// It first creates the kagzi schema if it is missing, since the version table lives in
+// it, then the version table if it is missing, with goose's version 0 row.
 func Up(ctx context.Context, pool *pgxpool.Pool) error {
-	if err := ensureSchema(ctx, pool); err != nil {
-		return err
-	}
-	p, closeDB, err := provider(pool)
+	return up(ctx, pool, migrations.FS)
+}
+
+// migration is one goose SQL file.
+type migration struct {
+	version int64
+	name    string
+}
+
+// up applies the migrations of fsys (tests pass their own).
+func up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) (err error) {
+	files, err := collect(fsys)
 	if err != nil {
 		return err
 	}
-	defer closeDB()
-	_, err = p.Up(ctx)
-	return err
+	if err := ensureSchema(ctx, pool); err != nil {
+		return err
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock($1)`, LockID); err != nil {
+		// The lock may have been granted as the wait was cancelled: drop the session.
+		conn.Conn().Close(context.WithoutCancel(ctx)) //nolint:errcheck
+		return fmt.Errorf("take the migration lock: %w", err)
+	}
+	defer func() {
+		unlockCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		var unlocked bool
+		if uerr := conn.QueryRow(unlockCtx, `SELECT pg_advisory_unlock($1)`, LockID).Scan(&unlocked); uerr != nil || !unlocked {
+			// Never hand a connection that may still hold the lock back to the pool:
+			// closing it ends the session, which releases the lock.
+			conn.Conn().Close(unlockCtx) //nolint:errcheck
+			if err == nil && uerr != nil {
+				err = fmt.Errorf("release the migration lock: %w", uerr)
+			}
+		}
+	}()
+
+	if err := ensureVersionTable(ctx, conn.Conn()); err != nil {
+		return err
+	}
+	pending, err := pendingMigrations(ctx, conn.Conn(), files)
+	if err != nil {
+		return err
+	}
+	// Parse every file to apply before applying any, as goose does.
+	type parsed struct {
+		migration
+		stmts []string
+		useTx bool
+	}
+	apply := make([]parsed, 0, len(pending))
+	for _, m := range pending {
+		f, err := fsys.Open(m.name)
+		if err != nil {
+			return err
+		}
+		stmts, useTx, err := parseUp(f)
+		f.Close()
+		if err != nil {
+			return fmt.Errorf("migration %s: %w", m.name, err)
+		}
+		apply = append(apply, parsed{m, stmts, useTx})
+	}
+	for _, m := range apply {
+		if err := applyUp(ctx, conn.Conn(), m.version, m.stmts, m.useTx); err != nil {
+			return fmt.Errorf("migration %s: %w", m.name, err)
+		}
+	}
+	return nil
+}
+
+// applyUp runs the statements of a migration and records its version, in one
+// transaction unless useTx is false.
+func applyUp(ctx context.Context, conn *pgx.Conn, version int64, stmts []string, useTx bool) error {
+	run := func(db interface {
+		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+	}) error {
+		for _, stmt := range stmts {
+			// No arguments: pgx sends it with the simple protocol, as goose's
+			// database/sql Exec through pgx does.
+			if _, err := db.Exec(ctx, stmt); err != nil {
+				return err
+			}
+		}
+		_, err := db.Exec(ctx, `INSERT INTO `+versionTable()+` (version_id, is_applied) VALUES ($1, $2)`, version, true)
+		return err
+	}
+	if !useTx {
+		return run(conn)
+	}
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return run(tx) })
+}
+
+// ensureVersionTable creates goose's version table unless it exists, with the row of
+// version 0 goose inserts with it, in one transaction. A goose process that is not
+// holding the lock (goose checks for pending migrations without it) may create the
+// table at the same moment: its duplicate is no error.
+func ensureVersionTable(ctx context.Context, conn *pgx.Conn) error {
+	exists := func() (bool, error) {
+		schemaName, table, _ := strings.Cut(migrations.VersionTable, ".")
+		var ok bool
+		err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_tables WHERE schemaname = $1 AND tablename = $2)`,
+			schemaName, table).Scan(&ok)
+		return ok, err
+	}
+	if ok, err := exists(); err != nil || ok {
+		return err
+	}
+	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		// goose v3's statements for PostgreSQL (internal/dialects/postgres.go).
+		if _, err := tx.Exec(ctx, `CREATE TABLE `+versionTable()+` (
+		id integer PRIMARY KEY GENERATED BY DEFAULT AS IDENTITY,
+		version_id bigint NOT NULL,
+		is_applied boolean NOT NULL,
+		tstamp timestamp NOT NULL DEFAULT now()
+	)`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO `+versionTable()+` (version_id, is_applied) VALUES ($1, $2)`, 0, true)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	// duplicate_table, or unique_violation on pg_type: a concurrent CREATE won.
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P07" || pgErr.Code == "23505") {
+		if ok, err := exists(); err != nil || ok {
+			return err
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("create version table %s: %w", migrations.VersionTable, err)
+	}
+	return nil
+}
+
+// pendingMigrations returns the migrations to apply, in version order, as goose's
+// provider chooses them: a version is applied if the version table has a row for it
+// (goose deletes the row when it migrates down). A file older than the newest applied
+// version but not applied itself is an error, as it is for goose without
+// -allow-missing: migrations are append-only, so it means the table was edited.
+func pendingMigrations(ctx context.Context, conn *pgx.Conn, files []migration) ([]migration, error) {
+	rows, _ := conn.Query(ctx, `SELECT version_id FROM `+versionTable())
+	applied, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", migrations.VersionTable, err)
+	}
+	if len(applied) == 0 {
+		return nil, fmt.Errorf("%s: missing zero version migration", migrations.VersionTable)
+	}
+	dbMax := slices.Max(applied)
+	var missing []string
+	var pending []migration
+	for _, m := range files {
+		switch {
+		case slices.Contains(applied, m.version):
+		case m.version < dbMax:
+			missing = append(missing, strconv.FormatInt(m.version, 10))
+		default:
+			pending = append(pending, m)
+		}
+	}
+	if len(missing) > 0 {
+		return nil, fmt.Errorf("%s: detected %d missing (out-of-order) migrations lower than database version (%d): %s",
+			migrations.VersionTable, len(missing), dbMax, strings.Join(missing, ","))
+	}
+	return pending, nil
+}
+
+// collect returns the migration files of fsys (*.sql at its root), in version order.
+// Every one must be named as goose wants, NNNNN_name.sql, with a version of its own.
+func collect(fsys fs.FS) ([]migration, error) {
+	names, err := fs.Glob(fsys, "*.sql")
+	if err != nil {
+		return nil, err
+	}
+	var files []migration
+	for _, name := range names {
+		v, err := fileVersion(name)
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: %w", name, err)
+		}
+		if i := slices.IndexFunc(files, func(m migration) bool { return m.version == v }); i >= 0 {
+			return nil, fmt.Errorf("found duplicate migration version %d: %s and %s", v, files[i].name, name)
+		}
+		files = append(files, migration{version: v, name: name})
+	}
+	slices.SortFunc(files, func(a, b migration) int { return cmp.Compare(a.version, b.version) })
+	return files, nil
 }
 
 // Version returns the applied schema version and the newest one this build knows.
 //
 // It takes no lock, so it answers at once even while a migration runs (or another
-// process holds goose's migration lock): the applied version is read with a plain
-// SELECT from goose's version table, as goose itself reads it (the highest
-// version_id), and the newest one from the names of the embedded migration files.
-// A database without the version table or without the kagzi schema (never migrated)
-// is at version 0. Unlike goose's provider, Version never creates either.
+// process holds the migration lock): the applied version is read with a plain SELECT
+// from the version table, as goose itself reads it (the highest version_id), and the
+// newest one from the names of the embedded migration files. A database without the
+// version table or without the kagzi schema (never migrated) is at version 0. Unlike
+// Up, Version never creates either.
 func Version(ctx context.Context, pool *pgxpool.Pool) (current, latest int64, err error) {
 	if latest, err = Latest(); err != nil {
 		return 0, 0, err
@@ -68,19 +263,14 @@ func Latest() (int64, error) {
 }
 
 var latestOnce = sync.OnceValues(func() (int64, error) {
-	files, err := fs.Glob(migrations.FS, "*.sql")
+	files, err := collect(migrations.FS)
 	if err != nil {
 		return 0, err
 	}
-	var latest int64
-	for _, f := range files {
-		v, err := goose.NumericComponent(f)
-		if err != nil {
-			return 0, fmt.Errorf("migration %s: %w", f, err)
-		}
-		latest = max(latest, v)
+	if len(files) == 0 {
+		return 0, nil
 	}
-	return latest, nil
+	return files[len(files)-1].version, nil
 })
 
 // versionTable returns migrations.VersionTable quoted for SQL.
@@ -112,20 +302,4 @@ func ensureSchema(ctx context.Context, pool *pgxpool.Pool) error {
 		return fmt.Errorf("create schema %s: %w", migrations.Schema, err)
 	}
 	return nil
-}
-
-func provider(pool *pgxpool.Pool) (*goose.Provider, func(), error) {
-	db := stdlib.OpenDBFromPool(pool)
-	locker, err := lock.NewPostgresSessionLocker()
-	if err != nil {
-		db.Close()
-		return nil, nil, fmt.Errorf("migration lock: %w", err)
-	}
-	p, err := goose.NewProvider(goose.DialectPostgres, db, migrations.FS,
-		goose.WithTableName(migrations.VersionTable), goose.WithSessionLocker(locker))
-	if err != nil {
-		db.Close()
-		return nil, nil, err
-	}
-	return p, func() { db.Close() }, nil
 }
