@@ -295,7 +295,7 @@ func BenchmarkClaimWithFinishedRuns(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StartTimer()
-				got, err := store.ClaimRuns(ctx, pool, "default", types, versions, "bench", time.Minute, 1)
+				got, err := store.ClaimRuns(ctx, pool, store.Claimer{Namespace: "default", Types: types, Versions: versions, WorkerID: "bench", Lease: time.Minute, Cursors: map[string]string{}}, 1)
 				if err != nil || len(got) != 1 {
 					b.Fatalf("claimed %d, %v", len(got), err)
 				}

@@ -54,6 +54,9 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	if o.id != "" {
 		return nil, invalidArgument("child %q: WithID is not allowed; a child's workflow id derives from its parent", name)
 	}
+	if o.debounce != nil {
+		return nil, invalidArgument("child %q: WithDebounce is not allowed; a child is started once", name)
+	}
 	key, pos, err := ctx.nextKey(name, KindChild)
 	if err != nil {
 		return nil, err

@@ -23,6 +23,7 @@ const (
 	crashBlockEnv       = "KAGZI_TEST_CRASH_BLOCK"         // "1": the "block" step hangs
 	crashFreezeEnv      = "KAGZI_TEST_CRASH_FREEZE"        // "1": the process stops itself after its first claim (see freezingWorkflow)
 	crashMaxTakeoverEnv = "KAGZI_TEST_CRASH_MAX_TAKEOVERS" // WorkerConfig.MaxTakeovers
+	crashSlotsEnv       = "KAGZI_TEST_CRASH_SLOTS"         // WorkerConfig.MaxConcurrent (default 20)
 )
 
 // crashy records every execution of every step body in the effects table, so the
@@ -84,10 +85,14 @@ func runCrashWorker() int {
 	if n, err := strconv.Atoi(os.Getenv(crashMaxTakeoverEnv)); err == nil {
 		cfg.MaxTakeovers = n
 	}
+	if n, err := strconv.Atoi(os.Getenv(crashSlotsEnv)); err == nil {
+		cfg.MaxConcurrent = n
+	}
 	block := os.Getenv(crashBlockEnv) == "1"
 	w, err := kagzi.NewWorker(client, cfg, crashyWorkflow(pool, block),
 		chaoticWorkflow(pool), stallingWorkflow(pool), fanOutWorkflow(pool, block),
-		freezingWorkflow(pool), poisonWorkflow(pool), steadyWorkflow)
+		freezingWorkflow(pool), poisonWorkflow(pool), steadyWorkflow,
+		ledgeredWorkflow(pool, "limited"), ledgeredWorkflow(pool, "rated"))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

@@ -74,12 +74,10 @@ func (w *Worker) heartbeat(ctx context.Context) {
 	}
 }
 
-// prune deletes finished runs past the retention, a few small batches per interval,
-// so that no statement holds many locks for long.
+// prune deletes finished runs past the retention (none when it is negative), a few
+// small batches per interval so that no statement holds many locks for long, and the
+// flow-control rate windows no limit can count any more.
 func (w *Worker) prune(ctx context.Context) {
-	if w.client.retention < 0 {
-		return
-	}
 	t := time.NewTicker(w.cfg.PruneInterval)
 	defer t.Stop()
 	for {
@@ -88,23 +86,32 @@ func (w *Worker) prune(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		var total int64
-		for range 10 {
-			n, err := store.PruneFinished(ctx, w.client.pool, w.client.ns, w.client.retention, 500)
-			if err != nil {
-				if ctx.Err() == nil {
-					w.logger.Warn("kagzi: pruning finished runs failed", "error", err)
-				}
-				break
-			}
-			total += n
-			if n < 500 {
-				break
-			}
+		if _, err := store.PruneFlowRates(ctx, w.client.pool, w.client.ns); err != nil && ctx.Err() == nil {
+			w.logger.Warn("kagzi: pruning rate windows failed", "error", err)
 		}
-		if total > 0 {
-			w.pruned.Add(total)
-			w.logger.Info("kagzi: pruned finished runs", "runs", total, "retention", w.client.retention)
+		if w.client.retention >= 0 {
+			w.pruneFinished(ctx)
 		}
+	}
+}
+
+func (w *Worker) pruneFinished(ctx context.Context) {
+	var total int64
+	for range 10 {
+		n, err := store.PruneFinished(ctx, w.client.pool, w.client.ns, w.client.retention, 500)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logger.Warn("kagzi: pruning finished runs failed", "error", err)
+			}
+			break
+		}
+		total += n
+		if n < 500 {
+			break
+		}
+	}
+	if total > 0 {
+		w.pruned.Add(total)
+		w.logger.Info("kagzi: pruned finished runs", "runs", total, "retention", w.client.retention)
 	}
 }

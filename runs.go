@@ -77,6 +77,14 @@ type RunInfo struct {
 	// from (see Client.Fork).
 	ForkedFromRunID string `json:"forked_from_run_id,omitempty"`
 	ForkedFromStep  string `json:"forked_from_step,omitempty"`
+	// Priority, ConcurrencyKey and DebounceKey are the run's flow-control options (see
+	// WithPriority, WithConcurrencyKey, WithDebounce).
+	Priority       int    `json:"priority,omitempty"`
+	ConcurrencyKey string `json:"concurrency_key,omitempty"`
+	DebounceKey    string `json:"debounce_key,omitempty"`
+	// Hold, filled by GetRun for a PENDING run that could be claimed now, tells the
+	// flow-control limit that holds it back (see SetLimits); nil when none does.
+	Hold *Hold `json:"hold,omitempty"`
 }
 
 func runInfo(r store.Run) RunInfo {
@@ -111,6 +119,13 @@ func runInfo(r store.Run) RunInfo {
 	if r.ForkedFromStep != nil {
 		info.ForkedFromStep = *r.ForkedFromStep
 	}
+	info.Priority = r.Priority
+	if r.FlowKey != nil {
+		info.ConcurrencyKey = *r.FlowKey
+	}
+	if r.DebounceKey != nil {
+		info.DebounceKey = *r.DebounceKey
+	}
 	return info
 }
 
@@ -134,6 +149,9 @@ func (c *Client) GetRun(ctx context.Context, runID string) (*RunInfo, error) {
 		return nil, wrapStoreErr("kagzi: get run "+runID, err)
 	}
 	info := c.decodeRunInfo(runInfo(r))
+	if info.Hold, err = c.hold(ctx, r); err != nil {
+		return nil, dbError("kagzi: get run "+runID, err)
+	}
 	return &info, nil
 }
 

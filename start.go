@@ -39,6 +39,13 @@ type startOptions struct {
 	reuse    IDReuse
 	deadline time.Time
 	timeout  time.Duration
+
+	// Flow control (flow.go).
+	priority    int
+	prioritySet bool
+	flowKey     string
+	flowKeySet  bool
+	debounce    *store.Debounce
 }
 
 // WithID sets the workflow id, the run's idempotency key in its namespace (for
@@ -212,6 +219,10 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	for _, opt := range opts {
 		opt(&o)
 	}
+	var n store.NewRun
+	if err := o.flowOptions(&n); err != nil {
+		return nil, err
+	}
 	runID, err := uuid.NewV7()
 	if err != nil {
 		return nil, fmt.Errorf("kagzi: start: %w", err)
@@ -237,11 +248,9 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	}
 	// Without a version, the run takes the newest one a live worker registered (none:
 	// the first claim pins it), looked up by the start's own statement.
-	n := store.NewRun{
-		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType,
-		Version: o.version, NewestVersion: o.version == nil,
-		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
-	}
+	n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType = runID, c.ns, o.id, workflowType
+	n.Version, n.NewestVersion = o.version, o.version == nil
+	n.Input, n.StartAt, n.ReuseNever, n.Deadline = input, startAt, o.reuse == IDReuseNever, deadline
 	if link != nil {
 		link(&n)
 	}

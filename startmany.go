@@ -31,8 +31,15 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 	if o.id != "" {
 		return nil, invalidArgument("StartMany generates the workflow ids; WithID is not allowed")
 	}
-	startAt, deadline, err := o.times(time.Now())
-	if err != nil {
+	if o.debounce != nil {
+		return nil, invalidArgument("StartMany starts every input; WithDebounce is not allowed")
+	}
+	like := store.NewRun{Namespace: c.ns, WorkflowType: wf.name, Version: o.version}
+	if err := o.flowOptions(&like); err != nil {
+		return nil, err
+	}
+	var err error
+	if like.StartAt, like.Deadline, err = o.times(time.Now()); err != nil {
 		return nil, err
 	}
 	ids := make([]uuid.UUID, len(inputs))
@@ -62,7 +69,7 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 			carriers[i] = n.Carrier
 		}
 	}
-	err = store.InsertRuns(ctx, c.pool, c.ns, wf.name, o.version, ids, encoded, carriers, startAt, deadline)
+	err = store.InsertRunsLike(ctx, c.pool, like, ids, encoded, carriers)
 	for i, h := range hooked {
 		c.hookStartEnd(h.ctx, h.e, store.Run{RunID: ids[i], WorkflowType: wf.name}, err == nil, err)
 	}

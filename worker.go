@@ -116,6 +116,9 @@ type Worker struct {
 	slotFree chan struct{}
 	// rt is what the executions need of the worker (set by Run).
 	rt *runtime
+	// claimer is who claims, with the worker's cursors in the concurrency-key queues
+	// (used by the claim loop alone).
+	claimer store.Claimer
 }
 
 // idleGoroutineTime is how long a worker keeps a goroutine that has no run to execute.
@@ -277,6 +280,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	goroutines := gopool.New(idleGoroutineTime)
 	defer goroutines.Close()
 	w.rt = w.runtime(goroutines)
+	w.claimer = store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
+		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}}
 	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
 	err := w.loop(ctx, sub)
 	w.setStatus(WorkerDraining)

@@ -11,6 +11,8 @@
 //	kagzi workers list [--status S,...] [--type T] [--limit N] [--page-token T]
 //	kagzi schedules list [--type T] [--paused|--active] [--limit N] [--page-token T]
 //	kagzi schedules show|pause|resume|trigger SCHEDULE_ID
+//	kagzi limits list | get TYPE | delete TYPE
+//	kagzi limits set TYPE [--concurrency N] [--key-concurrency N] [--rate N --rate-period D] [--key-rate N --key-rate-period D]
 //	kagzi serve-admin [--addr HOST:PORT] [--all-namespaces | --namespaces A,B] [--tls-cert F --tls-key F] [--client-ca F] [--insecure]
 //	kagzi version
 //
@@ -58,6 +60,11 @@ Usage:
   kagzi schedules pause ID              stop a schedule from firing
   kagzi schedules resume ID             resume it (no back-fill of missed ticks)
   kagzi schedules trigger ID            fire one extra run of it now
+  kagzi limits list                     list the flow-control limits of the namespace's workflow types
+  kagzi limits get TYPE                 show a workflow type's limits
+  kagzi limits set TYPE [limits]        set (replace) a type's limits; they apply from every worker's next claim
+        --concurrency N  --key-concurrency N  --rate N --rate-period D  --key-rate N --key-rate-period D
+  kagzi limits delete TYPE              remove a type's limits
   kagzi serve-admin [options]           serve the read-only admin gRPC API (kagzi.v1.AdminService)
         --addr HOST:PORT (default 127.0.0.1:50051)
         --all-namespaces | --namespaces A,B   namespaces served besides --namespace
@@ -193,6 +200,8 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 			return a.scheduleAction(ctx, sub, args)
 		}
 		return usagef("schedules: want list, show, pause, resume or trigger, got %q", sub)
+	case "limits":
+		return a.limits(ctx, sub, dropFirst(args, sub))
 	case "serve-admin":
 		return a.serveAdmin(ctx, args)
 	}

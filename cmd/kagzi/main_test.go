@@ -705,3 +705,50 @@ func TestServeAdminServesALoopbackAddressWithoutATokenAsBefore(t *testing.T) {
 		}
 	}
 }
+
+func TestLimitsSetGetListDeleteAndRunsShowTellsWhatHoldsARun(t *testing.T) {
+	f := newFixture(t)
+	out := ok(t, f.url, "limits", "set", "later", "--concurrency", "1", "--rate", "1", "--rate-period", "1h")
+	if !regexp.MustCompile(`(?m)^later\s+1\s+-\s+1/1h0m0s\s+-\s+`).MatchString(out) {
+		t.Fatalf("limits set:\n%s", out)
+	}
+	got := decode[kagzi.Limits](t, ok(t, f.url, "limits", "get", "later", "--json"))
+	if got.Concurrency != 1 || got.Rate != 1 || got.RatePeriod != time.Hour {
+		t.Fatalf("limits get --json: %+v", got)
+	}
+	type listJSON struct {
+		Limits []kagzi.Limits `json:"limits"`
+	}
+	if l := decode[listJSON](t, ok(t, f.url, "limits", "list", "--json")); len(l.Limits) != 1 || l.Limits[0].WorkflowType != "later" {
+		t.Fatalf("limits list --json: %+v", l)
+	}
+	if r := kagziCmd(t, f.url, "limits", "set", "later", "--concurrency", "-2"); r.code != 1 || !strings.Contains(r.stderr, "invalid argument") {
+		t.Fatalf("limits set with a negative limit: exit %d, %q", r.code, r.stderr)
+	}
+	if r := kagziCmd(t, f.url, "limits", "get", "nothing"); r.code != 1 || !strings.Contains(r.stderr, "has no limits") {
+		t.Fatalf("limits get of a type without limits: exit %d, %q", r.code, r.stderr)
+	}
+	// A run of the type, begun by a worker, fills the hour's rate window: the next one
+	// shows the rate hold in runs show.
+	ctx := context.Background()
+	if _, err := f.pool.Exec(ctx, `SELECT kagzi.flow_rate_room('default', 'later', '', 1, 3600000),
+		kagzi.flow_rate_add('default', 'later', '', 3600000, 1)`); err != nil {
+		t.Fatal(err)
+	}
+	held, err := f.client.StartByName(ctx, "later", 2, kagzi.WithPriority(5), kagzi.WithConcurrencyKey("acme"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out = ok(t, f.url, "runs", "show", held.RunID)
+	for _, want := range []string{"Priority:", "Concurrency key:", "acme", "Held:", "held by the rate limit until"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("runs show of a held run lacks %q:\n%s", want, out)
+		}
+	}
+	if out := ok(t, f.url, "limits", "delete", "later"); !strings.Contains(out, "deleted") {
+		t.Fatalf("limits delete: %q", out)
+	}
+	if r := kagziCmd(t, f.url, "limits", "delete", "later"); r.code != 1 {
+		t.Fatalf("second limits delete: exit %d", r.code)
+	}
+}

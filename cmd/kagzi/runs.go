@@ -160,9 +160,21 @@ func (a *app) printRun(run *kagzi.RunInfo) {
 	kv.row("Created:", when(run.CreatedAt))
 	kv.row("Started:", whenp(run.StartedAt))
 	kv.row("Finished:", whenp(run.FinishedAt))
+	if run.Priority != 0 {
+		kv.row("Priority:", fmt.Sprint(run.Priority))
+	}
+	if run.ConcurrencyKey != "" {
+		kv.row("Concurrency key:", run.ConcurrencyKey)
+	}
+	if run.DebounceKey != "" {
+		kv.row("Debounce key:", run.DebounceKey)
+	}
 	switch run.Status {
 	case kagzi.StatusPending, kagzi.StatusSleeping:
 		kv.row("Next claim:", when(run.AvailableAt))
+		if run.Hold != nil {
+			kv.row("Held:", run.Hold.String())
+		}
 	case kagzi.StatusRunning:
 		kv.row("Worker:", run.LockedBy+" (lease until "+when(run.AvailableAt)+")")
 	}

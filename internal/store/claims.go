@@ -29,7 +29,9 @@ type ClaimedRun struct {
 	// Takeovers counts the claims, this one included, that took the run over after
 	// its worker's lease passed.
 	Takeovers int
-	Steps     map[string]StepRecord
+	// ConcurrencyKey is the run's concurrency key ("": none).
+	ConcurrencyKey string
+	Steps          map[string]StepRecord
 	// AvailableAt is when the run became claimable (before this claim); Carrier the
 	// trace context stored at its start (nil: none).
 	AvailableAt time.Time
@@ -48,56 +50,32 @@ type StepRecord struct {
 	WakeAt   *time.Time
 }
 
-// claimSQL claims up to $4 claimable runs of the worker's types in one statement:
-// PENDING runs whose start time has come, SLEEPING runs whose wake time has come,
-// and RUNNING runs whose lease expired (their worker died or stalled). It reads only
-// the partial index runs_claimable, one ordered index range per workflow type (a
-// single range over all types could not come out in available_at order, and the
-// planner would sort every claimable run on each claim), and SKIP LOCKED lets any
-// number of workers claim side by side without waiting on each other. Each claim
-// bumps the lease epoch. A worker claims only the versions it registered ($6,
-// parallel to the types $2); a run started without a version is pinned to the
-// claiming worker's. It also tells, per run, whether the run can have recorded steps:
-// only a run claimed before (its epoch was already bumped) or a fork (its steps were
-// copied in before its first claim) can; every other step write is fenced by the
-// run's own lease.
+// claimSQL claims up to $7 claimable runs of the worker's types ($2, with the version
+// it registered for each, $3) in one call of kagzi.claim (migration 00003), which
+// applies flow control: PENDING runs whose start time has come, SLEEPING runs whose
+// wake time has come, RUNNING runs whose lease expired (their worker died or stalled),
+// and the heads of concurrency keys' queues with room; each claim bumps the lease
+// epoch, and a claim of a RUNNING run counts a takeover. $4 holds the worker's key
+// cursor of each type (the last key it visited: see the rows without a run). The runs
+// of no key of types without limits are read from runs_claimable, one ordered range
+// per type, and SKIP LOCKED lets any number of workers claim side by side.
 //
-// It runs with Postgres's generic plan (see genericPlanSQL and KeyedPlansSQL): planning it anew at each
-// claim, as Postgres chose to, took 0.26 ms, more than the claim of one run itself
-// (0.15 ms). The redundant "= ANY (ARRAY(...))" keeps that plan reading runs by its
-// primary key: a generic plan cannot know the limit $4 and assumes a tenth of the
-// claimable runs, for which a join through a sequential scan of runs looked cheaper.
-const claimSQL = `
-WITH locked AS (
-	SELECT c.run_id, c.available_at, t.version AS claim_version
-	FROM unnest($2::text[], $6::text[]) AS t(workflow_type, version),
-	LATERAL (
-		SELECT run_id, available_at FROM kagzi.runs
-		WHERE namespace = $1 AND workflow_type = t.workflow_type
-		  AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at <= now()
-		  AND (version IS NULL OR version = t.version)
-		ORDER BY available_at
-		LIMIT $4
-		FOR UPDATE SKIP LOCKED
-	) c
-	ORDER BY c.available_at
-	LIMIT $4
-)
-UPDATE kagzi.runs r SET
-	status = 'RUNNING',
-	locked_by = $3,
-	lease_epoch = r.lease_epoch + 1,
-	available_at = now() + $5 * interval '1 millisecond',
-	started_at = coalesce(r.started_at, now()),
-	waiting_signal = NULL, wake_pending = false,
-	version = coalesce(r.version, locked.claim_version),
-	takeovers = r.takeovers + CASE WHEN r.status = 'RUNNING' THEN 1 ELSE 0 END,
-	updated_at = now()
-FROM locked
-WHERE r.run_id = locked.run_id AND r.run_id = ANY (ARRAY(SELECT run_id FROM locked))
-RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.version, r.input, r.attempt,
-	r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now(), locked.available_at, r.trace_carrier,
-	r.lease_epoch > 1 OR r.forked_from_run_id IS NOT NULL, r.takeovers`
+// It runs with Postgres's generic plans (see genericPlanSQL and KeyedPlansSQL):
+// planning the claim anew at each call, as Postgres chose to, took 0.26 ms, more than
+// the claim of one run itself (0.15 ms).
+const claimSQL = `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7)`
+
+// Claimer is who claims: a worker of a namespace, the workflow types it registered
+// (with the version of each), and its lease. Cursors holds the last key the worker
+// visited in each type's concurrency-key queues: ClaimRuns reads and advances it.
+type Claimer struct {
+	Namespace string
+	Types     []string
+	Versions  []string
+	WorkerID  string
+	Lease     time.Duration
+	Cursors   map[string]string
+}
 
 // claimedStepsSQL loads the recorded steps of runs the caller has just claimed ($1).
 // It runs after the claim committed, so it sees every step the previous owner
@@ -112,27 +90,54 @@ FROM kagzi.steps WHERE run_id = ANY($1)`
 // after a sleep, a retry, a crash or a hand-back, or a fork). The claim has committed
 // by then: when the steps cannot be loaded, the claimed runs are handed back at once
 // (or, if that fails too, when their lease passes) and the error returned.
-func ClaimRuns(ctx context.Context, db DBTX, namespace string, types, versions []string, workerID string,
-	lease time.Duration, limit int) ([]ClaimedRun, error) {
-	rows, err := queryAfter(ctx, db, genericPlanSQL, claimSQL, namespace, types, workerID, limit, lease.Milliseconds(), versions)
+func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) ([]ClaimedRun, error) {
+	cursors := make([]string, len(c.Types))
+	for i, t := range c.Types {
+		cursors[i] = c.Cursors[t]
+	}
+	rows, err := queryAfter(ctx, db, genericPlanSQL, claimSQL, c.Namespace, c.Types, c.Versions, cursors,
+		c.WorkerID, c.Lease.Milliseconds(), limit)
 	if err != nil {
 		return nil, err
 	}
 	var resumed [][16]byte
 	var claimed []ClaimedRun
 	for rows.Next() {
-		var c ClaimedRun
-		var hasSteps bool
-		if err := rows.Scan(&c.RunID, &c.Namespace, &c.WorkflowID, &c.WorkflowType, &c.Version, &c.Input, &c.Attempt,
-			&c.Epoch, &c.CancelRequested, &c.Deadline, &c.CreatedAt, &c.DBNow, &c.AvailableAt, &c.Carrier, &hasSteps, &c.Takeovers); err != nil {
+		var r ClaimedRun
+		var id *uuid.UUID
+		var hasSteps *bool
+		var key *string
+		var epoch *int64
+		var attempt, takeovers *int
+		var dbNow, availableAt, createdAt *time.Time
+		var workflowID, version *string
+		var cancelRequested *bool
+		if err := rows.Scan(&id, &r.Namespace, &workflowID, &r.WorkflowType, &version, &r.Input, &attempt,
+			&epoch, &cancelRequested, &r.Deadline, &createdAt, &dbNow, &availableAt, &r.Carrier, &hasSteps,
+			&takeovers, &key); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		c.Steps = map[string]StepRecord{}
-		if hasSteps {
-			resumed = append(resumed, c.RunID)
+		if id == nil { // a type's next key cursor
+			if key != nil {
+				c.Cursors[r.WorkflowType] = *key
+			}
+			continue
 		}
-		claimed = append(claimed, c)
+		r.RunID, r.WorkflowID, r.Attempt, r.Epoch, r.Takeovers = *id, *workflowID, *attempt, *epoch, *takeovers
+		r.CancelRequested = *cancelRequested
+		if version != nil {
+			r.Version = *version
+		}
+		r.CreatedAt, r.DBNow, r.AvailableAt = *createdAt, *dbNow, *availableAt
+		if key != nil {
+			r.ConcurrencyKey = *key
+		}
+		r.Steps = map[string]StepRecord{}
+		if *hasSteps {
+			resumed = append(resumed, r.RunID)
+		}
+		claimed = append(claimed, r)
 	}
 	rows.Close() // after the commit: Err tells whether it failed
 	if err := rows.Err(); err != nil {
@@ -188,8 +193,31 @@ func NextWake(ctx context.Context, db DBTX, namespace string, types, versions []
 }
 
 const nextWakeSQL = `
-SELECT min(available_at) FROM kagzi.runs
-WHERE namespace = $1 AND workflow_type = ANY($2)
-  AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
-  AND (status <> 'RUNNING' OR locked_by IS DISTINCT FROM $3)
-  AND (version IS NULL OR (workflow_type, version) IN (SELECT * FROM unnest($2::text[], $4::text[])))`
+SELECT least(
+	(SELECT min(r.available_at) FROM kagzi.runs r
+	 WHERE r.namespace = $1 AND r.workflow_type = ANY($2)
+	   AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at IS NOT NULL
+	   AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)
+	   AND (r.status <> 'RUNNING' OR r.locked_by IS DISTINCT FROM $3)
+	   AND (r.version IS NULL OR (r.workflow_type, r.version) IN (SELECT * FROM unnest($2::text[], $4::text[])))
+	   -- A claimable run that a concurrency or rate limit holds back is not a time to
+	   -- claim at: a holder that stops notifies, and a rate window's time is below.
+	   AND (r.available_at > now() OR NOT EXISTS (SELECT 1 FROM kagzi.flow_limits l
+	       WHERE l.namespace = $1 AND l.workflow_type = r.workflow_type
+	         AND (l.concurrency IS NOT NULL OR l.rate IS NOT NULL)))),
+	-- The first future start in the concurrency keys' queues (runs_key_due).
+	(SELECT min(d.available_at) FROM unnest($2::text[]) AS t(workflow_type), LATERAL (
+		SELECT q.available_at FROM kagzi.runs q
+		WHERE q.namespace = $1 AND q.workflow_type = t.workflow_type
+		  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING' AND q.available_at > now()
+		ORDER BY q.available_at LIMIT 1) d),
+	-- When a full rate window admits again (a window that already admits holds
+	-- nothing back, so a time past is none).
+	(SELECT min(n) FROM (
+		SELECT kagzi.flow_rate_next(l.namespace, l.workflow_type, '', l.rate, l.rate_period_ms) AS n
+		FROM kagzi.flow_limits l WHERE l.namespace = $1 AND l.workflow_type = ANY($2) AND l.rate IS NOT NULL
+		UNION ALL
+		SELECT kagzi.flow_rate_next(w.namespace, w.workflow_type, w.flow_key, l.key_rate, l.key_rate_period_ms)
+		FROM kagzi.flow_rates w JOIN kagzi.flow_limits l USING (namespace, workflow_type)
+		WHERE w.namespace = $1 AND w.workflow_type = ANY($2) AND w.flow_key <> '' AND l.key_rate IS NOT NULL
+	) rates WHERE n > now()))`

@@ -42,7 +42,7 @@ func TestAClaimLoadsTheRecordedStepsOfTheRunsItClaimsAndOfNoOther(t *testing.T) 
 	}
 	seen := map[uuid.UUID]bool{}
 	for claim := range 3 {
-		claimed, err := ClaimRuns(ctx, pool, "default", []string{"wf"}, []string{"v1"}, "w", time.Minute, 1)
+		claimed, err := ClaimRuns(ctx, pool, testClaimer("wf"), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +69,7 @@ func TestAClaimLoadsTheRecordedStepsOfTheRunsItClaimsAndOfNoOther(t *testing.T) 
 	if len(seen) != 3 {
 		t.Fatalf("claimed %d distinct runs, want 3", len(seen))
 	}
-	claimed, err := ClaimRuns(ctx, pool, "default", []string{"wf"}, []string{"v1"}, "w", time.Minute, 10)
+	claimed, err := ClaimRuns(ctx, pool, testClaimer("wf"), 10)
 	if err != nil || len(claimed) != 0 {
 		t.Fatalf("a claim with nothing left got %d runs, %v", len(claimed), err)
 	}
@@ -103,7 +103,7 @@ func TestALookupByWorkflowIDReadsItsTwoPartialIndexesEvenBeforeTheTableIsAnalyze
 	}
 	for name, p := range map[string]string{
 		"GetRunByWorkflowID": plan(`SELECT * FROM (`+newestByWorkflowIDSQL("$1", "$2", "true")+`) r`, "default", "id-7"),
-		"Start":              plan(insertRunSQL, uuid.Must(uuid.NewV7()), "default", "id-7", "wf", []byte(`1`), nil, true, nil, nil, nil, nil, nil, nil, nil, nil, nil, false, false),
+		"Start":              plan(insertRunSQL, uuid.Must(uuid.NewV7()), "default", "id-7", "wf", []byte(`1`), nil, true, nil, nil, nil, nil, nil, nil, nil, nil, nil, false, false, 0, ""),
 	} {
 		for _, index := range []string{"runs_one_active_per_workflow_id", "runs_finished_by_workflow_id"} {
 			if !strings.Contains(p, index) {
@@ -141,7 +141,7 @@ func TestAClaimWhoseStepsCannotBeLoadedHandsItsRunsBackAtOnce(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET lease_epoch = 1 WHERE run_id = $1`, ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := ClaimRuns(ctx, failingStepsLoad{pool}, "default", []string{"wf"}, []string{"v1"}, "w", time.Minute, 10)
+	claimed, err := ClaimRuns(ctx, failingStepsLoad{pool}, testClaimer("wf"), 10)
 	if !errors.Is(err, errStepsLoad) || claimed != nil {
 		t.Fatalf("got %d runs and %v, want no run and the load's error", len(claimed), err)
 	}
@@ -153,7 +153,7 @@ func TestAClaimWhoseStepsCannotBeLoadedHandsItsRunsBackAtOnce(t *testing.T) {
 	if pending != 2 {
 		t.Fatalf("%d of 2 runs claimable again, want both handed back at once", pending)
 	}
-	claimed, err = ClaimRuns(ctx, pool, "default", []string{"wf"}, []string{"v1"}, "w", time.Minute, 10)
+	claimed, err = ClaimRuns(ctx, pool, testClaimer("wf"), 10)
 	if err != nil || len(claimed) != 2 {
 		t.Fatalf("the next claim got %d runs, %v; want both", len(claimed), err)
 	}
@@ -161,7 +161,7 @@ func TestAClaimWhoseStepsCannotBeLoadedHandsItsRunsBackAtOnce(t *testing.T) {
 
 func TestAClaimUsesItsGenericPlanAndLeavesTheSessionsPlanSettingAlone(t *testing.T) {
 	t.Parallel()
-	pool, _ := testdb.NewPool(t)
+	pool, url := testdb.NewPool(t)
 	ctx := context.Background()
 	analyzedPendingRuns(t, pool, 500)
 	conn, err := pool.Acquire(ctx)
@@ -171,7 +171,7 @@ func TestAClaimUsesItsGenericPlanAndLeavesTheSessionsPlanSettingAlone(t *testing
 	defer conn.Release()
 	const claims = 10
 	for range claims {
-		claimed, err := ClaimRuns(ctx, conn, "default", []string{"wf"}, []string{"v1"}, "w", time.Minute, 5)
+		claimed, err := ClaimRuns(ctx, conn, testClaimer("wf"), 5)
 		if err != nil || len(claimed) != 5 {
 			t.Fatalf("claimed %d runs (%v), want 5", len(claimed), err)
 		}
@@ -188,23 +188,66 @@ func TestAClaimUsesItsGenericPlanAndLeavesTheSessionsPlanSettingAlone(t *testing
 	if err := conn.QueryRow(ctx, "SHOW plan_cache_mode").Scan(&mode); err != nil || mode != "auto" {
 		t.Fatalf("plan_cache_mode is %q after the claims (%v), want auto", mode, err)
 	}
-	// The generic plan reads the claimed runs by their key, not through a scan of runs.
-	if _, err := conn.Exec(ctx, "SET plan_cache_mode = force_generic_plan"); err != nil {
-		t.Fatal(err)
+	// The claim's statements (inside kagzi.claim) read runs through their indexes.
+	for _, plan := range nestedPlans(t, url, func(conn *pgx.Conn) {
+		for range claims {
+			if _, err := ClaimRuns(ctx, conn, testClaimer("wf"), 5); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}) {
+		if strings.Contains(plan, "Seq Scan on runs") || strings.Contains(plan, "Bitmap Heap Scan on runs") {
+			t.Fatalf("a statement of the claim scans runs:\n%s", plan)
+		}
 	}
-	defer conn.Exec(ctx, "RESET plan_cache_mode")
-	rows, err := conn.Query(ctx, "EXPLAIN (FORMAT TEXT) EXECUTE "+claimStatementName(t, conn)+
-		"('default', ARRAY['wf'], 'w', 5, 60000, ARRAY['v1'])")
+}
+
+// nestedPlans returns the plans of every statement that run makes a new connection to
+// url execute, those inside functions included, as auto_explain logs them.
+func nestedPlans(t *testing.T, url string, run func(conn *pgx.Conn)) []string {
+	t.Helper()
+	ctx := context.Background()
+	cfg, err := pgx.ParseConfig(url)
 	if err != nil {
 		t.Fatal(err)
 	}
-	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	var mu sync.Mutex
+	var plans []string
+	cfg.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+		if strings.Contains(n.Message, "Query Text:") {
+			mu.Lock()
+			plans = append(plans, n.Message)
+			mu.Unlock()
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if text := strings.Join(plan, "\n"); strings.Contains(text, "Seq Scan") {
-		t.Fatalf("the claim's generic plan scans a table:\n%s", text)
+	defer conn.Close(ctx)
+	for _, sql := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+		"SET auto_explain.log_nested_statements = on", "SET client_min_messages = log"} {
+		if _, err := conn.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
 	}
+	run(conn)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(plans) == 0 {
+		t.Fatal("auto_explain logged no plan")
+	}
+	return plans
+}
+
+// testClaimer is the claimer of a worker "w" of the given types at version v1.
+func testClaimer(types ...string) Claimer {
+	versions := make([]string, len(types))
+	for i := range versions {
+		versions[i] = "v1"
+	}
+	return Claimer{Namespace: "default", Types: types, Versions: versions, WorkerID: "w", Lease: time.Minute,
+		Cursors: map[string]string{}}
 }
 
 func TestAClaimMakesPostgresWarnNothing(t *testing.T) {
@@ -228,7 +271,7 @@ func TestAClaimMakesPostgresWarnNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	claimed, err := ClaimRuns(ctx, conn, "default", []string{"wf"}, []string{"v1"}, "w", time.Minute, 5)
+	claimed, err := ClaimRuns(ctx, conn, testClaimer("wf"), 5)
 	if err != nil || len(claimed) != 5 {
 		t.Fatalf("claimed %d runs (%v), want 5", len(claimed), err)
 	}
@@ -237,17 +280,4 @@ func TestAClaimMakesPostgresWarnNothing(t *testing.T) {
 	if len(notices) != 0 {
 		t.Fatalf("a claim made Postgres send (and log) %q", notices)
 	}
-}
-
-// claimStatementName returns the name under which the connection prepared claimSQL.
-func claimStatementName(t *testing.T, conn interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}) string {
-	t.Helper()
-	var name string
-	if err := conn.QueryRow(context.Background(), `SELECT name FROM pg_prepared_statements WHERE statement = $1`,
-		claimSQL).Scan(&name); err != nil {
-		t.Fatal(err)
-	}
-	return pgx.Identifier{name}.Sanitize()
 }

@@ -47,7 +47,7 @@ func BenchmarkRunCycle(b *testing.B) {
 	b.ResetTimer()
 	done := 0
 	for done < b.N {
-		claimed, err := ClaimRuns(ctx, conn, "default", []string{"wf"}, []string{"v1"}, "w1", time.Minute, batch)
+		claimed, err := ClaimRuns(ctx, conn, testClaimer("wf"), batch)
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -113,8 +113,6 @@ func TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics(t *testing.
 		sql, args = w.stmt.Build(w.inputs[:1])
 		statements = append(statements, statement{name: "lone " + w.stmt.Name, settings: "SELECT 1", sql: sql, args: args})
 	}
-	statements = append(statements, statement{name: "claim", settings: genericPlanSQL, sql: claimSQL,
-		args: []any{"default", []string{"wf"}, "w", n, int64(60000), []string{"v1"}}})
 	ids, epochs := make([][16]byte, n), make([]int64, n)
 	for i, r := range ends {
 		ids[i], epochs[i] = r.(*FinishWrite).RunID, 1

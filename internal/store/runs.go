@@ -105,12 +105,16 @@ type Run struct {
 	// Takeovers counts the claims that took the run over after its worker's lease
 	// passed (see claimSQL).
 	Takeovers int
+	// Priority, FlowKey (its concurrency key) and DebounceKey: see migration 00003.
+	Priority    int
+	FlowKey     *string
+	DebounceKey *string
 }
 
 const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input, output, error,
 	attempt, available_at, locked_by, lease_epoch, cancel_requested, deadline_at, created_at,
 	started_at, finished_at, updated_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
-	version, forked_from_run_id, forked_from_step, takeovers`
+	version, forked_from_run_id, forked_from_step, takeovers, priority, flow_key, debounce_key`
 
 // runColumnsOfR is runColumns of a table aliased r.
 var runColumnsOfR = func() string {
@@ -147,7 +151,8 @@ func scanRun(row pgx.Row, extra ...any) (Run, error) {
 		&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
 		&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
 		&r.ScheduleID, &r.ScheduleTick, &r.ParentRunID, &r.ParentStepKey,
-		&r.Version, &r.ForkedFromRunID, &r.ForkedFromStep, &r.Takeovers}, extra...)...)
+		&r.Version, &r.ForkedFromRunID, &r.ForkedFromStep, &r.Takeovers, &r.Priority, &r.FlowKey, &r.DebounceKey},
+		extra...)...)
 	return r, err
 }
 
@@ -185,6 +190,21 @@ type NewRun struct {
 	NotifyLater bool
 	// Carrier, when set, is the trace context captured at the start (JSON object).
 	Carrier []byte
+	// Priority orders the run as if it had started Priority seconds earlier (a start
+	// time, StartAt, is kept as it is); FlowKey is its concurrency key ("": none).
+	Priority int
+	FlowKey  string
+	// Debounce, when set, makes the start one of a debounce key's: see InsertRun.
+	Debounce *Debounce
+}
+
+// Debounce collapses the starts of one key (in a namespace) within a window into one
+// run: a start of a key whose run has not started yet updates that run's input and
+// pushes its start to Window from now, but never past MaxWait after the first start.
+type Debounce struct {
+	Key     string
+	Window  time.Duration
+	MaxWait time.Duration
 }
 
 // runsCreatedSQL, followed by a FROM whose rows have namespace, created_at and run_id,
@@ -205,10 +225,11 @@ WITH prev AS (` + newestByWorkflowIDSQL("$2", "$3", "$7 AND id_reuse_never") + `
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
 		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
-		version, forked_from_run_id, forked_from_step, trace_carrier)
-	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now()), $8), $7, $8, nullif($9::text, ''), $10::timestamptz,
+		version, forked_from_run_id, forked_from_step, trace_carrier, priority, flow_key)
+	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now() - $19 * interval '1 second'), $8), $7, $8,
+		nullif($9::text, ''), $10::timestamptz,
 		$11::uuid, nullif($12::text, ''), coalesce($13::text, CASE WHEN $18 THEN (` + newestVersionSQL + `) END),
-		$14::uuid, nullif($15::text, ''), $16::jsonb
+		$14::uuid, nullif($15::text, ''), $16::jsonb, $19, nullif($20::text, '')
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
 	RETURNING ` + runColumns + `
@@ -237,9 +258,12 @@ func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, 
 		startAt = &n.StartAt
 	}
 	for range 5 {
+		if n.Debounce != nil {
+			return insertDebounced(ctx, db, n)
+		}
 		row := db.QueryRow(ctx, insertRunSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
 			n.Input, startAt, n.ReuseNever, n.Deadline, n.ScheduleID, n.ScheduleTick, n.ParentRunID, n.ParentStepKey,
-			n.Version, n.ForkedFromRunID, n.ForkedFromStep, n.Carrier, n.NotifyLater, n.NewestVersion)
+			n.Version, n.ForkedFromRunID, n.ForkedFromStep, n.Carrier, n.NotifyLater, n.NewestVersion, n.Priority, n.FlowKey)
 		var notified string
 		r, err := scanRun(row, &inserted, &notified)
 		if errors.Is(err, pgx.ErrNoRows) {
@@ -248,6 +272,40 @@ func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, 
 		return r, inserted, err
 	}
 	return Run{}, false, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
+}
+
+// insertDebouncedSQL starts a run of a debounce key, or, when the key's run has not
+// started yet, gives that run the new input ($5: the last start's input wins) and
+// pushes its start to $6 milliseconds from now, never past its debounce_until (the
+// first start plus the maximum wait, $13) nor its deadline. inserted tells which.
+var insertDebouncedSQL = `
+WITH ins AS (
+	INSERT INTO kagzi.runs AS r (run_id, namespace, workflow_id, workflow_type, status, input, available_at,
+		deadline_at, version, trace_carrier, priority, flow_key, debounce_key, debounce_until)
+	SELECT $1, $2, $3, $4, 'PENDING', $5, least(now() + $6 * interval '1 millisecond', $7), $7,
+		coalesce($8::text, CASE WHEN $9 THEN (` + newestVersionSQL + `) END), $10::jsonb, $11, nullif($12::text, ''),
+		$14, now() + $13 * interval '1 millisecond'
+	ON CONFLICT (namespace, workflow_type, debounce_key) WHERE debounce_key IS NOT NULL AND started_at IS NULL AND status = 'PENDING'
+	DO UPDATE SET input = excluded.input,
+		available_at = least(now() + $6 * interval '1 millisecond', r.debounce_until, r.deadline_at),
+		updated_at = now()
+	RETURNING ` + runColumns + `, xmax = 0 AS inserted
+), listed AS (
+	` + runsCreatedSQL + ` FROM ins WHERE inserted
+)
+SELECT ins.*, pg_notify('` + Channel + `', 'w|' || octet_length(ins.namespace) || ':' || ins.namespace || '|'
+	|| ins.workflow_type || '|' || (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
+FROM ins`
+
+// insertDebounced starts a run of a debounce key, or updates the key's run that has
+// not started yet; see insertDebouncedSQL.
+func insertDebounced(ctx context.Context, db DBTX, n NewRun) (Run, bool, error) {
+	var inserted bool
+	var notified string
+	r, err := scanRun(db.QueryRow(ctx, insertDebouncedSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
+		n.Input, n.Debounce.Window.Milliseconds(), n.Deadline, n.Version, n.NewestVersion, n.Carrier, n.Priority,
+		n.FlowKey, n.Debounce.MaxWait.Milliseconds(), n.Debounce.Key), &inserted, &notified)
+	return r, inserted, err
 }
 
 // GetRun reads one run of the namespace.
@@ -401,9 +459,16 @@ func CancelRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) 
 // run ids, and notifies the workers of the type once.
 func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, version *string,
 	ids []uuid.UUID, inputs, carriers [][]byte, startAt time.Time, deadline *time.Time) error {
+	return InsertRunsLike(ctx, db, NewRun{Namespace: namespace, WorkflowType: workflowType, Version: version,
+		StartAt: startAt, Deadline: deadline}, ids, inputs, carriers)
+}
+
+// InsertRunsLike is InsertRuns of runs like like (its namespace, type, version, start
+// time, deadline, priority and concurrency key).
+func InsertRunsLike(ctx context.Context, db DBTX, like NewRun, ids []uuid.UUID, inputs, carriers [][]byte) error {
 	var start *time.Time
-	if !startAt.IsZero() {
-		start = &startAt
+	if !like.StartAt.IsZero() {
+		start = &like.StartAt
 	}
 	texts := make([]string, len(inputs))
 	for i, in := range inputs {
@@ -418,8 +483,9 @@ func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, ve
 	err := db.QueryRow(ctx, `
 		WITH ins AS (
 			INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
-				available_at, deadline_at, version, trace_carrier)
-			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now()), $6), $6, $7, carrier
+				available_at, deadline_at, version, trace_carrier, priority, flow_key)
+			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now() - $9 * interval '1 second'), $6), $6, $7,
+				carrier, $9, nullif($10::text, '')
 			FROM unnest($3::uuid[], $4::jsonb[], $8::jsonb[]) AS t(id, input, carrier)
 			RETURNING namespace, created_at, run_id, available_at
 		), listed AS (
@@ -428,7 +494,8 @@ func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, ve
 		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':' || $1 || '|' || $2 || '|'
 			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins),
 			`+notifyDeadlineSQL("$1::text", "$6::timestamptz")+`
-		FROM ins`, namespace, workflowType, raw, texts, start, deadline, version, carriers).Scan(&n, &ignored, &ignored)
+		FROM ins`, like.Namespace, like.WorkflowType, raw, texts, start, like.Deadline, like.Version, carriers,
+		like.Priority, like.FlowKey).Scan(&n, &ignored, &ignored)
 	if err == nil && n != len(ids) {
 		err = fmt.Errorf("inserted %d of %d runs", n, len(ids))
 	}

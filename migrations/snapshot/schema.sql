@@ -5,6 +5,312 @@
 
 CREATE SCHEMA kagzi;
 
+CREATE TYPE kagzi.claimed_run AS (
+	run_id uuid,
+	namespace text,
+	workflow_id text,
+	workflow_type text,
+	version text,
+	input jsonb,
+	attempt integer,
+	lease_epoch bigint,
+	cancel_requested boolean,
+	deadline_at timestamp with time zone,
+	created_at timestamp with time zone,
+	db_now timestamp with time zone,
+	prev_available_at timestamp with time zone,
+	trace_carrier jsonb,
+	has_steps boolean,
+	takeovers integer,
+	flow_key text
+);
+
+CREATE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[], p_worker text, p_lease_ms bigint, p_n integer) RETURNS SETOF kagzi.claimed_run
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    nt integer := coalesce(cardinality(p_types), 0);
+    budget integer := p_n;
+    lims kagzi.flow_limits[] := '{}';
+    allow integer[] := '{}';
+    taken integer[] := '{}';
+    key_lists text[] := '{}';
+    plain_types text[] := '{}';
+    plain_versions text[] := '{}';
+    lim kagzi.flow_limits;
+    batch kagzi.claimed_run[];
+    ids uuid[];
+    versions text[];
+    ks text[];
+    i integer;
+    pass integer;
+    n integer;
+    held integer;
+    share integer;
+BEGIN
+    IF budget <= 0 THEN
+        RETURN;
+    END IF;
+    FOR i IN 1 .. nt LOOP
+        lim := NULL;
+        SELECT * INTO lim FROM kagzi.flow_limits l WHERE l.namespace = p_ns AND l.workflow_type = p_types[i];
+        lims := lims || lim;
+        allow := allow || budget;
+        taken := taken || 0;
+        IF lim.concurrency IS NOT NULL THEN
+            PERFORM pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || p_ns || '|' || p_types[i], 0));
+        ELSIF lim.rate IS NULL THEN
+            plain_types := plain_types || p_types[i];
+            plain_versions := plain_versions || p_versions[i];
+        END IF;
+    END LOOP;
+    -- Each limited type's room, counted by statements that start after the locks.
+    FOR i IN 1 .. nt LOOP
+        IF lims[i].concurrency IS NOT NULL THEN
+            -- A holder whose lease passed (its worker died) no longer counts: its slot
+            -- is free, and the claim that takes the run over holds it again.
+            SELECT count(*) INTO held FROM kagzi.runs r
+            WHERE r.namespace = p_ns AND r.workflow_type = p_types[i] AND r.holds_type_slot
+              AND r.available_at > now();
+            allow[i] := greatest(least(allow[i], lims[i].concurrency - held), 0);
+        END IF;
+        IF lims[i].rate IS NOT NULL THEN
+            allow[i] := least(allow[i], kagzi.flow_rate_room(p_ns, p_types[i], '', lims[i].rate, lims[i].rate_period_ms));
+        END IF;
+        -- The keys with queued runs, from the type's cursor on, then from the first
+        -- key up to the cursor; the keys with a concurrency limit are locked.
+        ks := '{}';
+        IF allow[i] > 0 THEN
+            ks := kagzi.flow_keys_after(p_ns, p_types[i], coalesce(p_cursors[i], ''), NULL, allow[i] + 16);
+            IF cardinality(ks) < allow[i] + 16 AND coalesce(p_cursors[i], '') <> '' THEN
+                ks := ks || kagzi.flow_keys_after(p_ns, p_types[i], '', p_cursors[i], allow[i] + 16 - cardinality(ks));
+            END IF;
+            IF lims[i].key_concurrency IS NOT NULL THEN
+                ks := ARRAY(SELECT k FROM unnest(ks) WITH ORDINALITY AS u(k, o)
+                    WHERE pg_try_advisory_xact_lock(
+                        hashtextextended('kagzi.flow.key|' || p_ns || '|' || p_types[i] || '|' || k, 0))
+                    ORDER BY o);
+            END IF;
+        END IF;
+        key_lists := key_lists || array_to_string(ks, E'\x1f');
+        IF cardinality(ks) > 0 THEN
+            -- The type's next cursor: a row without a run, the last key visited.
+            RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, ks[cardinality(ks)])::kagzi.claimed_run;
+        END IF;
+    END LOOP;
+
+    FOR pass IN 1 .. 3 LOOP
+        -- Pass 1: each key's share; pass 2: the runs of no key; pass 3: the room left.
+        FOR i IN 1 .. nt LOOP
+            EXIT WHEN budget <= 0;
+            CONTINUE WHEN allow[i] <= 0;
+            IF pass = 2 THEN
+                CONTINUE WHEN lims[i].concurrency IS NULL AND lims[i].rate IS NULL; -- claimed below with the others
+                batch := ARRAY(SELECT c FROM kagzi.claim_runs(ARRAY(
+                    SELECT c.run_id FROM kagzi.runs c
+                    WHERE c.namespace = p_ns AND c.workflow_type = p_types[i]
+                      AND c.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND c.available_at <= now()
+                      AND (c.flow_key IS NULL OR c.started_at IS NOT NULL)
+                      AND (c.version IS NULL OR c.version = p_versions[i])
+                    ORDER BY c.available_at
+                    LIMIT least(allow[i], budget)
+                    FOR UPDATE SKIP LOCKED), array_fill(p_versions[i], ARRAY[least(allow[i], budget)]),
+                    p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL) c);
+            ELSE
+                CONTINUE WHEN key_lists[i] = '';
+                ks := string_to_array(key_lists[i], E'\x1f');
+                share := CASE WHEN pass = 1 THEN ceil(least(allow[i], budget)::numeric / (cardinality(ks) + 1))::integer
+                    ELSE least(allow[i], budget) END;
+                batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], ks, share,
+                    least(allow[i], budget), lims[i].key_concurrency,
+                    lims[i].key_rate, lims[i].key_rate_period_ms, p_worker, p_lease_ms,
+                    lims[i].concurrency IS NOT NULL) c);
+                IF lims[i].key_rate IS NOT NULL THEN
+                    PERFORM kagzi.flow_rate_add(p_ns, p_types[i], b.flow_key, lims[i].key_rate_period_ms, count(*)::integer)
+                    FROM unnest(batch) b GROUP BY b.flow_key;
+                END IF;
+            END IF;
+            n := coalesce(cardinality(batch), 0);
+            allow[i] := allow[i] - n;
+            taken[i] := taken[i] + n;
+            budget := budget - n;
+            RETURN QUERY SELECT * FROM unnest(batch);
+        END LOOP;
+        IF pass = 2 AND budget > 0 AND cardinality(plain_types) > 0 THEN
+            SELECT array_agg(c.run_id ORDER BY c.available_at), array_agg(c.version ORDER BY c.available_at)
+            INTO ids, versions
+            FROM (
+                SELECT c.run_id, c.available_at, t.version
+                FROM unnest(plain_types, plain_versions) AS t(workflow_type, version),
+                LATERAL (
+                    SELECT r.run_id, r.available_at FROM kagzi.runs r
+                    WHERE r.namespace = p_ns AND r.workflow_type = t.workflow_type
+                      AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at <= now()
+                      AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)
+                      AND (r.version IS NULL OR r.version = t.version)
+                    ORDER BY r.available_at
+                    LIMIT budget
+                    FOR UPDATE SKIP LOCKED
+                ) c
+                ORDER BY c.available_at
+                LIMIT budget
+            ) c;
+            IF ids IS NOT NULL THEN
+                RETURN QUERY SELECT * FROM kagzi.claim_runs(ids, versions, p_worker, p_lease_ms, false);
+                GET DIAGNOSTICS n = ROW_COUNT;
+                budget := budget - n;
+            END IF;
+        END IF;
+    END LOOP;
+    -- The type's own rate window counts every claim of its runs.
+    FOR i IN 1 .. nt LOOP
+        IF lims[i].rate IS NOT NULL AND taken[i] > 0 THEN
+            PERFORM kagzi.flow_rate_add(p_ns, p_types[i], '', lims[i].rate_period_ms, taken[i]);
+        END IF;
+    END LOOP;
+END $$;
+
+CREATE FUNCTION kagzi.claim_keyed(p_ns text, p_type text, p_version text, ks text[], p_share integer, p_max integer, p_key_concurrency integer, p_key_rate integer, p_key_rate_period_ms bigint, p_worker text, p_lease_ms bigint, p_holds_slot boolean) RETURNS SETOF kagzi.claimed_run
+    LANGUAGE sql
+    AS $$
+    SELECT * FROM kagzi.claim_runs(ARRAY(
+        SELECT q.run_id FROM unnest(ks) WITH ORDINALITY AS k(k, o)
+        CROSS JOIN LATERAL (
+            SELECT greatest(least(p_share,
+                coalesce(p_key_concurrency - (
+                    SELECT count(*)::integer FROM kagzi.runs h
+                    WHERE h.namespace = p_ns AND h.workflow_type = p_type AND h.flow_key = k.k
+                      AND h.started_at IS NOT NULL AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')), p_share),
+                CASE WHEN p_key_rate IS NULL THEN p_share
+                    ELSE kagzi.flow_rate_room(p_ns, p_type, k.k, p_key_rate, p_key_rate_period_ms) END), 0) AS room
+        ) rm
+        CROSS JOIN LATERAL (
+            SELECT c.run_id FROM kagzi.runs c
+            WHERE c.namespace = p_ns AND c.workflow_type = p_type AND c.flow_key = k.k
+              AND c.flow_key IS NOT NULL AND c.started_at IS NULL AND c.status = 'PENDING'
+              AND c.available_at <= now() AND (c.version IS NULL OR c.version = p_version)
+            ORDER BY c.available_at
+            LIMIT rm.room
+            FOR UPDATE SKIP LOCKED
+        ) q
+        ORDER BY k.o
+        LIMIT p_max), array_fill(p_version, ARRAY[p_max]), p_worker, p_lease_ms, p_holds_slot)
+$$;
+
+CREATE FUNCTION kagzi.claim_runs(p_ids uuid[], p_versions text[], p_worker text, p_lease_ms bigint, p_holds_slot boolean) RETURNS SETOF kagzi.claimed_run
+    LANGUAGE sql
+    AS $$
+    WITH prev AS (
+        SELECT p.run_id, p.version, r.available_at
+        FROM unnest(p_ids, p_versions) AS p(run_id, version) JOIN kagzi.runs r ON r.run_id = p.run_id
+    )
+    UPDATE kagzi.runs r SET
+        status = 'RUNNING',
+        locked_by = p_worker,
+        lease_epoch = r.lease_epoch + 1,
+        available_at = now() + p_lease_ms * interval '1 millisecond',
+        started_at = coalesce(r.started_at, now()),
+        waiting_signal = NULL, wake_pending = false,
+        version = coalesce(r.version, prev.version),
+        takeovers = r.takeovers + CASE WHEN r.status = 'RUNNING' THEN 1 ELSE 0 END,
+        holds_type_slot = p_holds_slot,
+        updated_at = now()
+    FROM prev
+    WHERE r.run_id = prev.run_id AND r.run_id = ANY (p_ids)
+    RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.version, r.input, r.attempt,
+        r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now(), prev.available_at, r.trace_carrier,
+        r.lease_epoch > 1 OR r.forked_from_run_id IS NOT NULL, r.takeovers, r.flow_key
+$$;
+
+CREATE FUNCTION kagzi.flow_keys_after(p_ns text, p_type text, p_after text, p_until text, p_n integer) RETURNS text[]
+    LANGUAGE sql STABLE
+    AS $$
+    WITH RECURSIVE ks(k, n) AS (
+        SELECT (SELECT r.flow_key FROM kagzi.runs r
+                WHERE r.namespace = p_ns AND r.workflow_type = p_type AND r.flow_key > p_after
+                  AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING'
+                ORDER BY r.flow_key LIMIT 1), 1
+        UNION ALL
+        SELECT (SELECT r.flow_key FROM kagzi.runs r
+                WHERE r.namespace = p_ns AND r.workflow_type = p_type AND r.flow_key > ks.k
+                  AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING'
+                ORDER BY r.flow_key LIMIT 1), ks.n + 1
+        FROM ks WHERE ks.k IS NOT NULL AND ks.n < p_n
+    )
+    SELECT coalesce(array_agg(k ORDER BY n), '{}') FROM ks
+    WHERE k IS NOT NULL AND (p_until IS NULL OR k <= p_until) AND p_n > 0
+$$;
+
+CREATE FUNCTION kagzi.flow_rate_add(p_ns text, p_type text, p_key text, p_period_ms bigint, p_n integer) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    w kagzi.flow_rates%ROWTYPE;
+    slot interval := (p_period_ms / 10.0) * interval '1 millisecond';
+    i integer;
+BEGIN
+    IF p_n <= 0 THEN
+        RETURN;
+    END IF;
+    SELECT * INTO w FROM kagzi.flow_rates
+    WHERE namespace = p_ns AND workflow_type = p_type AND flow_key = p_key FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    i := greatest(floor(extract(epoch FROM clock_timestamp() - w.window_start) / extract(epoch FROM slot))::integer + 1, 1);
+    IF i > 11 THEN
+        IF i - 11 >= 11 THEN
+            w.slots := array_fill(0, ARRAY[11]);
+        ELSE
+            w.slots := w.slots[i - 11 + 1:11] || array_fill(0, ARRAY[i - 11]);
+        END IF;
+        w.window_start := w.window_start + (i - 11) * slot;
+        i := 11;
+    END IF;
+    w.slots[i] := w.slots[i] + p_n;
+    UPDATE kagzi.flow_rates SET window_start = w.window_start, slots = w.slots
+    WHERE namespace = p_ns AND workflow_type = p_type AND flow_key = p_key;
+END $$;
+
+CREATE FUNCTION kagzi.flow_rate_next(p_ns text, p_type text, p_key text, p_rate integer, p_period_ms bigint) RETURNS timestamp with time zone
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT w.window_start + (u.first_used - 1 + 11) * ((p_period_ms / 10.0) * interval '1 millisecond')
+    FROM kagzi.flow_rates w,
+        LATERAL (SELECT min(o) AS first_used, sum(s) AS used FROM unnest(w.slots) WITH ORDINALITY AS u(s, o)
+                 WHERE s > 0) u
+    WHERE w.namespace = p_ns AND w.workflow_type = p_type AND w.flow_key = p_key AND u.used >= p_rate
+$$;
+
+CREATE FUNCTION kagzi.flow_rate_room(p_ns text, p_type text, p_key text, p_rate integer, p_period_ms bigint) RETURNS integer
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    w kagzi.flow_rates%ROWTYPE;
+    slot interval := (p_period_ms / 10.0) * interval '1 millisecond';
+    shift integer;
+    at timestamptz;
+BEGIN
+    INSERT INTO kagzi.flow_rates (namespace, workflow_type, flow_key, window_start, slots)
+    VALUES (p_ns, p_type, p_key, clock_timestamp(), array_fill(0, ARRAY[11]))
+    ON CONFLICT DO NOTHING;
+    SELECT * INTO w FROM kagzi.flow_rates
+    WHERE namespace = p_ns AND workflow_type = p_type AND flow_key = p_key FOR UPDATE;
+    at := clock_timestamp(); -- after the lock: the claims of a window are timed in lock order
+    shift := floor(extract(epoch FROM at - w.window_start) / extract(epoch FROM slot))::integer + 1 - 11;
+    IF shift > 0 THEN
+        IF shift >= 11 THEN
+            w.slots := array_fill(0, ARRAY[11]);
+        ELSE
+            w.slots := w.slots[shift + 1:11] || array_fill(0, ARRAY[shift]);
+        END IF;
+        UPDATE kagzi.flow_rates SET window_start = w.window_start + shift * slot, slots = w.slots
+        WHERE namespace = p_ns AND workflow_type = p_type AND flow_key = p_key;
+    END IF;
+    RETURN greatest(p_rate - (SELECT coalesce(sum(s), 0) FROM unnest(w.slots) s), 0);
+END $$;
+
 CREATE FUNCTION kagzi.run_changed() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -45,6 +351,21 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
+    -- A run that held a slot of its type's concurrency limit, or a place of its
+    -- concurrency key, and stops running: the workers of its type may claim another.
+    IF OLD.status IS DISTINCT FROM NEW.status AND OLD.status = 'RUNNING'
+       AND (OLD.holds_type_slot OR (NEW.flow_key IS NOT NULL AND NEW.started_at IS NOT NULL)) THEN
+        PERFORM pg_notify('kagzi', 'w|' || octet_length(NEW.namespace) || ':' || NEW.namespace || '|'
+            || NEW.workflow_type || '|' || (extract(epoch FROM now()) * 1000)::bigint);
+    END IF;
+    RETURN NEW;
+END $$;
+
+CREATE FUNCTION kagzi.run_gives_slot_back() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.holds_type_slot := false;
     RETURN NEW;
 END $$;
 
@@ -53,6 +374,32 @@ CREATE TABLE kagzi.events (
     key text NOT NULL,
     value jsonb NOT NULL,
     updated_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE kagzi.flow_limits (
+    namespace text NOT NULL,
+    workflow_type text NOT NULL,
+    concurrency integer,
+    key_concurrency integer,
+    rate integer,
+    rate_period_ms bigint,
+    key_rate integer,
+    key_rate_period_ms bigint,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT flow_limits_concurrency_check CHECK ((concurrency > 0)),
+    CONSTRAINT flow_limits_key_concurrency_check CHECK ((key_concurrency > 0)),
+    CONSTRAINT flow_limits_key_rate_check CHECK ((key_rate > 0)),
+    CONSTRAINT flow_limits_key_rate_period_ms_check CHECK ((key_rate_period_ms > 0)),
+    CONSTRAINT flow_limits_rate_check CHECK ((rate > 0)),
+    CONSTRAINT flow_limits_rate_period_ms_check CHECK ((rate_period_ms > 0))
+);
+
+CREATE TABLE kagzi.flow_rates (
+    namespace text NOT NULL,
+    workflow_type text NOT NULL,
+    flow_key text NOT NULL,
+    window_start timestamp with time zone NOT NULL,
+    slots integer[] NOT NULL
 );
 
 CREATE TABLE kagzi.goose_db_version (
@@ -102,6 +449,11 @@ CREATE TABLE kagzi.runs (
     forked_from_step text,
     wake_pending boolean DEFAULT false NOT NULL,
     takeovers integer DEFAULT 0 NOT NULL,
+    priority smallint DEFAULT 0 NOT NULL,
+    flow_key text,
+    holds_type_slot boolean DEFAULT false NOT NULL,
+    debounce_key text,
+    debounce_until timestamp with time zone,
     CONSTRAINT runs_namespace_valid CHECK (((namespace <> ''::text) AND (length(namespace) <= 255))),
     CONSTRAINT runs_status_valid CHECK ((status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text, 'COMPLETED'::text, 'FAILED'::text, 'CANCELLED'::text]))),
     CONSTRAINT runs_workflow_id_valid CHECK (((workflow_id <> ''::text) AND (length(workflow_id) <= 255)))
@@ -218,6 +570,12 @@ ALTER TABLE ONLY kagzi.signals ALTER COLUMN id SET DEFAULT nextval('kagzi.signal
 ALTER TABLE ONLY kagzi.events
     ADD CONSTRAINT events_pkey PRIMARY KEY (run_id, key);
 
+ALTER TABLE ONLY kagzi.flow_limits
+    ADD CONSTRAINT flow_limits_pkey PRIMARY KEY (namespace, workflow_type);
+
+ALTER TABLE ONLY kagzi.flow_rates
+    ADD CONSTRAINT flow_rates_pkey PRIMARY KEY (namespace, workflow_type, flow_key);
+
 ALTER TABLE ONLY kagzi.goose_db_version
     ADD CONSTRAINT goose_db_version_pkey PRIMARY KEY (id);
 
@@ -245,21 +603,33 @@ ALTER TABLE ONLY kagzi.waiters
 ALTER TABLE ONLY kagzi.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (namespace, worker_id);
 
+CREATE INDEX flow_rates_age ON kagzi.flow_rates USING btree (window_start);
+
 CREATE INDEX runs_active_by_schedule ON kagzi.runs USING btree (namespace, schedule_id) WHERE ((schedule_id IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])));
 
 CREATE INDEX runs_by_parent ON kagzi.runs USING btree (parent_run_id, created_at DESC) WHERE (parent_run_id IS NOT NULL);
 
 CREATE INDEX runs_by_schedule ON kagzi.runs USING btree (namespace, schedule_id, created_at DESC, run_id DESC) WHERE (schedule_id IS NOT NULL);
 
-CREATE INDEX runs_claimable ON kagzi.runs USING btree (namespace, workflow_type, available_at) WHERE ((status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])) AND (available_at IS NOT NULL));
+CREATE INDEX runs_claimable ON kagzi.runs USING btree (namespace, workflow_type, available_at) WHERE ((status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])) AND (available_at IS NOT NULL) AND ((flow_key IS NULL) OR (started_at IS NOT NULL)));
 
 CREATE INDEX runs_deadlines ON kagzi.runs USING btree (namespace, deadline_at) WHERE ((deadline_at IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])));
+
+CREATE UNIQUE INDEX runs_debounce ON kagzi.runs USING btree (namespace, workflow_type, debounce_key) WHERE ((debounce_key IS NOT NULL) AND (started_at IS NULL) AND (status = 'PENDING'::text));
 
 CREATE INDEX runs_finished ON kagzi.runs USING btree (namespace, finished_at) WHERE (status = ANY (ARRAY['COMPLETED'::text, 'FAILED'::text, 'CANCELLED'::text]));
 
 CREATE INDEX runs_finished_by_workflow_id ON kagzi.runs USING btree (namespace, workflow_id, created_at DESC) WHERE (status = ANY (ARRAY['COMPLETED'::text, 'FAILED'::text, 'CANCELLED'::text]));
 
+CREATE INDEX runs_key_due ON kagzi.runs USING btree (namespace, workflow_type, available_at) WHERE ((flow_key IS NOT NULL) AND (started_at IS NULL) AND (status = 'PENDING'::text));
+
+CREATE INDEX runs_key_holders ON kagzi.runs USING btree (namespace, workflow_type, flow_key) WHERE ((flow_key IS NOT NULL) AND (started_at IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])));
+
+CREATE INDEX runs_key_queue ON kagzi.runs USING btree (namespace, workflow_type, flow_key, available_at) WHERE ((flow_key IS NOT NULL) AND (started_at IS NULL) AND (status = 'PENDING'::text));
+
 CREATE UNIQUE INDEX runs_one_active_per_workflow_id ON kagzi.runs USING btree (namespace, workflow_id) WHERE (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text]));
+
+CREATE INDEX runs_type_holders ON kagzi.runs USING btree (namespace, workflow_type) WHERE holds_type_slot;
 
 CREATE INDEX schedules_due ON kagzi.schedules USING btree (namespace, next_fire_at) WHERE (NOT paused);
 
@@ -267,7 +637,9 @@ CREATE INDEX signals_pending ON kagzi.signals USING btree (run_id, name, id) WHE
 
 CREATE INDEX workers_live ON kagzi.workers USING btree (namespace, last_heartbeat_at) WHERE (status <> 'OFFLINE'::text);
 
-CREATE TRIGGER runs_changed AFTER UPDATE OF status, cancel_requested ON kagzi.runs FOR EACH ROW WHEN ((((old.status IS DISTINCT FROM new.status) AND ((new.parent_run_id IS NOT NULL) OR (new.status = ANY (ARRAY['CANCELLED'::text, 'FAILED'::text])))) OR (old.cancel_requested IS DISTINCT FROM new.cancel_requested))) EXECUTE FUNCTION kagzi.run_changed();
+CREATE TRIGGER runs_changed AFTER UPDATE OF status, cancel_requested ON kagzi.runs FOR EACH ROW WHEN ((((old.status IS DISTINCT FROM new.status) AND ((new.parent_run_id IS NOT NULL) OR (new.status = ANY (ARRAY['CANCELLED'::text, 'FAILED'::text])) OR old.holds_type_slot OR (new.flow_key IS NOT NULL))) OR (old.cancel_requested IS DISTINCT FROM new.cancel_requested))) EXECUTE FUNCTION kagzi.run_changed();
+
+CREATE TRIGGER runs_give_slot_back BEFORE UPDATE OF status ON kagzi.runs FOR EACH ROW WHEN ((old.holds_type_slot AND (new.status <> 'RUNNING'::text))) EXECUTE FUNCTION kagzi.run_gives_slot_back();
 
 ALTER TABLE ONLY kagzi.events
     ADD CONSTRAINT events_run_id_fkey FOREIGN KEY (run_id) REFERENCES kagzi.runs(run_id) ON DELETE CASCADE;

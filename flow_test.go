@@ -1,0 +1,491 @@
+package kagzi_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kagzi/kagzi"
+)
+
+func TestSetLimitsRejectsBadLimitsWithInvalidArgumentAndChangesNothing(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	good := kagzi.Limits{WorkflowType: "wf", Concurrency: 2}
+	if _, err := e.client.SetLimits(ctx, good); err != nil {
+		t.Fatal(err)
+	}
+	for name, l := range map[string]kagzi.Limits{
+		"no limit at all":         {WorkflowType: "wf"},
+		"negative concurrency":    {WorkflowType: "wf", Concurrency: -1},
+		"negative key limit":      {WorkflowType: "wf", KeyConcurrency: -3},
+		"absurd concurrency":      {WorkflowType: "wf", Concurrency: kagzi.MaxLimit + 1},
+		"rate without a period":   {WorkflowType: "wf", Rate: 5},
+		"period without a rate":   {WorkflowType: "wf", Concurrency: 1, RatePeriod: time.Second},
+		"period too short":        {WorkflowType: "wf", Rate: 5, RatePeriod: time.Microsecond},
+		"period too long":         {WorkflowType: "wf", Rate: 5, RatePeriod: 48 * time.Hour},
+		"negative key rate":       {WorkflowType: "wf", KeyRate: -1, KeyRatePeriod: time.Second},
+		"key rate without period": {WorkflowType: "wf", KeyRate: 1},
+		"empty workflow type":     {Concurrency: 1},
+	} {
+		_, err := e.client.SetLimits(ctx, l)
+		if !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("%s: got %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	all, err := e.client.ListLimits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 1 || all[0].WorkflowType != "wf" || all[0].Concurrency != 2 || all[0].Rate != 0 {
+		t.Fatalf("limits after the rejected sets: %+v, want only the first", all)
+	}
+}
+
+func TestLimitsAreStoredReadListedReplacedAndDeleted(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.client.GetLimits(ctx, "orders"); !errors.Is(err, kagzi.ErrNotFound) {
+		t.Fatalf("GetLimits of a type without limits: %v, want ErrNotFound", err)
+	}
+	set, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "orders", KeyConcurrency: 1, Rate: 100,
+		RatePeriod: time.Minute, KeyRate: 5, KeyRatePeriod: 10 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := e.client.GetLimits(ctx, "orders")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if *got != *set || got.KeyConcurrency != 1 || got.Rate != 100 || got.RatePeriod != time.Minute ||
+		got.KeyRate != 5 || got.KeyRatePeriod != 10*time.Second || got.Concurrency != 0 || got.UpdatedAt.IsZero() {
+		t.Fatalf("GetLimits = %+v, want what was set: %+v", got, set)
+	}
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "orders", Concurrency: 7}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "emails", Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// Another namespace's limits are its own.
+	other := newClient(t, e.pool, "other")
+	if _, err := other.GetLimits(ctx, "orders"); !errors.Is(err, kagzi.ErrNotFound) {
+		t.Fatalf("another namespace sees the limits: %v", err)
+	}
+	all, err := e.client.ListLimits(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 2 || all[0].WorkflowType != "emails" || all[1].WorkflowType != "orders" ||
+		all[1].Concurrency != 7 || all[1].KeyConcurrency != 0 || all[1].Rate != 0 {
+		t.Fatalf("ListLimits = %+v, want emails then the replaced orders limits", all)
+	}
+	// The JSON of limits (the CLI's, the console's) writes periods as durations.
+	b, err := json.Marshal(set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var back kagzi.Limits
+	if err := json.Unmarshal(b, &back); err != nil || !back.UpdatedAt.Equal(set.UpdatedAt) {
+		t.Fatalf("limits JSON %s decodes to %+v (%v)", b, back, err)
+	}
+	back.UpdatedAt = set.UpdatedAt
+	if back != *set || !strings.Contains(string(b), `"rate_period":"1m0s"`) || !strings.Contains(string(b), `"key_rate_period":"10s"`) {
+		t.Fatalf("limits JSON %s decodes to %+v, want %+v", b, back, set)
+	}
+	if err := e.client.DeleteLimits(ctx, "orders"); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.DeleteLimits(ctx, "orders"); !errors.Is(err, kagzi.ErrNotFound) {
+		t.Fatalf("second DeleteLimits: %v, want ErrNotFound", err)
+	}
+}
+
+func TestFlowStartOptionsRejectBadInputAndStartNothing(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("wf", func(ctx *kagzi.Context, in int) (int, error) { return in, nil })
+	for name, opt := range map[string][]kagzi.StartOption{
+		"negative priority":          {kagzi.WithPriority(-1)},
+		"priority over the maximum":  {kagzi.WithPriority(kagzi.MaxPriority + 1)},
+		"empty concurrency key":      {kagzi.WithConcurrencyKey("")},
+		"control character in key":   {kagzi.WithConcurrencyKey("a\nb")},
+		"empty debounce key":         {kagzi.WithDebounce("", time.Second, time.Second)},
+		"zero debounce window":       {kagzi.WithDebounce("k", 0, time.Second)},
+		"max wait below the window":  {kagzi.WithDebounce("k", time.Minute, time.Second)},
+		"debounce with a workflowid": {kagzi.WithDebounce("k", time.Second, time.Minute), kagzi.WithID("x")},
+		"debounce with a delay":      {kagzi.WithDebounce("k", time.Second, time.Minute), kagzi.WithDelay(time.Second)},
+	} {
+		if _, err := kagzi.Start(ctx, e.client, wf, 1, opt...); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("%s: Start got %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	if _, err := kagzi.StartMany(ctx, e.client, wf, []int{1, 2}, kagzi.WithDebounce("k", time.Second, time.Minute)); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("StartMany with a debounce: %v, want ErrInvalidArgument", err)
+	}
+	if _, err := kagzi.StartMany(ctx, e.client, wf, []int{1, 2}, kagzi.WithPriority(-5)); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("StartMany with a negative priority: %v, want ErrInvalidArgument", err)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs`); n != 0 {
+		t.Fatalf("%d runs exist after rejected starts", n)
+	}
+}
+
+// orderRecorder records the inputs of a workflow's runs in the order they execute.
+type orderRecorder struct {
+	mu    sync.Mutex
+	order []string
+}
+
+func (o *orderRecorder) workflow(name string) *kagzi.Workflow[string, string] {
+	return kagzi.Define(name, func(ctx *kagzi.Context, in string) (string, error) {
+		o.mu.Lock()
+		o.order = append(o.order, in)
+		o.mu.Unlock()
+		return in, nil
+	})
+}
+
+func (o *orderRecorder) seen() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.order)
+}
+
+func TestHigherPriorityRunsAreClaimedFirst(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	rec := &orderRecorder{}
+	wf := rec.workflow("prio")
+	var runs []*kagzi.Run[string]
+	for i := range 8 { // started low, high, low, high...: the highs must all come first
+		p := 0
+		if i%2 == 1 {
+			p = 60
+		}
+		run, err := kagzi.Start(ctx, e.client, wf, fmt.Sprintf("p%d-%d", p, i), kagzi.WithPriority(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, run)
+	}
+	// Keyed runs order by priority within their key too.
+	for i := range 4 {
+		p := i % 2 * 60
+		if _, err := kagzi.Start(ctx, e.client, wf, fmt.Sprintf("k-p%d-%d", p, i), kagzi.WithPriority(p),
+			kagzi.WithConcurrencyKey("k")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	info, err := e.client.GetRun(ctx, runs[1].RunID)
+	if err != nil || info.Priority != 60 {
+		t.Fatalf("RunInfo.Priority = %v (%v), want 60", info.Priority, err)
+	}
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 1
+	runWorker(t, e.client, cfg, wf)
+	eventually(t, "every run to execute", func() bool { return len(rec.seen()) == 12 })
+	var plain, keyed []string
+	for _, in := range rec.seen() {
+		if in[0] == 'k' {
+			keyed = append(keyed, in)
+		} else {
+			plain = append(plain, in)
+		}
+	}
+	want := []string{"p60-1", "p60-3", "p60-5", "p60-7", "p0-0", "p0-2", "p0-4", "p0-6"}
+	if !slices.Equal(plain, want) {
+		t.Errorf("runs executed in order %v, want %v", plain, want)
+	}
+	if want := []string{"k-p60-1", "k-p60-3", "k-p0-0", "k-p0-2"}; !slices.Equal(keyed, want) {
+		t.Errorf("runs of a key executed in order %v, want %v", keyed, want)
+	}
+}
+
+func TestKeysTakeTurnsSoABacklogDoesNotStarveAnotherKey(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	rec := &orderRecorder{}
+	wf := rec.workflow("fair")
+	big := make([]string, 400)
+	for i := range big {
+		big[i] = "a"
+	}
+	// Key A's backlog is started first, in one statement; then key B's ten runs.
+	if _, err := kagzi.StartMany(ctx, e.client, wf, big, kagzi.WithConcurrencyKey("tenant-a")); err != nil {
+		t.Fatal(err)
+	}
+	for range 10 {
+		if _, err := kagzi.Start(ctx, e.client, wf, "b", kagzi.WithConcurrencyKey("tenant-b")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 4
+	runWorker(t, e.client, cfg, wf)
+	eventually(t, "every run to execute", func() bool { return len(rec.seen()) == 410 })
+	order := rec.seen()
+	lastB := slices.Index(order, "b")
+	for i, in := range order {
+		if in == "b" {
+			lastB = i
+		}
+	}
+	// In start order B would wait for all 400 of A; taking turns, B's runs are done
+	// after about as many of A's.
+	if lastB >= 100 {
+		t.Errorf("key B's last run executed %dth of 410, behind %d of key A's backlog", lastB+1, lastB-9)
+	}
+	t.Logf("key B's 10 runs done by position %d of 410", lastB+1)
+}
+
+func TestDebounceCollapsesStartsIntoOneRunWithTheLastInput(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	rec := &orderRecorder{}
+	wf := rec.workflow("reindex")
+	runWorker(t, e.client, fastWorker(), wf)
+	var first *kagzi.Run[string]
+	for i := range 5 {
+		run, err := kagzi.Start(ctx, e.client, wf, fmt.Sprint("input-", i), kagzi.WithDebounce("doc-7", 400*time.Millisecond, time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if i == 0 {
+			first = run
+			if run.AlreadyExists {
+				t.Fatal("the first start of a debounce key reports AlreadyExists")
+			}
+			continue
+		}
+		if run.RunID != first.RunID || !run.AlreadyExists {
+			t.Fatalf("start %d of the key: run %s (AlreadyExists %v), want the first's %s", i, run.RunID, run.AlreadyExists, first.RunID)
+		}
+	}
+	out, err := first.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != "input-4" {
+		t.Fatalf("the debounced run got %q, want the last start's input", out)
+	}
+	info, err := e.client.GetRun(ctx, first.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.DebounceKey != "doc-7" || info.StartedAt.Sub(info.CreatedAt) < 400*time.Millisecond {
+		t.Fatalf("run %+v: want debounce key doc-7, begun at least a window after its first start", info)
+	}
+	if got := rec.seen(); len(got) != 1 {
+		t.Fatalf("%d executions, want one: %v", len(got), got)
+	}
+	// A start after the run began makes the next run.
+	next, err := kagzi.Start(ctx, e.client, wf, "later", kagzi.WithDebounce("doc-7", 10*time.Millisecond, time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if next.RunID == first.RunID || next.AlreadyExists {
+		t.Fatalf("a start after the debounced run began returned it again")
+	}
+	if out, err := next.Wait(ctx); err != nil || out != "later" {
+		t.Fatalf("next run: %q, %v", out, err)
+	}
+}
+
+func TestDebouncedRunIsNeverPushedPastItsMaximumWait(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("digest", func(ctx *kagzi.Context, in int) (int, error) { return in, nil })
+	// No worker: every start of the key lands on the same PENDING run, each pushing
+	// its start further, until the maximum wait caps it.
+	const window, maxWait = 200 * time.Millisecond, 600 * time.Millisecond
+	var runID string
+	for i := range 12 {
+		run, err := kagzi.Start(ctx, e.client, wf, i, kagzi.WithDebounce("user-1", window, maxWait))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if runID == "" {
+			runID = run.RunID
+		} else if run.RunID != runID {
+			t.Fatalf("start %d made run %s, want %s", i, run.RunID, runID)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	info, err := e.client.GetRun(ctx, runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := info.AvailableAt.Sub(info.CreatedAt); got > maxWait || got < window {
+		t.Fatalf("the run begins %v after its first start; want within [window %v, maximum wait %v]", got, window, maxWait)
+	}
+	if string(info.Input) != "11" {
+		t.Fatalf("input %s, want the last start's (11)", info.Input)
+	}
+	runWorker(t, e.client, fastWorker(), wf)
+	eventually(t, "the debounced run to complete", func() bool { return runStatus(t, e.client, runID) == kagzi.StatusCompleted })
+}
+
+// blockingWorkflow runs one step that blocks until release is closed (the run stays
+// RUNNING, holding its slot), or waits for a signal (SLEEPING) when the input says so.
+func blockingWorkflow(name string, release <-chan struct{}) *kagzi.Workflow[string, string] {
+	return kagzi.Define(name, func(ctx *kagzi.Context, in string) (string, error) {
+		if in == "signal" {
+			return kagzi.WaitSignal[string](ctx, "go", time.Hour)
+		}
+		return kagzi.Step(ctx, "block", func(c context.Context) (string, error) {
+			select {
+			case <-release:
+			case <-c.Done():
+				return "", c.Err()
+			}
+			return in, nil
+		})
+	})
+}
+
+func countStatus(t *testing.T, e *env, typ string, status kagzi.RunStatus) int {
+	return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE workflow_type = $1 AND status = $2`, typ, string(status))
+}
+
+func TestRunInfoTellsWhichLimitHoldsARunBack(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	typeLimited := blockingWorkflow("type-limited", release)
+	keyLimited := blockingWorkflow("key-limited", release)
+	rated := blockingWorkflow("rated-hourly", release)
+	for _, l := range []kagzi.Limits{
+		{WorkflowType: "type-limited", Concurrency: 1},
+		{WorkflowType: "key-limited", KeyConcurrency: 1},
+		{WorkflowType: "rated-hourly", Rate: 1, RatePeriod: time.Hour},
+	} {
+		if _, err := e.client.SetLimits(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runWorker(t, e.client, fastWorker(), typeLimited, keyLimited, rated)
+	start := func(wf *kagzi.Workflow[string, string], in string, opts ...kagzi.StartOption) string {
+		run, err := kagzi.Start(ctx, e.client, wf, in, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return run.RunID
+	}
+	start(typeLimited, "x")
+	start(keyLimited, "signal", kagzi.WithConcurrencyKey("c1")) // holds its key's place while it waits
+	start(rated, "x")
+	eventually(t, "the first runs to be claimed", func() bool {
+		return countStatus(t, e, "type-limited", kagzi.StatusRunning) == 1 &&
+			countStatus(t, e, "key-limited", kagzi.StatusSleeping) == 1 && countStatus(t, e, "rated-hourly", kagzi.StatusRunning) == 1
+	})
+	heldType := start(typeLimited, "y")
+	heldKey := start(keyLimited, "y", kagzi.WithConcurrencyKey("c1"))
+	otherKey := start(keyLimited, "z", kagzi.WithConcurrencyKey("c2"))
+	heldRate := start(rated, "y")
+	holdOf := func(runID string) *kagzi.Hold {
+		info, err := e.client.GetRun(ctx, runID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Hold
+	}
+	eventually(t, "the held runs to show their holds", func() bool {
+		h1, h2, h3 := holdOf(heldType), holdOf(heldKey), holdOf(heldRate)
+		return h1 != nil && h2 != nil && h3 != nil
+	})
+	if h := holdOf(heldType); h.Limit != "concurrency" || h.Until != nil {
+		t.Errorf("type-limited run held by %+v, want the concurrency limit", h)
+	}
+	if h := holdOf(heldKey); h.Limit != "key-concurrency" || h.Until != nil {
+		t.Errorf("key-limited run held by %+v, want the key-concurrency limit", h)
+	}
+	if h := holdOf(heldRate); h.Limit != "rate" || h.Until == nil ||
+		h.Until.Before(time.Now().Add(50*time.Minute)) || h.Until.After(time.Now().Add(70*time.Minute)) {
+		t.Errorf("rated run held by %+v, want the rate limit until about an hour from now", h)
+	} else if h.String() == "" {
+		t.Error("Hold.String is empty")
+	}
+	// Another key is not held by the first key's limit.
+	eventually(t, "the run of another key to be claimed", func() bool { return runStatus(t, e.client, otherKey) == kagzi.StatusRunning })
+	close(release)
+	eventually(t, "the type-limited run to complete once the holder did", func() bool {
+		return runStatus(t, e.client, heldType) == kagzi.StatusCompleted
+	})
+	if h := holdOf(heldType); h != nil {
+		t.Errorf("a finished run shows a hold: %+v", h)
+	}
+}
+
+func TestCancellingARunFreesItsKeyPlaceAtOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := blockingWorkflow("per-customer", nil)
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "per-customer", KeyConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, e.client, fastWorker(), wf)
+	first, err := kagzi.Start(ctx, e.client, wf, "signal", kagzi.WithConcurrencyKey("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the first run to wait", func() bool { return runStatus(t, e.client, first.RunID) == kagzi.StatusSleeping })
+	second, err := kagzi.Start(ctx, e.client, wf, "signal", kagzi.WithConcurrencyKey("c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the second run to be held", func() bool {
+		info, err := e.client.GetRun(ctx, second.RunID)
+		return err == nil && info.Hold != nil && info.Hold.Limit == "key-concurrency"
+	})
+	if err := e.client.Cancel(ctx, first.RunID); err != nil {
+		t.Fatal(err)
+	}
+	// The cancel frees the key: the second run begins (and waits for its own signal)
+	// without waiting for any lease or poll.
+	eventually(t, "the second run to begin", func() bool { return runStatus(t, e.client, second.RunID) == kagzi.StatusSleeping })
+}
+
+func TestRaisingALimitAtRuntimeAdmitsMoreRunsAndASleepingRunGivesItsSlotBack(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	wf := blockingWorkflow("batch", release)
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "batch", Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 10
+	runWorker(t, e.client, cfg, wf)
+	// A run waiting for a signal is SLEEPING and holds no slot: the others still run.
+	waiter, err := kagzi.Start(ctx, e.client, wf, "signal")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the waiter to sleep", func() bool { return runStatus(t, e.client, waiter.RunID) == kagzi.StatusSleeping })
+	for i := range 4 {
+		if _, err := kagzi.Start(ctx, e.client, wf, fmt.Sprint(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "one run to hold the slot", func() bool { return countStatus(t, e, "batch", kagzi.StatusRunning) == 1 })
+	if n := countStatus(t, e, "batch", kagzi.StatusPending); n != 3 {
+		t.Fatalf("%d runs PENDING under a limit of 1, want 3", n)
+	}
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "batch", Concurrency: 3}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the raised limit to admit two more runs", func() bool { return countStatus(t, e, "batch", kagzi.StatusRunning) == 3 })
+	if err := e.client.DeleteLimits(ctx, "batch"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the removed limit to admit the last run", func() bool { return countStatus(t, e, "batch", kagzi.StatusRunning) == 4 })
+	close(release)
+	eventually(t, "the runs to complete", func() bool { return countStatus(t, e, "batch", kagzi.StatusCompleted) == 4 })
+}

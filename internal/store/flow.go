@@ -1,0 +1,192 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// FlowLimits are the limits of a workflow type in a namespace (kagzi.flow_limits). A
+// nil field is no such limit.
+type FlowLimits struct {
+	Namespace      string
+	WorkflowType   string
+	Concurrency    *int
+	KeyConcurrency *int
+	Rate           *int
+	RatePeriod     time.Duration
+	KeyRate        *int
+	KeyRatePeriod  time.Duration
+	UpdatedAt      time.Time
+}
+
+const flowLimitsColumns = `namespace, workflow_type, concurrency, key_concurrency,
+	rate, rate_period_ms, key_rate, key_rate_period_ms, updated_at`
+
+func scanFlowLimits(row pgx.Row) (FlowLimits, error) {
+	var l FlowLimits
+	var period, keyPeriod *int64
+	err := row.Scan(&l.Namespace, &l.WorkflowType, &l.Concurrency, &l.KeyConcurrency,
+		&l.Rate, &period, &l.KeyRate, &keyPeriod, &l.UpdatedAt)
+	if period != nil {
+		l.RatePeriod = time.Duration(*period) * time.Millisecond
+	}
+	if keyPeriod != nil {
+		l.KeyRatePeriod = time.Duration(*keyPeriod) * time.Millisecond
+	}
+	return l, err
+}
+
+// setFlowLimits stores a type's limits and tells its workers, whose claims read them:
+// a raised limit may admit runs at once.
+var setFlowLimits = named(`
+WITH upsert AS (
+	INSERT INTO kagzi.flow_limits AS l (namespace, workflow_type, concurrency, key_concurrency,
+		rate, rate_period_ms, key_rate, key_rate_period_ms)
+	VALUES (@namespace, @workflow_type, @concurrency, @key_concurrency, @rate, @rate_period_ms,
+		@key_rate, @key_rate_period_ms)
+	ON CONFLICT (namespace, workflow_type) DO UPDATE SET
+		concurrency = excluded.concurrency, key_concurrency = excluded.key_concurrency,
+		rate = excluded.rate,
+		rate_period_ms = excluded.rate_period_ms, key_rate = excluded.key_rate,
+		key_rate_period_ms = excluded.key_rate_period_ms, updated_at = now()
+	RETURNING `+flowLimitsColumns+`
+)
+SELECT upsert.*, pg_notify('`+Channel+`', 'w|' || octet_length(namespace) || ':' || namespace || '|' || workflow_type
+	|| '|' || (extract(epoch FROM now()) * 1000)::bigint)::text FROM upsert`,
+	arg("namespace", "text", func(l *FlowLimits) string { return l.Namespace }),
+	arg("workflow_type", "text", func(l *FlowLimits) string { return l.WorkflowType }),
+	arg("concurrency", "integer", func(l *FlowLimits) *int { return l.Concurrency }),
+	arg("key_concurrency", "integer", func(l *FlowLimits) *int { return l.KeyConcurrency }),
+	arg("rate", "integer", func(l *FlowLimits) *int { return l.Rate }),
+	arg("rate_period_ms", "bigint", func(l *FlowLimits) *int64 { return millis(l.Rate, l.RatePeriod) }),
+	arg("key_rate", "integer", func(l *FlowLimits) *int { return l.KeyRate }),
+	arg("key_rate_period_ms", "bigint", func(l *FlowLimits) *int64 { return millis(l.KeyRate, l.KeyRatePeriod) }),
+)
+
+// millis is the period of a rate in milliseconds, nil when the rate is.
+func millis(rate *int, period time.Duration) *int64 {
+	if rate == nil {
+		return nil
+	}
+	ms := period.Milliseconds()
+	return &ms
+}
+
+// SetFlowLimits stores the limits of a workflow type, replacing any before.
+func SetFlowLimits(ctx context.Context, db DBTX, l FlowLimits) (FlowLimits, error) {
+	var notified string
+	row := db.QueryRow(ctx, setFlowLimits.sql, setFlowLimits.args(&l)...)
+	var out FlowLimits
+	var period, keyPeriod *int64
+	err := row.Scan(&out.Namespace, &out.WorkflowType, &out.Concurrency, &out.KeyConcurrency,
+		&out.Rate, &period, &out.KeyRate, &keyPeriod, &out.UpdatedAt, &notified)
+	if period != nil {
+		out.RatePeriod = time.Duration(*period) * time.Millisecond
+	}
+	if keyPeriod != nil {
+		out.KeyRatePeriod = time.Duration(*keyPeriod) * time.Millisecond
+	}
+	return out, err
+}
+
+// GetFlowLimits reads the limits of a workflow type, or ErrNotFound.
+func GetFlowLimits(ctx context.Context, db DBTX, namespace, workflowType string) (FlowLimits, error) {
+	l, err := scanFlowLimits(db.QueryRow(ctx, `SELECT `+flowLimitsColumns+` FROM kagzi.flow_limits
+		WHERE namespace = $1 AND workflow_type = $2`, namespace, workflowType))
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, ErrNotFound
+	}
+	return l, err
+}
+
+// ListFlowLimits lists the limits of the namespace's workflow types, by type.
+func ListFlowLimits(ctx context.Context, db DBTX, namespace string) ([]FlowLimits, error) {
+	rows, err := db.Query(ctx, `SELECT `+flowLimitsColumns+` FROM kagzi.flow_limits WHERE namespace = $1
+		ORDER BY workflow_type`, namespace)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (FlowLimits, error) { return scanFlowLimits(row) })
+}
+
+// DeleteFlowLimits removes the limits of a workflow type (and its rate windows), and
+// tells its workers. It returns ErrNotFound when the type had none.
+func DeleteFlowLimits(ctx context.Context, db DBTX, namespace, workflowType string) error {
+	var n int
+	err := db.QueryRow(ctx, `
+		WITH gone AS (
+			DELETE FROM kagzi.flow_limits WHERE namespace = $1 AND workflow_type = $2 RETURNING 1
+		), windows AS (
+			DELETE FROM kagzi.flow_rates WHERE namespace = $1 AND workflow_type = $2
+		)
+		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':' || $1 || '|' || $2
+			|| '|' || (extract(epoch FROM now()) * 1000)::bigint)::text) FROM gone`, namespace, workflowType).Scan(&n, new(*string))
+	if err == nil && n == 0 {
+		return ErrNotFound
+	}
+	return err
+}
+
+// PruneFlowRates deletes the rate windows not used for a day (limits' periods are at
+// most a day, so they count nothing any more).
+func PruneFlowRates(ctx context.Context, db DBTX, namespace string) (int64, error) {
+	tag, err := db.Exec(ctx, `DELETE FROM kagzi.flow_rates WHERE namespace = $1 AND window_start < now() - interval '1 day'`,
+		namespace)
+	return tag.RowsAffected(), err
+}
+
+// FlowHold says what holds a PENDING run back, as far as the database can tell.
+type FlowHold struct {
+	// Limit names it: "concurrency" (the type's), "key-concurrency", "rate" (the
+	// type's), "key-rate".
+	Limit string
+	// Until is when a rate window admits a start again (nil: when a holder stops).
+	Until *time.Time
+}
+
+// RunHold tells what flow control holds a claimable PENDING run back by, or nil: a
+// run of a concurrency key whose key is full, of a type whose concurrency limit or
+// rate window is full, or of a key whose rate window is.
+func RunHold(ctx context.Context, db DBTX, namespace string, r Run) (*FlowHold, error) {
+	var limit *string
+	var rateNext, keyRateNext *time.Time
+	err := db.QueryRow(ctx, `
+		SELECT CASE
+			WHEN l.key_concurrency IS NOT NULL AND $3::text IS NOT NULL AND (
+				SELECT count(*) FROM kagzi.runs h
+				WHERE h.namespace = $1 AND h.workflow_type = $2 AND h.flow_key = $3
+				  AND h.started_at IS NOT NULL AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')) >= l.key_concurrency
+				THEN 'key-concurrency'
+			WHEN l.concurrency IS NOT NULL AND (
+				SELECT count(*) FROM kagzi.runs h
+				WHERE h.namespace = $1 AND h.workflow_type = $2 AND h.holds_type_slot AND h.available_at > now())
+				>= l.concurrency THEN 'concurrency'
+			WHEN l.rate IS NOT NULL AND kagzi.flow_rate_next($1, $2, '', l.rate, l.rate_period_ms) > now() THEN 'rate'
+			WHEN l.key_rate IS NOT NULL AND $3::text IS NOT NULL
+				AND kagzi.flow_rate_next($1, $2, $3, l.key_rate, l.key_rate_period_ms) > now() THEN 'key-rate'
+			END,
+			CASE WHEN l.rate IS NOT NULL THEN kagzi.flow_rate_next($1, $2, '', l.rate, l.rate_period_ms) END,
+			CASE WHEN l.key_rate IS NOT NULL AND $3::text IS NOT NULL
+				THEN kagzi.flow_rate_next($1, $2, $3, l.key_rate, l.key_rate_period_ms) END
+		FROM kagzi.flow_limits l WHERE l.namespace = $1 AND l.workflow_type = $2`,
+		namespace, r.WorkflowType, r.FlowKey).Scan(&limit, &rateNext, &keyRateNext)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, nil
+	case err != nil:
+		return nil, err
+	case limit == nil:
+		return nil, nil
+	}
+	h := &FlowHold{Limit: *limit}
+	switch h.Limit {
+	case "rate":
+		h.Until = rateNext
+	case "key-rate":
+		h.Until = keyRateNext
+	}
+	return h, nil
+}
