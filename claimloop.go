@@ -154,6 +154,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 	// dropped them until the lease passed. It is bounded by the lease instead, and the
 	// runs of a claim that returns after ctx ended are handed back (see drain).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
+	w.claimer.Finishing = w.finishingPlaces()
 	claimed, err := store.ClaimRuns(cctx, w.client.pool, w.claimer, free)
 	cancel()
 	w.hookClaim(ctx, free, len(claimed), began, err)

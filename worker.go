@@ -111,6 +111,9 @@ type Worker struct {
 	// finishing counts the runs of active whose workflow function has returned and
 	// whose end is being written: they no longer take a slot (see releaseSlot).
 	finishing int
+	// finishingHolders are those of them that hold a flow-control place (a type slot,
+	// a concurrency key's place): the claim does not count them against the limits.
+	finishingHolders map[uuid.UUID]struct{}
 	// handBack holds runs whose executions stopped for the shutdown.
 	handBack []store.Fence
 	slotFree chan struct{}
@@ -139,7 +142,8 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 	w := &Worker{client: client, cfg: cfg, defs: map[string]*definition{},
 		db: committer.New(client.pool, 256), ends: committer.New(client.pool, maxEndsBatch),
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
-		active: map[uuid.UUID]*execution{}, slotFree: make(chan struct{}, 1)}
+		active: map[uuid.UUID]*execution{}, finishingHolders: map[uuid.UUID]struct{}{},
+		slotFree: make(chan struct{}, 1)}
 	w.ends.GatherWhenBusy(endsGather, endsGatherMin, w.backlog.Load)
 	for _, c := range []*committer.Committer{w.db, w.ends} {
 		c.SetupMergedBatches(store.KeyedPlansSQL)
@@ -338,6 +342,20 @@ func (w *Worker) freeSlots() int {
 	return w.cfg.MaxConcurrent - (len(w.active) - w.finishing)
 }
 
+// finishingPlaces lists the runs of finishingHolders, for the claim.
+func (w *Worker) finishingPlaces() [][16]byte {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.finishingHolders) == 0 {
+		return nil
+	}
+	ids := make([][16]byte, 0, len(w.finishingHolders))
+	for id := range w.finishingHolders {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
 // How the ends of runs are batched (see Worker.ends and releaseSlot). Measured on a
 // 2-core box, 1-step burn-down of 100,000 runs with 100 slots, alternating rounds:
 // at most MaxConcurrent finishing and no holding back, ~15,500-16,500 runs/s; 4×
@@ -364,6 +382,9 @@ func (w *Worker) releaseSlot(x *execution) {
 	}
 	x.finishing = true
 	w.finishing++
+	if x.run.HoldsSlot || x.run.ConcurrencyKey != "" {
+		w.finishingHolders[x.run.RunID] = struct{}{}
+	}
 	w.mu.Unlock()
 	select {
 	case w.slotFree <- struct{}{}:
@@ -381,6 +402,7 @@ func (w *Worker) start(run store.ClaimedRun, sent, claimedAt time.Time) {
 		// was still writing its end: that one no longer counts.
 		old.finishing = false
 		w.finishing--
+		delete(w.finishingHolders, run.RunID)
 	}
 	w.active[run.RunID] = x
 	w.mu.Unlock()
@@ -396,6 +418,7 @@ func (w *Worker) executionDone(x *execution) {
 		delete(w.active, x.run.RunID)
 		if x.finishing {
 			w.finishing--
+			delete(w.finishingHolders, x.run.RunID)
 		}
 	}
 	w.mu.Unlock()

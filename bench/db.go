@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -207,6 +208,22 @@ func (d *database) pool(ctx context.Context, maxConns int32, c *counter) (*pgxpo
 		cfg.ConnConfig.Tracer = c
 	} else {
 		cfg.ConnConfig.Tracer = nil
+	}
+	if ms := os.Getenv("KAGZI_BENCH_EXPLAIN_MS"); ms != "" && c != nil {
+		// Print the plans of the statements (nested ones too) slower than ms.
+		cfg.ConnConfig.OnNotice = func(_ *pgconn.PgConn, n *pgconn.Notice) {
+			fmt.Fprintf(os.Stderr, "%s\n", n.Message)
+		}
+		cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			for _, sql := range []string{"LOAD 'auto_explain'", "SET auto_explain.log_min_duration = " + ms,
+				"SET auto_explain.log_nested_statements = on", "SET auto_explain.log_analyze = on",
+				"SET client_min_messages = log"} {
+				if _, err := conn.Exec(ctx, sql); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 	}
 	return pgxpool.NewWithConfig(ctx, cfg)
 }

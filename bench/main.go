@@ -44,6 +44,7 @@ func main() {
 		verbose   = flag.Bool("v", false, "log the systems' warnings")
 		sqlTop    = flag.Int("sql", 0, "print the N statements of each system variant that took the most time (to stderr)")
 		cpuprof   = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+		flowParts = flag.String("flow", "flownone,flowtype,flowkeys,flowrate,fair", "the parts of the flow workload, comma-separated")
 	)
 	flag.Parse()
 	set := map[string]bool{}
@@ -53,7 +54,10 @@ func main() {
 		latencySamples: *samples, latencyBudget: *budget,
 		sleepers: *sleepers, sleepSlots: *sleepSl, sleep: *sleep, sleepTimeout: 60 * time.Second,
 		steps: *steps, stepReps: *stepReps, idleFor: *idleFor, slots: *slots, conns: int32(*conns),
-		sqlStats: *sqlTop > 0,
+		sqlStats: *sqlTop > 0, flowModes: map[string]bool{},
+	}
+	for _, m := range strings.Split(*flowParts, ",") {
+		p.flowModes[strings.TrimSpace(m)] = true
 	}
 	if *cpuprof != "" {
 		f, err := os.Create(*cpuprof)
@@ -308,6 +312,9 @@ func runVariant(ctx context.Context, v variant, p params, wl map[string]bool, re
 			res.set(v.col, "steprt", s.rtPerStep, "")
 			res.set(v.col, "stepms", msf(s.perStep), "")
 		}
+	}
+	if wl["flow"] {
+		runFlow(ctx, r, p, res, v.col, say)
 	}
 	if wl["idle"] {
 		say("idle: counting statements for %s with nothing to do", p.idleFor)

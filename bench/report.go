@@ -98,7 +98,7 @@ func printReport(ctx context.Context, w io.Writer, p params, r *results) {
 	}
 	fmt.Fprintln(w)
 
-	figs := figures(p)
+	figs := append(figures(p), flowFigures()...)
 	var notes []string
 	noteRef := map[string]int{}
 	ref := func(n string) string {

@@ -35,6 +35,8 @@ type params struct {
 	conns int32 // connections per pool
 
 	sqlStats bool // keep the count and time of every statement
+
+	flowModes map[string]bool // the flow workload's parts: flownone, flowtype, flowkeys, flowrate, fair
 }
 
 func newCounter(p params) *counter {

@@ -29,8 +29,10 @@ type ClaimedRun struct {
 	// Takeovers counts the claims, this one included, that took the run over after
 	// its worker's lease passed.
 	Takeovers int
-	// ConcurrencyKey is the run's concurrency key ("": none).
+	// ConcurrencyKey is the run's concurrency key ("": none); HoldsSlot reports that the
+	// claim took a slot of its type's concurrency limit.
 	ConcurrencyKey string
+	HoldsSlot      bool
 	Steps          map[string]StepRecord
 	// AvailableAt is when the run became claimable (before this claim); Carrier the
 	// trace context stored at its start (nil: none).
@@ -63,7 +65,7 @@ type StepRecord struct {
 // It runs with Postgres's generic plans (see genericPlanSQL and KeyedPlansSQL):
 // planning the claim anew at each call, as Postgres chose to, took 0.26 ms, more than
 // the claim of one run itself (0.15 ms).
-const claimSQL = `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7)`
+const claimSQL = `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7, $8)`
 
 // Claimer is who claims: a worker of a namespace, the workflow types it registered
 // (with the version of each), and its lease. Cursors holds the last key the worker
@@ -75,6 +77,10 @@ type Claimer struct {
 	WorkerID  string
 	Lease     time.Duration
 	Cursors   map[string]string
+	// Finishing are the worker's runs that hold a type slot or a key's place and whose
+	// workflow functions returned: their ends are being written, and the claim does
+	// not count them against the limits.
+	Finishing [][16]byte
 }
 
 // claimedStepsSQL loads the recorded steps of runs the caller has just claimed ($1).
@@ -96,7 +102,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) ([]ClaimedRun
 		cursors[i] = c.Cursors[t]
 	}
 	rows, err := queryAfter(ctx, db, genericPlanSQL, claimSQL, c.Namespace, c.Types, c.Versions, cursors,
-		c.WorkerID, c.Lease.Milliseconds(), limit)
+		c.WorkerID, c.Lease.Milliseconds(), limit, c.Finishing)
 	if err != nil {
 		return nil, err
 	}
@@ -111,10 +117,10 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) ([]ClaimedRun
 		var attempt, takeovers *int
 		var dbNow, availableAt, createdAt *time.Time
 		var workflowID, version *string
-		var cancelRequested *bool
+		var cancelRequested, holdsSlot *bool
 		if err := rows.Scan(&id, &r.Namespace, &workflowID, &r.WorkflowType, &version, &r.Input, &attempt,
 			&epoch, &cancelRequested, &r.Deadline, &createdAt, &dbNow, &availableAt, &r.Carrier, &hasSteps,
-			&takeovers, &key); err != nil {
+			&takeovers, &key, &holdsSlot); err != nil {
 			rows.Close()
 			return nil, err
 		}
@@ -133,6 +139,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) ([]ClaimedRun
 		if key != nil {
 			r.ConcurrencyKey = *key
 		}
+		r.HoldsSlot = holdsSlot != nil && *holdsSlot
 		r.Steps = map[string]StepRecord{}
 		if *hasSteps {
 			resumed = append(resumed, r.RunID)
@@ -209,7 +216,8 @@ SELECT least(
 	(SELECT min(d.available_at) FROM unnest($2::text[]) AS t(workflow_type), LATERAL (
 		SELECT q.available_at FROM kagzi.runs q
 		WHERE q.namespace = $1 AND q.workflow_type = t.workflow_type
-		  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING' AND q.available_at > now()
+		  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING' AND q.priority >= 0
+		  AND q.available_at > now()
 		ORDER BY q.available_at LIMIT 1) d),
 	-- When a full rate window admits again (a window that already admits holds
 	-- nothing back, so a time past is none).

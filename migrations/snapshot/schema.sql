@@ -22,19 +22,27 @@ CREATE TYPE kagzi.claimed_run AS (
 	trace_carrier jsonb,
 	has_steps boolean,
 	takeovers integer,
-	flow_key text
+	flow_key text,
+	holds_slot boolean
 );
 
-CREATE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[], p_worker text, p_lease_ms bigint, p_n integer) RETURNS SETOF kagzi.claimed_run
+CREATE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[], p_worker text, p_lease_ms bigint, p_n integer, p_finishing uuid[]) RETURNS SETOF kagzi.claimed_run
     LANGUAGE plpgsql
     AS $$
 DECLARE
     nt integer := coalesce(cardinality(p_types), 0);
     budget integer := p_n;
+    fin uuid[] := coalesce(p_finishing, '{}');
     lims kagzi.flow_limits[] := '{}';
     allow integer[] := '{}';
     taken integer[] := '{}';
+    -- Per type: its visited keys (joined by \x1f), how many come before the runs of no
+    -- key (split), whether those have a turn in this claim, and the rank of the last
+    -- member served (key at position p: 2p; the runs of no key: 2 split + 1).
     key_lists text[] := '{}';
+    split integer[] := '{}';
+    nokey_turn boolean[] := '{}';
+    served integer[] := '{}';
     plain_types text[] := '{}';
     plain_versions text[] := '{}';
     lim kagzi.flow_limits;
@@ -42,11 +50,16 @@ DECLARE
     ids uuid[];
     versions text[];
     ks text[];
+    sub text[];
+    cur text;
+    m integer;
     i integer;
     pass integer;
+    seg integer;
     n integer;
     held integer;
     share integer;
+    rank integer;
 BEGIN
     IF budget <= 0 THEN
         RETURN;
@@ -55,89 +68,105 @@ BEGIN
         lim := NULL;
         SELECT * INTO lim FROM kagzi.flow_limits l WHERE l.namespace = p_ns AND l.workflow_type = p_types[i];
         lims := lims || lim;
-        allow := allow || budget;
-        taken := taken || 0;
         IF lim.concurrency IS NOT NULL THEN
             PERFORM pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || p_ns || '|' || p_types[i], 0));
-        ELSIF lim.rate IS NULL THEN
-            plain_types := plain_types || p_types[i];
-            plain_versions := plain_versions || p_versions[i];
         END IF;
     END LOOP;
-    -- Each limited type's room, counted by statements that start after the locks.
+    -- Each limited type's room, counted by statements that start after the locks, and
+    -- the members of each type's ring to visit.
     FOR i IN 1 .. nt LOOP
+        allow := allow || budget;
+        taken := taken || 0;
+        served := served || 0;
         IF lims[i].concurrency IS NOT NULL THEN
             -- A holder whose lease passed (its worker died) no longer counts: its slot
             -- is free, and the claim that takes the run over holds it again.
             SELECT count(*) INTO held FROM kagzi.runs r
             WHERE r.namespace = p_ns AND r.workflow_type = p_types[i] AND r.holds_type_slot
-              AND r.available_at > now();
+              AND r.available_at > now() AND r.run_id <> ALL (fin);
             allow[i] := greatest(least(allow[i], lims[i].concurrency - held), 0);
         END IF;
         IF lims[i].rate IS NOT NULL THEN
             allow[i] := least(allow[i], kagzi.flow_rate_room(p_ns, p_types[i], '', lims[i].rate, lims[i].rate_period_ms));
         END IF;
-        -- The keys with queued runs, from the type's cursor on, then from the first
-        -- key up to the cursor; the keys with a concurrency limit are locked.
+        -- The keys with queued runs after the cursor, then, if the ring's end came
+        -- first, the runs of no key and the keys from the first one up to the cursor;
+        -- the keys with a concurrency limit are locked.
+        cur := coalesce(p_cursors[i], '');
+        m := allow[i] + 16; -- a few more keys than the room, for keys without any
         ks := '{}';
+        sub := '{}';
         IF allow[i] > 0 THEN
-            ks := kagzi.flow_keys_after(p_ns, p_types[i], coalesce(p_cursors[i], ''), NULL, allow[i] + 16);
-            IF cardinality(ks) < allow[i] + 16 AND coalesce(p_cursors[i], '') <> '' THEN
-                ks := ks || kagzi.flow_keys_after(p_ns, p_types[i], '', p_cursors[i], allow[i] + 16 - cardinality(ks));
-            END IF;
-            IF lims[i].key_concurrency IS NOT NULL THEN
-                ks := ARRAY(SELECT k FROM unnest(ks) WITH ORDINALITY AS u(k, o)
-                    WHERE pg_try_advisory_xact_lock(
-                        hashtextextended('kagzi.flow.key|' || p_ns || '|' || p_types[i] || '|' || k, 0))
-                    ORDER BY o);
+            ks := kagzi.flow_keys_after(p_ns, p_types[i], cur, NULL, m);
+            IF cur > E'\x01' AND cardinality(ks) < m THEN
+                sub := kagzi.flow_keys_after(p_ns, p_types[i], '', cur, m - cardinality(ks));
             END IF;
         END IF;
+        nokey_turn := nokey_turn || (cur = '' OR cardinality(ks) < m);
+        IF lims[i].key_concurrency IS NOT NULL THEN
+            ks := kagzi.flow_lock_keys(p_ns, p_types[i], ks);
+            sub := kagzi.flow_lock_keys(p_ns, p_types[i], sub);
+        END IF;
+        split := split || CASE WHEN cur = '' THEN 0 ELSE cardinality(ks) END;
+        ks := ks || sub;
         key_lists := key_lists || array_to_string(ks, E'\x1f');
-        IF cardinality(ks) > 0 THEN
-            -- The type's next cursor: a row without a run, the last key visited.
-            RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                NULL, NULL, ks[cardinality(ks)])::kagzi.claimed_run;
+        IF lims[i].concurrency IS NULL AND lims[i].rate IS NULL AND cardinality(ks) = 0 THEN
+            plain_types := plain_types || p_types[i];
+            plain_versions := plain_versions || p_versions[i];
+            allow[i] := 0; -- claimed below with the other plain types
         END IF;
     END LOOP;
 
-    FOR pass IN 1 .. 3 LOOP
-        -- Pass 1: each key's share; pass 2: the runs of no key; pass 3: the room left.
+    FOR pass IN 1 .. 2 LOOP
+        -- Pass 1: each member's share, in ring order; pass 2: the room left, to the
+        -- same members, then to the runs of no key whether or not they had a turn.
         FOR i IN 1 .. nt LOOP
             EXIT WHEN budget <= 0;
             CONTINUE WHEN allow[i] <= 0;
-            IF pass = 2 THEN
-                CONTINUE WHEN lims[i].concurrency IS NULL AND lims[i].rate IS NULL; -- claimed below with the others
-                batch := ARRAY(SELECT c FROM kagzi.claim_runs(ARRAY(
-                    SELECT c.run_id FROM kagzi.runs c
-                    WHERE c.namespace = p_ns AND c.workflow_type = p_types[i]
-                      AND c.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND c.available_at <= now()
-                      AND (c.flow_key IS NULL OR c.started_at IS NOT NULL)
-                      AND (c.version IS NULL OR c.version = p_versions[i])
-                    ORDER BY c.available_at
-                    LIMIT least(allow[i], budget)
-                    FOR UPDATE SKIP LOCKED), array_fill(p_versions[i], ARRAY[least(allow[i], budget)]),
-                    p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL) c);
-            ELSE
-                CONTINUE WHEN key_lists[i] = '';
-                ks := string_to_array(key_lists[i], E'\x1f');
-                share := CASE WHEN pass = 1 THEN ceil(least(allow[i], budget)::numeric / (cardinality(ks) + 1))::integer
-                    ELSE least(allow[i], budget) END;
-                batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], ks, share,
-                    least(allow[i], budget), lims[i].key_concurrency,
-                    lims[i].key_rate, lims[i].key_rate_period_ms, p_worker, p_lease_ms,
-                    lims[i].concurrency IS NOT NULL) c);
-                IF lims[i].key_rate IS NOT NULL THEN
-                    PERFORM kagzi.flow_rate_add(p_ns, p_types[i], b.flow_key, lims[i].key_rate_period_ms, count(*)::integer)
-                    FROM unnest(batch) b GROUP BY b.flow_key;
+            ks := CASE WHEN key_lists[i] = '' THEN '{}'::text[] ELSE string_to_array(key_lists[i], E'\x1f') END;
+            share := CASE WHEN pass = 1 THEN ceil(least(allow[i], budget)::numeric / (cardinality(ks) + 1))::integer
+                ELSE least(allow[i], budget) END;
+            FOR seg IN 1 .. 4 LOOP
+                -- 1: the keys before the runs of no key, 2: those runs (when it is their
+                -- turn), 3: the keys after them, 4 (pass 2): those runs in any case.
+                EXIT WHEN budget <= 0 OR allow[i] <= 0;
+                CONTINUE WHEN (seg = 2 AND NOT nokey_turn[i]) OR (seg = 4 AND (pass = 1 OR nokey_turn[i]));
+                n := least(share, allow[i], budget);
+                IF seg IN (2, 4) THEN
+                    batch := ARRAY(SELECT c FROM kagzi.claim_runs(ARRAY(
+                        SELECT c.run_id FROM kagzi.runs c
+                        WHERE c.namespace = p_ns AND c.workflow_type = p_types[i]
+                          AND c.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND c.available_at <= now()
+                          AND (c.flow_key IS NULL OR c.started_at IS NOT NULL)
+                          AND (c.version IS NULL OR c.version = p_versions[i])
+                        ORDER BY c.available_at
+                        LIMIT n
+                        FOR UPDATE SKIP LOCKED), array_fill(p_versions[i], ARRAY[n]),
+                        p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL) c);
+                    IF cardinality(batch) > 0 THEN
+                        served[i] := greatest(served[i], 2 * split[i] + 1);
+                    END IF;
+                ELSE
+                    sub := CASE WHEN seg = 1 THEN ks[1:split[i]] ELSE ks[split[i] + 1:cardinality(ks)] END;
+                    CONTINUE WHEN coalesce(cardinality(sub), 0) = 0;
+                    batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], sub, share,
+                        least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,
+                        lims[i].key_rate_period_ms, p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL, fin) c);
+                    IF lims[i].key_rate IS NOT NULL THEN
+                        PERFORM kagzi.flow_rate_add(p_ns, p_types[i], b.flow_key, lims[i].key_rate_period_ms, count(*)::integer)
+                        FROM unnest(batch) b GROUP BY b.flow_key;
+                    END IF;
+                    served[i] := greatest(served[i], coalesce((SELECT 2 * max(array_position(ks, b.flow_key))
+                        FROM unnest(batch) b), 0));
                 END IF;
-            END IF;
-            n := coalesce(cardinality(batch), 0);
-            allow[i] := allow[i] - n;
-            taken[i] := taken[i] + n;
-            budget := budget - n;
-            RETURN QUERY SELECT * FROM unnest(batch);
+                n := coalesce(cardinality(batch), 0);
+                allow[i] := allow[i] - n;
+                taken[i] := taken[i] + n;
+                budget := budget - n;
+                RETURN QUERY SELECT * FROM unnest(batch);
+            END LOOP;
         END LOOP;
-        IF pass = 2 AND budget > 0 AND cardinality(plain_types) > 0 THEN
+        IF pass = 1 AND budget > 0 AND cardinality(plain_types) > 0 THEN
             SELECT array_agg(c.run_id ORDER BY c.available_at), array_agg(c.version ORDER BY c.available_at)
             INTO ids, versions
             FROM (
@@ -163,25 +192,36 @@ BEGIN
             END IF;
         END IF;
     END LOOP;
-    -- The type's own rate window counts every claim of its runs.
     FOR i IN 1 .. nt LOOP
+        -- The type's own rate window counts every claim of its runs.
         IF lims[i].rate IS NOT NULL AND taken[i] > 0 THEN
             PERFORM kagzi.flow_rate_add(p_ns, p_types[i], '', lims[i].rate_period_ms, taken[i]);
         END IF;
+        -- The type's next cursor: the last member served, else the last one visited.
+        CONTINUE WHEN key_lists[i] = '';
+        ks := string_to_array(key_lists[i], E'\x1f');
+        rank := CASE WHEN served[i] > 0 THEN served[i]
+            WHEN cardinality(ks) > split[i] THEN 2 * cardinality(ks)
+            WHEN nokey_turn[i] THEN 2 * split[i] + 1
+            ELSE 2 * cardinality(ks) END;
+        RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, CASE WHEN rank % 2 = 1 THEN E'\x01' ELSE ks[rank / 2] END, NULL)::kagzi.claimed_run;
     END LOOP;
 END $$;
 
-CREATE FUNCTION kagzi.claim_keyed(p_ns text, p_type text, p_version text, ks text[], p_share integer, p_max integer, p_key_concurrency integer, p_key_rate integer, p_key_rate_period_ms bigint, p_worker text, p_lease_ms bigint, p_holds_slot boolean) RETURNS SETOF kagzi.claimed_run
-    LANGUAGE sql
+CREATE FUNCTION kagzi.claim_keyed(p_ns text, p_type text, p_version text, ks text[], p_share integer, p_max integer, p_key_concurrency integer, p_key_rate integer, p_key_rate_period_ms bigint, p_worker text, p_lease_ms bigint, p_holds_slot boolean, p_finishing uuid[]) RETURNS SETOF kagzi.claimed_run
+    LANGUAGE plpgsql
     AS $$
-    SELECT * FROM kagzi.claim_runs(ARRAY(
+BEGIN
+    RETURN QUERY SELECT * FROM kagzi.claim_runs(ARRAY(
         SELECT q.run_id FROM unnest(ks) WITH ORDINALITY AS k(k, o)
         CROSS JOIN LATERAL (
             SELECT greatest(least(p_share,
-                coalesce(p_key_concurrency - (
+                CASE WHEN p_key_concurrency IS NULL THEN p_share ELSE p_key_concurrency - (
                     SELECT count(*)::integer FROM kagzi.runs h
                     WHERE h.namespace = p_ns AND h.workflow_type = p_type AND h.flow_key = k.k
-                      AND h.started_at IS NOT NULL AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')), p_share),
+                      AND h.started_at IS NOT NULL AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')
+                      AND h.run_id <> ALL (p_finishing)) END,
                 CASE WHEN p_key_rate IS NULL THEN p_share
                     ELSE kagzi.flow_rate_room(p_ns, p_type, k.k, p_key_rate, p_key_rate_period_ms) END), 0) AS room
         ) rm
@@ -195,13 +235,14 @@ CREATE FUNCTION kagzi.claim_keyed(p_ns text, p_type text, p_version text, ks tex
             FOR UPDATE SKIP LOCKED
         ) q
         ORDER BY k.o
-        LIMIT p_max), array_fill(p_version, ARRAY[p_max]), p_worker, p_lease_ms, p_holds_slot)
-$$;
+        LIMIT p_max), array_fill(p_version, ARRAY[p_max]), p_worker, p_lease_ms, p_holds_slot);
+END $$;
 
 CREATE FUNCTION kagzi.claim_runs(p_ids uuid[], p_versions text[], p_worker text, p_lease_ms bigint, p_holds_slot boolean) RETURNS SETOF kagzi.claimed_run
-    LANGUAGE sql
+    LANGUAGE plpgsql
     AS $$
-    WITH prev AS (
+BEGIN
+    RETURN QUERY WITH prev AS (
         SELECT p.run_id, p.version, r.available_at
         FROM unnest(p_ids, p_versions) AS p(run_id, version) JOIN kagzi.runs r ON r.run_id = p.run_id
     )
@@ -220,13 +261,14 @@ CREATE FUNCTION kagzi.claim_runs(p_ids uuid[], p_versions text[], p_worker text,
     WHERE r.run_id = prev.run_id AND r.run_id = ANY (p_ids)
     RETURNING r.run_id, r.namespace, r.workflow_id, r.workflow_type, r.version, r.input, r.attempt,
         r.lease_epoch, r.cancel_requested, r.deadline_at, r.created_at, now(), prev.available_at, r.trace_carrier,
-        r.lease_epoch > 1 OR r.forked_from_run_id IS NOT NULL, r.takeovers, r.flow_key
-$$;
+        r.lease_epoch > 1 OR r.forked_from_run_id IS NOT NULL, r.takeovers, r.flow_key, r.holds_type_slot;
+END $$;
 
 CREATE FUNCTION kagzi.flow_keys_after(p_ns text, p_type text, p_after text, p_until text, p_n integer) RETURNS text[]
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
-    WITH RECURSIVE ks(k, n) AS (
+BEGIN
+    RETURN (WITH RECURSIVE ks(k, n) AS (
         SELECT (SELECT r.flow_key FROM kagzi.runs r
                 WHERE r.namespace = p_ns AND r.workflow_type = p_type AND r.flow_key > p_after
                   AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING'
@@ -239,8 +281,20 @@ CREATE FUNCTION kagzi.flow_keys_after(p_ns text, p_type text, p_after text, p_un
         FROM ks WHERE ks.k IS NOT NULL AND ks.n < p_n
     )
     SELECT coalesce(array_agg(k ORDER BY n), '{}') FROM ks
-    WHERE k IS NOT NULL AND (p_until IS NULL OR k <= p_until) AND p_n > 0
-$$;
+    WHERE k IS NOT NULL AND (p_until IS NULL OR k <= p_until) AND p_n > 0);
+END $$;
+
+CREATE FUNCTION kagzi.flow_lock_keys(p_ns text, p_type text, ks text[]) RETURNS text[]
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF coalesce(cardinality(ks), 0) = 0 THEN
+        RETURN '{}';
+    END IF;
+    RETURN ARRAY(SELECT k FROM unnest(ks) WITH ORDINALITY AS u(k, o)
+        WHERE pg_try_advisory_xact_lock(hashtextextended('kagzi.flow.key|' || p_ns || '|' || p_type || '|' || k, 0))
+        ORDER BY o);
+END $$;
 
 CREATE FUNCTION kagzi.flow_rate_add(p_ns text, p_type text, p_key text, p_period_ms bigint, p_n integer) RETURNS void
     LANGUAGE plpgsql
@@ -274,14 +328,15 @@ BEGIN
 END $$;
 
 CREATE FUNCTION kagzi.flow_rate_next(p_ns text, p_type text, p_key text, p_rate integer, p_period_ms bigint) RETURNS timestamp with time zone
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
-    SELECT w.window_start + (u.first_used - 1 + 11) * ((p_period_ms / 10.0) * interval '1 millisecond')
+BEGIN
+    RETURN (SELECT w.window_start + (u.first_used - 1 + 11) * ((p_period_ms / 10.0) * interval '1 millisecond')
     FROM kagzi.flow_rates w,
         LATERAL (SELECT min(o) AS first_used, sum(s) AS used FROM unnest(w.slots) WITH ORDINALITY AS u(s, o)
                  WHERE s > 0) u
-    WHERE w.namespace = p_ns AND w.workflow_type = p_type AND w.flow_key = p_key AND u.used >= p_rate
-$$;
+    WHERE w.namespace = p_ns AND w.workflow_type = p_type AND w.flow_key = p_key AND u.used >= p_rate);
+END $$;
 
 CREATE FUNCTION kagzi.flow_rate_room(p_ns text, p_type text, p_key text, p_rate integer, p_period_ms bigint) RETURNS integer
     LANGUAGE plpgsql
@@ -455,6 +510,7 @@ CREATE TABLE kagzi.runs (
     debounce_key text,
     debounce_until timestamp with time zone,
     CONSTRAINT runs_namespace_valid CHECK (((namespace <> ''::text) AND (length(namespace) <= 255))),
+    CONSTRAINT runs_priority_check CHECK (((priority >= 0) AND (priority <= 3600))),
     CONSTRAINT runs_status_valid CHECK ((status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text, 'COMPLETED'::text, 'FAILED'::text, 'CANCELLED'::text]))),
     CONSTRAINT runs_workflow_id_valid CHECK (((workflow_id <> ''::text) AND (length(workflow_id) <= 255)))
 );
@@ -621,7 +677,7 @@ CREATE INDEX runs_finished ON kagzi.runs USING btree (namespace, finished_at) WH
 
 CREATE INDEX runs_finished_by_workflow_id ON kagzi.runs USING btree (namespace, workflow_id, created_at DESC) WHERE (status = ANY (ARRAY['COMPLETED'::text, 'FAILED'::text, 'CANCELLED'::text]));
 
-CREATE INDEX runs_key_due ON kagzi.runs USING btree (namespace, workflow_type, available_at) WHERE ((flow_key IS NOT NULL) AND (started_at IS NULL) AND (status = 'PENDING'::text));
+CREATE INDEX runs_key_due ON kagzi.runs USING btree (namespace, workflow_type, available_at) WHERE ((flow_key IS NOT NULL) AND (started_at IS NULL) AND (status = 'PENDING'::text) AND (priority >= 0));
 
 CREATE INDEX runs_key_holders ON kagzi.runs USING btree (namespace, workflow_type, flow_key) WHERE ((flow_key IS NOT NULL) AND (started_at IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])));
 
@@ -637,7 +693,7 @@ CREATE INDEX signals_pending ON kagzi.signals USING btree (run_id, name, id) WHE
 
 CREATE INDEX workers_live ON kagzi.workers USING btree (namespace, last_heartbeat_at) WHERE (status <> 'OFFLINE'::text);
 
-CREATE TRIGGER runs_changed AFTER UPDATE OF status, cancel_requested ON kagzi.runs FOR EACH ROW WHEN ((((old.status IS DISTINCT FROM new.status) AND ((new.parent_run_id IS NOT NULL) OR (new.status = ANY (ARRAY['CANCELLED'::text, 'FAILED'::text])) OR old.holds_type_slot OR (new.flow_key IS NOT NULL))) OR (old.cancel_requested IS DISTINCT FROM new.cancel_requested))) EXECUTE FUNCTION kagzi.run_changed();
+CREATE TRIGGER runs_changed AFTER UPDATE OF status, cancel_requested ON kagzi.runs FOR EACH ROW WHEN ((((old.status IS DISTINCT FROM new.status) AND ((new.parent_run_id IS NOT NULL) OR (new.status = ANY (ARRAY['CANCELLED'::text, 'FAILED'::text])) OR ((old.status = 'RUNNING'::text) AND (old.holds_type_slot OR (new.flow_key IS NOT NULL))))) OR (old.cancel_requested IS DISTINCT FROM new.cancel_requested))) EXECUTE FUNCTION kagzi.run_changed();
 
 CREATE TRIGGER runs_give_slot_back BEFORE UPDATE OF status ON kagzi.runs FOR EACH ROW WHEN ((old.holds_type_slot AND (new.status <> 'RUNNING'::text))) EXECUTE FUNCTION kagzi.run_gives_slot_back();
 
