@@ -102,6 +102,7 @@ CREATE TABLE kagzi.runs (
     forked_from_step text,
     wake_pending boolean DEFAULT false NOT NULL,
     takeovers integer DEFAULT 0 NOT NULL,
+    attributes jsonb,
     CONSTRAINT runs_namespace_valid CHECK (((namespace <> ''::text) AND (length(namespace) <= 255))),
     CONSTRAINT runs_status_valid CHECK ((status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text, 'COMPLETED'::text, 'FAILED'::text, 'CANCELLED'::text]))),
     CONSTRAINT runs_workflow_id_valid CHECK (((workflow_id <> ''::text) AND (length(workflow_id) <= 255)))
@@ -144,7 +145,8 @@ CREATE TABLE kagzi.signals (
     name text NOT NULL,
     payload jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    consumed_by text
+    consumed_by text,
+    key text
 );
 
 CREATE SEQUENCE kagzi.signals_id_seq
@@ -182,7 +184,6 @@ CREATE TABLE kagzi.steps (
     "position" integer,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
-    CONSTRAINT steps_kind_valid CHECK ((kind = ANY (ARRAY['STEP'::text, 'SLEEP'::text, 'CHILD'::text, 'SIGNAL'::text, 'EVENT'::text, 'PATCH'::text]))),
     CONSTRAINT steps_status_valid CHECK ((status = ANY (ARRAY['COMPLETED'::text, 'RETRYING'::text, 'FAILED'::text, 'WAITING'::text])))
 );
 
@@ -236,6 +237,9 @@ ALTER TABLE ONLY kagzi.signals
 ALTER TABLE ONLY kagzi.step_attempts
     ADD CONSTRAINT step_attempts_pkey PRIMARY KEY (run_id, step_key, attempt);
 
+ALTER TABLE kagzi.steps
+    ADD CONSTRAINT steps_kind_valid CHECK ((kind = ANY (ARRAY['STEP'::text, 'SLEEP'::text, 'CHILD'::text, 'SIGNAL'::text, 'EVENT'::text, 'PATCH'::text, 'ATTRIBUTES'::text]))) NOT VALID;
+
 ALTER TABLE ONLY kagzi.steps
     ADD CONSTRAINT steps_pkey PRIMARY KEY (run_id, step_key);
 
@@ -247,7 +251,9 @@ ALTER TABLE ONLY kagzi.workers
 
 CREATE INDEX runs_active_by_schedule ON kagzi.runs USING btree (namespace, schedule_id) WHERE ((schedule_id IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])));
 
-CREATE INDEX runs_by_parent ON kagzi.runs USING btree (parent_run_id, created_at DESC) WHERE (parent_run_id IS NOT NULL);
+CREATE INDEX runs_by_attributes ON kagzi.runs USING gin (attributes jsonb_path_ops) WHERE (attributes IS NOT NULL);
+
+CREATE INDEX runs_by_parent ON kagzi.runs USING btree (parent_run_id, created_at DESC, run_id DESC) WHERE (parent_run_id IS NOT NULL);
 
 CREATE INDEX runs_by_schedule ON kagzi.runs USING btree (namespace, schedule_id, created_at DESC, run_id DESC) WHERE (schedule_id IS NOT NULL);
 
@@ -262,6 +268,8 @@ CREATE INDEX runs_finished_by_workflow_id ON kagzi.runs USING btree (namespace, 
 CREATE UNIQUE INDEX runs_one_active_per_workflow_id ON kagzi.runs USING btree (namespace, workflow_id) WHERE (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text]));
 
 CREATE INDEX schedules_due ON kagzi.schedules USING btree (namespace, next_fire_at) WHERE (NOT paused);
+
+CREATE UNIQUE INDEX signals_key ON kagzi.signals USING btree (run_id, key) WHERE (key IS NOT NULL);
 
 CREATE INDEX signals_pending ON kagzi.signals USING btree (run_id, name, id) WHERE (consumed_by IS NULL);
 
