@@ -39,7 +39,8 @@ func (a *app) runsList(ctx context.Context, args []string) error {
 	if _, err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	f := kagzi.RunFilter{WorkflowType: *typ, WorkflowID: *wfID, ScheduleID: *schedule, PageSize: *limit, PageToken: *token}
+	f := kagzi.RunFilter{WorkflowType: *typ, WorkflowID: *wfID, ScheduleID: *schedule, PageSize: *limit, PageToken: *token,
+		IncludePayloads: true}
 	for _, s := range splitList(*statuses) {
 		f.Statuses = append(f.Statuses, kagzi.RunStatus(strings.ToUpper(s)))
 	}

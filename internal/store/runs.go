@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -111,15 +110,6 @@ const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input
 	attempt, available_at, locked_by, lease_epoch, cancel_requested, deadline_at, created_at,
 	started_at, finished_at, updated_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
 	version, forked_from_run_id, forked_from_step, takeovers`
-
-// runColumnsOfR is runColumns of a table aliased r.
-var runColumnsOfR = func() string {
-	cols := strings.Split(runColumns, ",")
-	for i, c := range cols {
-		cols[i] = "r." + strings.TrimSpace(c)
-	}
-	return strings.Join(cols, ", ")
-}()
 
 // newestByWorkflowIDSQL selects (runColumns and a rank) the run of a workflow id that
 // a lookup by id means: its active run, else, where finished (a condition) holds, its
@@ -268,100 +258,6 @@ func GetRunByWorkflowID(ctx context.Context, db DBTX, namespace, workflowID stri
 		return Run{}, ErrNotFound
 	}
 	return r, err
-}
-
-// ListRunsParams filters ListRuns. Zero fields do not filter.
-type ListRunsParams struct {
-	Namespace     string
-	Statuses      []vocab.RunStatus
-	WorkflowType  string
-	WorkflowID    string
-	ScheduleID    string
-	ParentRunID   *uuid.UUID
-	Version       *string
-	CreatedAfter  *time.Time
-	CreatedBefore *time.Time
-	// After is the keyset cursor: the (created_at, run_id) of the last row of the
-	// previous page. Rows come newest first.
-	AfterCreated *time.Time
-	AfterRunID   uuid.UUID
-	Limit        int
-}
-
-// ListRuns lists runs newest first, one page at a time. A filter with an index of its
-// own (workflow id, schedule, parent) reads that index; otherwise the page is read in
-// order from kagzi.runs_created, each entry joined to its run.
-func ListRuns(ctx context.Context, db DBTX, p ListRunsParams) ([]Run, error) {
-	sql, args := listRunsQuery(p)
-	rows, err := db.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
-}
-
-// listRunsQuery is ListRuns' statement and arguments.
-func listRunsQuery(p ListRunsParams) (string, []any) {
-	byOrder := p.WorkflowID == "" && p.ScheduleID == "" && p.ParentRunID == nil
-	r, o := "", "" // the qualifiers of runs' columns and of the order's
-	if byOrder {
-		r, o = "r.", "c."
-	}
-	args := []any{p.Namespace}
-	where := r + "namespace = $1"
-	if byOrder {
-		where += " AND c.namespace = $1"
-	}
-	add := func(cond string, v any) {
-		args = append(args, v)
-		where += " AND " + cond + "$" + strconv.Itoa(len(args))
-	}
-	if len(p.Statuses) > 0 {
-		statuses := make([]string, len(p.Statuses))
-		for i, s := range p.Statuses {
-			statuses[i] = string(s)
-		}
-		args = append(args, statuses)
-		where += " AND " + r + "status = ANY($" + strconv.Itoa(len(args)) + ")"
-	}
-	if p.WorkflowType != "" {
-		add(r+"workflow_type = ", p.WorkflowType)
-	}
-	if p.WorkflowID != "" {
-		add("workflow_id = ", p.WorkflowID)
-		// Always true, but it lets the planner read a workflow id's runs from its two
-		// partial indexes (active, finished) instead of scanning the namespace.
-		where += " AND (status IN ('PENDING', 'RUNNING', 'SLEEPING') OR status IN ('COMPLETED', 'FAILED', 'CANCELLED'))"
-	}
-	if p.ScheduleID != "" {
-		add("schedule_id = ", p.ScheduleID)
-	}
-	if p.ParentRunID != nil {
-		add("parent_run_id = ", *p.ParentRunID)
-	}
-	if p.Version != nil {
-		add(r+"version = ", *p.Version)
-	}
-	if p.CreatedAfter != nil {
-		add(o+"created_at >= ", *p.CreatedAfter)
-	}
-	if p.CreatedBefore != nil {
-		add(o+"created_at < ", *p.CreatedBefore)
-	}
-	if p.AfterCreated != nil {
-		args = append(args, *p.AfterCreated, p.AfterRunID)
-		n := len(args)
-		where += " AND (" + o + "created_at, " + o + "run_id) < ($" + strconv.Itoa(n-1) + ", $" + strconv.Itoa(n) + ")"
-	}
-	args = append(args, p.Limit)
-	from := "kagzi.runs"
-	columns := runColumns
-	if byOrder {
-		from = "kagzi.runs_created c JOIN kagzi.runs r ON r.run_id = c.run_id"
-		columns = runColumnsOfR
-	}
-	return `SELECT ` + columns + ` FROM ` + from + ` WHERE ` + where +
-		` ORDER BY ` + o + `created_at DESC, ` + o + `run_id DESC LIMIT $` + strconv.Itoa(len(args)), args
 }
 
 // cancelRunSQL cancels a run. A PENDING or SLEEPING run ends CANCELLED at once; a
