@@ -14,6 +14,10 @@ var (
 	ErrNotFound = errors.New("kagzi: not found")
 	// ErrAlreadyExists: the workflow id is held by a run of another workflow type.
 	ErrAlreadyExists = errors.New("kagzi: already exists")
+	// ErrNoWorker: a start with RequireWorker found no live (ONLINE or DRAINING)
+	// worker in the namespace that registered the workflow type (and version).
+	// Nothing was started.
+	ErrNoWorker = errors.New("kagzi: no live worker registered the workflow type")
 	// ErrInvalidArgument: the input was rejected before anything was written.
 	ErrInvalidArgument = errors.New("kagzi: invalid argument")
 	// ErrRunFinished: the run already ended (COMPLETED or FAILED) and cannot be changed.

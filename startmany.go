@@ -14,7 +14,7 @@ import (
 // StartMany starts one run of wf per input in a single statement (one round trip and
 // one commit, and one notification for the workers, whatever the number of inputs).
 // Each run gets a generated workflow id, so WithID is not allowed; the other start
-// options apply to every run. The runs are returned in the inputs' order. The Start
+// options apply to every run (RequireWorker checks the registry once). The runs are returned in the inputs' order. The Start
 // hooks (Config.Hooks) are called for each run: every StartBegin before the insert
 // (each run stores the carrier its StartBegin filled), every StartEnd after it.
 func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], inputs []In, opts ...StartOption) ([]*Run[Out], error) {
@@ -28,7 +28,7 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.id != "" {
+	if o.idSet {
 		return nil, invalidArgument("StartMany generates the workflow ids; WithID is not allowed")
 	}
 	startAt, deadline, err := o.times(time.Now())
@@ -51,6 +51,11 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 	}
 	if len(inputs) == 0 {
 		return nil, nil
+	}
+	if o.requireWorker {
+		if err := c.requireWorker(ctx, nil, wf.name, o.version); err != nil {
+			return nil, err
+		}
 	}
 	var carriers [][]byte
 	var hooked []startHook

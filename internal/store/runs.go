@@ -175,6 +175,9 @@ type NewRun struct {
 	NotifyLater bool
 	// Carrier, when set, is the trace context captured at the start (JSON object).
 	Carrier []byte
+	// CheckWorker asks the insert to tell whether no live worker registered the run's
+	// type (and Version, when set): see InsertRunChecked.
+	CheckWorker bool
 }
 
 // runsCreatedSQL, followed by a FROM whose rows have namespace, created_at and run_id,
@@ -182,36 +185,66 @@ type NewRun struct {
 // once with its run, never updated, so rewrites of the run add nothing to it.
 const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, run_id) SELECT namespace, created_at, run_id`
 
-// insertRunSQL starts a run in one statement and notifies the workers of its type in the
-// same transaction (unless $17: the caller notifies after the commit, see NewRun.NotifyLater). It returns the new run (inserted = true) or, when the workflow id
-// is taken, the run holding it (inserted = false): the active one, or with $7 (reuse
-// never) the newest run of that id whatever its status.
+// insertRun starts a run in one statement and notifies the workers of its type in the
+// same transaction (unless @notify_later: the caller notifies after the commit, see
+// NewRun.NotifyLater). It returns the new run (inserted = true) or, when the workflow
+// id is taken, the run holding it (inserted = false): the active one, or with
+// @reuse_never the newest run of that id whatever its status. With @check_worker it
+// also tells whether no live worker registered the run's type (and version); see
+// NewRun.CheckWorker.
 //
 // Under a concurrent start of the same id, ON CONFLICT waits for the other transaction;
 // when it commits, neither branch may see its row in this statement's snapshot, and the
 // statement returns nothing: InsertRun then runs it again.
-var insertRunSQL = `
-WITH prev AS (` + newestByWorkflowIDSQL("$2", "$3", "$7 AND id_reuse_never") + `
+var insertRun = named(`
+WITH prev AS (`+newestByWorkflowIDSQL("@namespace", "@workflow_id", "@reuse_never AND id_reuse_never")+`
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
 		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
 		version, forked_from_run_id, forked_from_step, trace_carrier)
-	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now()), $8), $7, $8, nullif($9::text, ''), $10::timestamptz,
-		$11::uuid, nullif($12::text, ''), coalesce($13::text, CASE WHEN $18 THEN (` + newestVersionSQL + `) END),
-		$14::uuid, nullif($15::text, ''), $16::jsonb
+	SELECT @run_id, @namespace, @workflow_id, @workflow_type, 'PENDING', @input,
+		least(coalesce(@start_at, now()), @deadline), @reuse_never, @deadline, nullif(@schedule_id::text, ''),
+		@schedule_tick::timestamptz, @parent_run_id::uuid, nullif(@parent_step_key::text, ''),
+		coalesce(@version::text, CASE WHEN @newest_version THEN (`+newestVersionSQL+`) END),
+		@forked_from_run_id::uuid, nullif(@forked_from_step::text, ''), @carrier::jsonb
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
-	RETURNING ` + runColumns + `
+	RETURNING `+runColumns+`
 ), listed AS (
-	` + runsCreatedSQL + ` FROM ins
+	`+runsCreatedSQL+` FROM ins
 )
-SELECT ins.*, true, CASE WHEN $17 THEN '' ELSE pg_notify('` + Channel + `',
+SELECT ins.*, true, CASE WHEN @notify_later THEN '' ELSE pg_notify('`+Channel+`',
 	'w|' || octet_length(ins.namespace) || ':' || ins.namespace || '|' || ins.workflow_type || '|'
 	|| (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
-	|| coalesce(` + notifyDeadlineSQL("ins.namespace", "ins.deadline_at") + `, '') END
+	|| coalesce(`+notifyDeadlineSQL("ins.namespace", "ins.deadline_at")+`, '') END,
+	CASE WHEN @check_worker THEN NOT `+liveWorkerSQL("@namespace", "@workflow_type", "@version::text")+` ELSE false END
 FROM ins
 UNION ALL
-SELECT ` + runColumns + `, false, '' FROM prev`
+SELECT `+runColumns+`, false, '', false FROM prev`,
+	arg("run_id", "uuid", func(n *NewRun) uuid.UUID { return n.RunID }),
+	arg("namespace", "text", func(n *NewRun) string { return n.Namespace }),
+	arg("workflow_id", "text", func(n *NewRun) string { return n.WorkflowID }),
+	arg("workflow_type", "text", func(n *NewRun) string { return n.WorkflowType }),
+	arg("input", "jsonb", func(n *NewRun) []byte { return n.Input }),
+	arg("start_at", "timestamptz", func(n *NewRun) *time.Time {
+		if n.StartAt.IsZero() {
+			return nil
+		}
+		return &n.StartAt
+	}),
+	arg("reuse_never", "boolean", func(n *NewRun) bool { return n.ReuseNever }),
+	arg("deadline", "timestamptz", func(n *NewRun) *time.Time { return n.Deadline }),
+	arg("schedule_id", "text", func(n *NewRun) string { return n.ScheduleID }),
+	arg("schedule_tick", "timestamptz", func(n *NewRun) *time.Time { return n.ScheduleTick }),
+	arg("parent_run_id", "uuid", func(n *NewRun) *uuid.UUID { return n.ParentRunID }),
+	arg("parent_step_key", "text", func(n *NewRun) string { return n.ParentStepKey }),
+	arg("version", "text", func(n *NewRun) *string { return n.Version }),
+	arg("forked_from_run_id", "uuid", func(n *NewRun) *uuid.UUID { return n.ForkedFromRunID }),
+	arg("forked_from_step", "text", func(n *NewRun) string { return n.ForkedFromStep }),
+	arg("carrier", "jsonb", func(n *NewRun) []byte { return n.Carrier }),
+	arg("notify_later", "boolean", func(n *NewRun) bool { return n.NotifyLater }),
+	arg("newest_version", "boolean", func(n *NewRun) bool { return n.NewestVersion }),
+	arg("check_worker", "boolean", func(n *NewRun) bool { return n.CheckWorker }))
 
 // notifyDeadlineSQL notifies DeadlineTopic of the namespace when deadline is not
 // null (it is NULL, as text, otherwise).
@@ -222,22 +255,38 @@ func notifyDeadlineSQL(namespace, deadline string) string {
 
 // InsertRun starts a run, or returns the run that already holds its workflow id.
 func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, err error) {
-	var startAt *time.Time
-	if !n.StartAt.IsZero() {
-		startAt = &n.StartAt
-	}
+	run, inserted, _, err = InsertRunChecked(ctx, db, n)
+	return run, inserted, err
+}
+
+// InsertRunChecked is InsertRun that also reports, when n.CheckWorker is set and the
+// run was inserted, that no live worker registered its type (and version).
+func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, inserted, noWorker bool, err error) {
 	for range 5 {
-		row := db.QueryRow(ctx, insertRunSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
-			n.Input, startAt, n.ReuseNever, n.Deadline, n.ScheduleID, n.ScheduleTick, n.ParentRunID, n.ParentStepKey,
-			n.Version, n.ForkedFromRunID, n.ForkedFromStep, n.Carrier, n.NotifyLater, n.NewestVersion)
 		var notified string
-		r, err := scanRun(row, &inserted, &notified)
+		run, err = scanRun(db.QueryRow(ctx, insertRun.sql, insertRun.args(&n)...), &inserted, &notified, &noWorker)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // lost a race with a concurrent start of the same id: look again
 		}
-		return r, inserted, err
+		return run, inserted, noWorker, err
 	}
-	return Run{}, false, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
+	return Run{}, false, false, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
+}
+
+// liveWorkerSQL is true when a live (ONLINE or DRAINING) worker of namespace ns
+// registered the workflow type typ and, unless version is NULL, that version of it.
+func liveWorkerSQL(ns, typ, version string) string {
+	return `EXISTS (SELECT 1 FROM kagzi.workers w, unnest(w.workflow_types, w.workflow_versions) AS t(workflow_type, version)
+		WHERE w.namespace = ` + ns + ` AND w.status <> 'OFFLINE' AND t.workflow_type = ` + typ + `
+		  AND (` + version + ` IS NULL OR t.version = ` + version + `))`
+}
+
+// LiveWorkerRegistered tells whether a live (ONLINE or DRAINING) worker of the
+// namespace registered the workflow type and, unless version is nil, that version.
+func LiveWorkerRegistered(ctx context.Context, db DBTX, namespace, workflowType string, version *string) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, `SELECT `+liveWorkerSQL("$1", "$2", "$3::text"), namespace, workflowType, version).Scan(&ok)
+	return ok, err
 }
 
 // GetRun reads one run of the namespace.
