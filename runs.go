@@ -80,6 +80,10 @@ type RunInfo struct {
 	// Deadline is when the run fails with CodeDeadlineExceeded if it has not finished
 	// (see WithDeadline, WithRunTimeout); nil: none.
 	Deadline *time.Time `json:"deadline,omitempty"`
+	// Attributes are the run's searchable attributes (see WithAttributes and
+	// Context.SetAttributes); nil when it has none. Numbers are float64, as
+	// encoding/json decodes them into an any.
+	Attributes map[string]any `json:"attributes,omitempty"`
 }
 
 func runInfo(r store.Run) RunInfo {
@@ -89,6 +93,7 @@ func runInfo(r store.Run) RunInfo {
 		Error: decodeDetail(r.Error), Attempt: r.Attempt, Takeovers: r.Takeovers, AvailableAt: r.AvailableAt,
 		CancelRequested: r.CancelRequested, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt,
 		FinishedAt: r.FinishedAt, UpdatedAt: r.UpdatedAt, ScheduleTick: r.ScheduleTick, Deadline: r.Deadline,
+		Attributes: decodeAttributes(r.Attributes),
 	}
 	if r.StartedAt == nil {
 		info.Attempt = 0 // never executed
@@ -182,6 +187,12 @@ type RunFilter struct {
 	// ErrorCode selects the FAILED runs whose recorded error has this code (see
 	// ErrorDetail.Code: CodeDeadlineExceeded, or an application's own).
 	ErrorCode string
+	// Attributes selects the runs whose attributes (see WithAttributes) contain
+	// these: every key with an equal value (JSON containment, so a nested object or
+	// array matches when it contains the one given). A GIN index serves it, but gives
+	// no order: a page is the matching runs sorted, so use keys that select few runs
+	// (an order or customer id), or add a filter that does.
+	Attributes map[string]any
 	// OldestFirst lists the oldest runs first; the default is newest first. A page
 	// token continues the order it was made in.
 	OldestFirst bool
@@ -204,8 +215,9 @@ type RunPage struct {
 // ListRuns lists the namespace's runs, newest first (or oldest first, see
 // RunFilter.OldestFirst), a page at a time. Pagination is by keyset: a page token
 // names the last run of the page before, so pages stay consistent while runs are
-// added. Every page is read in order from an index. Runs come without their Input
-// and Output unless IncludePayloads is set.
+// added. Every page is read in order from an index, except with Attributes (see
+// RunFilter.Attributes). Runs come without their Input and Output unless
+// IncludePayloads is set.
 func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
 	p, err := f.params(c.ns)
 	if err != nil {
@@ -257,6 +269,11 @@ func (f RunFilter) params(ns string) (store.ListRunsParams, error) {
 			if err := validName(what, v); err != nil {
 				return p, err
 			}
+		}
+	}
+	if f.Attributes != nil {
+		if p.Attributes, err = encodeAttributes("attribute filter", f.Attributes); err != nil {
+			return p, err
 		}
 	}
 	for _, s := range f.Statuses {
@@ -362,6 +379,8 @@ const (
 	KindSignal = vocab.KindSignal // a signal wait, see WaitSignal
 	KindEvent  = vocab.KindEvent  // an event published, see Context.SetEvent
 	KindPatch  = vocab.KindPatch  // a Patched answer, see Context.Patched
+	// KindAttributes is a change of the run's attributes, see Context.SetAttributes.
+	KindAttributes = vocab.KindAttributes
 )
 
 // StepStatus is the state of a recorded step or attempt.

@@ -32,14 +32,15 @@ const (
 type StartOption func(*startOptions)
 
 type startOptions struct {
-	version  *string
-	id       string
-	idSet    bool // WithID was given (an empty id is then invalid)
-	delay    time.Duration
-	startAt  time.Time
-	reuse    IDReuse
-	deadline time.Time
-	timeout  time.Duration
+	version    *string
+	id         string
+	idSet      bool // WithID was given (an empty id is then invalid)
+	delay      time.Duration
+	startAt    time.Time
+	reuse      IDReuse
+	deadline   time.Time
+	timeout    time.Duration
+	attributes map[string]any
 	// requireWorker: RequireWorker; byName: StartByName, which warns once per type
 	// when no live worker registered it.
 	requireWorker, byName bool
@@ -311,11 +312,15 @@ func (c *Client) newRun(o *startOptions, workflowType string, input []byte) (sto
 	if err != nil {
 		return store.NewRun{}, err
 	}
+	attrs, err := o.startAttributes()
+	if err != nil {
+		return store.NewRun{}, err
+	}
 	// Without a version, the run takes the newest one a live worker registered (none:
 	// the first claim pins it), looked up by the start's own statement.
 	return store.NewRun{
 		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType,
-		Version: o.version, NewestVersion: o.version == nil,
+		Version: o.version, NewestVersion: o.version == nil, Attributes: attrs,
 		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
 	}, nil
 }

@@ -14,7 +14,8 @@ import (
 // StartMany starts one run of wf per input in a single statement (one round trip and
 // one commit, and one notification for the workers, whatever the number of inputs).
 // Each run gets a generated workflow id, so WithID is not allowed; the other start
-// options apply to every run (RequireWorker checks the registry once). The runs are returned in the inputs' order. The Start
+// options apply to every run (WithAttributes gives each run the same attributes;
+// RequireWorker checks the registry once). The runs are returned in the inputs' order. The Start
 // hooks (Config.Hooks) are called for each run: every StartBegin before the insert
 // (each run stores the carrier its StartBegin filled), every StartEnd after it.
 func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], inputs []In, opts ...StartOption) ([]*Run[Out], error) {
@@ -32,6 +33,10 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 		return nil, invalidArgument("StartMany generates the workflow ids; WithID is not allowed")
 	}
 	startAt, deadline, err := o.times(time.Now())
+	if err != nil {
+		return nil, err
+	}
+	attrs, err := o.startAttributes()
 	if err != nil {
 		return nil, err
 	}
@@ -67,7 +72,8 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 			carriers[i] = n.Carrier
 		}
 	}
-	err = store.InsertRuns(ctx, c.pool, c.ns, wf.name, o.version, ids, encoded, carriers, startAt, deadline)
+	err = store.InsertManyRuns(ctx, c.pool, store.ManyRuns{Namespace: c.ns, WorkflowType: wf.name, Version: o.version,
+		IDs: ids, Inputs: encoded, Carriers: carriers, StartAt: startAt, Deadline: deadline, Attributes: attrs})
 	for i, h := range hooked {
 		c.hookStartEnd(h.ctx, h.e, store.Run{RunID: ids[i], WorkflowType: wf.name}, err == nil, err)
 	}

@@ -42,7 +42,9 @@ type ListRunsParams struct {
 	RootOnly bool
 	Version  *string
 	// ErrorCode keeps the FAILED runs whose error has this code.
-	ErrorCode     string
+	ErrorCode string
+	// Attributes keeps the runs whose attributes contain this JSON object.
+	Attributes    []byte
 	CreatedAfter  *time.Time
 	CreatedBefore *time.Time
 	// After is the keyset cursor: the (created_at, run_id) of the last row of the
@@ -57,7 +59,7 @@ type ListRunsParams struct {
 }
 
 // ListRuns lists runs newest (or oldest) first, one page at a time. A filter with an
-// index of its own (workflow id, schedule, parent) reads that index;
+// index of its own (workflow id, schedule, parent, attributes) reads that index;
 // otherwise the page is read in order from kagzi.runs_created, each entry joined to
 // its run.
 func ListRuns(ctx context.Context, db DBTX, p ListRunsParams) ([]Run, error) {
@@ -94,7 +96,7 @@ const orderedPlansSQL = `SELECT set_config('enable_sort', 'off', true), set_conf
 // listRunsQuery is ListRuns' statement and arguments, and the settings to send before
 // it (see queryAfter; "" for none).
 func listRunsQuery(p ListRunsParams) (setup, sql string, args []any) {
-	byOrder := p.WorkflowID == "" && p.ScheduleID == "" && p.ParentRunID == nil
+	byOrder := p.WorkflowID == "" && p.ScheduleID == "" && p.ParentRunID == nil && p.Attributes == nil
 	r, o := "", "" // the qualifiers of runs' columns and of the order's
 	if byOrder {
 		r, o = "r.", "c."
@@ -136,7 +138,7 @@ func listRunsQuery(p ListRunsParams) (setup, sql string, args []any) {
 	if byOrder {
 		from = "kagzi.runs_created c JOIN kagzi.runs r ON r.run_id = c.run_id"
 	}
-	if p.WorkflowID == "" { // runs_created, runs_by_schedule, runs_by_parent
+	if p.WorkflowID == "" && p.Attributes == nil { // runs_created, runs_by_schedule, runs_by_parent
 		setup = orderedPlansSQL
 	}
 	return setup, `SELECT ` + listColumns(r, p.Payloads) + ` FROM ` + from + ` WHERE ` + q.where +
@@ -163,6 +165,9 @@ func (q *listQuery) filters(p ListRunsParams, r, o string) {
 	}
 	if p.ErrorCode != "" {
 		q.add(r+"status = 'FAILED' AND "+r+"error->>'code' = %s", p.ErrorCode)
+	}
+	if p.Attributes != nil {
+		q.add("attributes @> %s::jsonb", p.Attributes)
 	}
 	if p.CreatedAfter != nil {
 		q.add(o+"created_at >= %s", *p.CreatedAfter)

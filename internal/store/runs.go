@@ -104,12 +104,14 @@ type Run struct {
 	// Takeovers counts the claims that took the run over after its worker's lease
 	// passed (see claimSQL).
 	Takeovers int
+	// Attributes is the run's searchable attributes, a JSON object (nil: none).
+	Attributes []byte
 }
 
 const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input, output, error,
 	attempt, available_at, locked_by, lease_epoch, cancel_requested, deadline_at, created_at,
 	started_at, finished_at, updated_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
-	version, forked_from_run_id, forked_from_step, takeovers`
+	version, forked_from_run_id, forked_from_step, takeovers, attributes`
 
 // newestByWorkflowIDSQL selects (runColumns and a rank) the run of a workflow id that
 // a lookup by id means: its active run, else, where finished (a condition) holds, its
@@ -137,7 +139,7 @@ func scanRun(row pgx.Row, extra ...any) (Run, error) {
 		&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
 		&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
 		&r.ScheduleID, &r.ScheduleTick, &r.ParentRunID, &r.ParentStepKey,
-		&r.Version, &r.ForkedFromRunID, &r.ForkedFromStep, &r.Takeovers}, extra...)...)
+		&r.Version, &r.ForkedFromRunID, &r.ForkedFromStep, &r.Takeovers, &r.Attributes}, extra...)...)
 	return r, err
 }
 
@@ -175,6 +177,8 @@ type NewRun struct {
 	NotifyLater bool
 	// Carrier, when set, is the trace context captured at the start (JSON object).
 	Carrier []byte
+	// Attributes, when set, are the run's searchable attributes (a JSON object).
+	Attributes []byte
 	// CheckWorker asks the insert to tell whether no live worker registered the run's
 	// type (and Version, when set): see InsertRunChecked.
 	CheckWorker bool
@@ -201,12 +205,12 @@ WITH prev AS (`+newestByWorkflowIDSQL("@namespace", "@workflow_id", "@reuse_neve
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
 		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
-		version, forked_from_run_id, forked_from_step, trace_carrier)
+		version, forked_from_run_id, forked_from_step, trace_carrier, attributes)
 	SELECT @run_id, @namespace, @workflow_id, @workflow_type, 'PENDING', @input,
 		least(coalesce(@start_at, now()), @deadline), @reuse_never, @deadline, nullif(@schedule_id::text, ''),
 		@schedule_tick::timestamptz, @parent_run_id::uuid, nullif(@parent_step_key::text, ''),
 		coalesce(@version::text, CASE WHEN @newest_version THEN (`+newestVersionSQL+`) END),
-		@forked_from_run_id::uuid, nullif(@forked_from_step::text, ''), @carrier::jsonb
+		@forked_from_run_id::uuid, nullif(@forked_from_step::text, ''), @carrier::jsonb, @attributes::jsonb
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
 	RETURNING `+runColumns+`
@@ -244,6 +248,7 @@ SELECT `+runColumns+`, false, '', false FROM prev`,
 	arg("carrier", "jsonb", func(n *NewRun) []byte { return n.Carrier }),
 	arg("notify_later", "boolean", func(n *NewRun) bool { return n.NotifyLater }),
 	arg("newest_version", "boolean", func(n *NewRun) bool { return n.NewestVersion }),
+	arg("attributes", "jsonb", func(n *NewRun) []byte { return n.Attributes }),
 	arg("check_worker", "boolean", func(n *NewRun) bool { return n.CheckWorker }))
 
 // notifyDeadlineSQL notifies DeadlineTopic of the namespace when deadline is not
@@ -342,20 +347,42 @@ func CancelRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) 
 	return before, after, err
 }
 
+// ManyRuns is what InsertManyRuns needs to start many runs of one type.
+type ManyRuns struct {
+	Namespace    string
+	WorkflowType string
+	Version      *string
+	// IDs are the runs' ids, which are also their workflow ids; Inputs and Carriers
+	// (nil or one per run) go with them.
+	IDs      []uuid.UUID
+	Inputs   [][]byte
+	Carriers [][]byte
+	StartAt  time.Time
+	Deadline *time.Time
+	// Attributes, when set, are every run's attributes (a JSON object).
+	Attributes []byte
+}
+
 // InsertRuns starts many runs of one type in one statement, their workflow ids their
 // run ids, and notifies the workers of the type once.
 func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, version *string,
 	ids []uuid.UUID, inputs, carriers [][]byte, startAt time.Time, deadline *time.Time) error {
+	return InsertManyRuns(ctx, db, ManyRuns{Namespace: namespace, WorkflowType: workflowType, Version: version,
+		IDs: ids, Inputs: inputs, Carriers: carriers, StartAt: startAt, Deadline: deadline})
+}
+
+// InsertManyRuns is InsertRuns with every option.
+func InsertManyRuns(ctx context.Context, db DBTX, m ManyRuns) error {
 	var start *time.Time
-	if !startAt.IsZero() {
-		start = &startAt
+	if !m.StartAt.IsZero() {
+		start = &m.StartAt
 	}
-	texts := make([]string, len(inputs))
-	for i, in := range inputs {
+	texts := make([]string, len(m.Inputs))
+	for i, in := range m.Inputs {
 		texts[i] = string(in)
 	}
-	raw := make([][16]byte, len(ids)) // binary, not a driver.Valuer string per id
-	for i, id := range ids {
+	raw := make([][16]byte, len(m.IDs)) // binary, not a driver.Valuer string per id
+	for i, id := range m.IDs {
 		raw[i] = id
 	}
 	var n int
@@ -363,8 +390,8 @@ func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, ve
 	err := db.QueryRow(ctx, `
 		WITH ins AS (
 			INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
-				available_at, deadline_at, version, trace_carrier)
-			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now()), $6), $6, $7, carrier
+				available_at, deadline_at, version, trace_carrier, attributes)
+			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now()), $6), $6, $7, carrier, $9::jsonb
 			FROM unnest($3::uuid[], $4::jsonb[], $8::jsonb[]) AS t(id, input, carrier)
 			RETURNING namespace, created_at, run_id, available_at
 		), listed AS (
@@ -373,9 +400,10 @@ func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, ve
 		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':' || $1 || '|' || $2 || '|'
 			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins),
 			`+notifyDeadlineSQL("$1::text", "$6::timestamptz")+`
-		FROM ins`, namespace, workflowType, raw, texts, start, deadline, version, carriers).Scan(&n, &ignored, &ignored)
-	if err == nil && n != len(ids) {
-		err = fmt.Errorf("inserted %d of %d runs", n, len(ids))
+		FROM ins`, m.Namespace, m.WorkflowType, raw, texts, start, m.Deadline, m.Version, m.Carriers, m.Attributes).
+		Scan(&n, &ignored, &ignored)
+	if err == nil && n != len(m.IDs) {
+		err = fmt.Errorf("inserted %d of %d runs", n, len(m.IDs))
 	}
 	return err
 }

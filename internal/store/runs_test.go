@@ -74,6 +74,18 @@ func TestAPageOfAWorkflowIDsRunsReadsItsTwoIndexes(t *testing.T) {
 	}
 }
 
+func TestAPageOfRunsSelectedByAttributesReadsTheirGINIndex(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	listingRuns(t, pool)
+	for _, ascending := range []bool{false, true} {
+		p := ListRunsParams{Namespace: "default", Limit: 50, Attributes: []byte(`{"customer": "c7"}`), Ascending: ascending}
+		if plan := explainList(t, pool, p); !strings.Contains(plan, "runs_by_attributes") || strings.Contains(plan, "Seq Scan") {
+			t.Errorf("ascending %v: want runs_by_attributes, no sequential scan:\n%s", ascending, plan)
+		}
+	}
+}
+
 // explainList returns the plan of ListRuns' statement for p, planned with its settings.
 func explainList(t *testing.T, pool *pgxpool.Pool, p ListRunsParams) string {
 	t.Helper()
