@@ -12,6 +12,7 @@ import (
 	"github.com/kagzi/kagzi/internal/vocab"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -459,11 +460,25 @@ func (c *Client) ListSteps(ctx context.Context, runID string) ([]StepInfo, error
 // completion that races with the cancel loses. Cancelling a CANCELLED run is a no-op;
 // cancelling a COMPLETED or FAILED one returns ErrRunFinished and changes nothing.
 func (c *Client) Cancel(ctx context.Context, runID string) error {
+	return c.cancel(ctx, c.pool, runID)
+}
+
+// CancelTx is Cancel inside the caller's transaction: the run is cancelled, and its
+// worker and waiters hear of it, only if tx commits. Until then the transaction holds
+// the run's row lock, so the run's own writes wait for it.
+func (c *Client) CancelTx(ctx context.Context, tx pgx.Tx, runID string) error {
+	if tx == nil {
+		return invalidArgument("nil transaction")
+	}
+	return c.cancel(ctx, tx, runID)
+}
+
+func (c *Client) cancel(ctx context.Context, db store.DBTX, runID string) error {
 	id, err := parseRunID(runID)
 	if err != nil {
 		return err
 	}
-	before, _, err := store.CancelRun(ctx, c.pool, c.ns, id)
+	before, _, err := store.CancelRun(ctx, db, c.ns, id)
 	if err != nil {
 		return wrapStoreErr("kagzi: cancel run "+runID, err)
 	}
