@@ -2,6 +2,7 @@ package kagzi_test
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 
 	"github.com/kagzi/kagzi"
@@ -51,5 +52,65 @@ func TestCancelTxCancelsOnlyWhenTheTransactionCommits(t *testing.T) {
 }
 
 // collects waits for three signals "item" and returns their payloads.
+var collects = kagzi.Define("collects", func(ctx *kagzi.Context, _ int) ([]string, error) {
+	var got []string
+	for range 3 {
+		s, err := kagzi.WaitSignal[string](ctx, "item", 0)
+		if err != nil {
+			return nil, err
+		}
+		got = append(got, s)
+	}
+	return got, nil
+})
+
+func TestASignalRetriedWithItsKeyIsStoredOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	run, err := kagzi.Start(ctx, e.client, collects, 0, kagzi.WithID("collector"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	send := []func() error{
+		func() error { return e.client.Signal(ctx, run.RunID, "item", "a", kagzi.SignalKey("k1")) },
+		func() error { return e.client.Signal(ctx, run.RunID, "item", "a again", kagzi.SignalKey("k1")) },
+		func() error { return e.client.SignalWorkflow(ctx, "collector", "item", "b", kagzi.SignalKey("k2")) },
+		func() error {
+			tx, err := e.pool.Begin(ctx)
+			if err != nil {
+				return err
+			}
+			defer tx.Rollback(ctx)
+			if err := e.client.SignalTx(ctx, tx, run.RunID, "item", "b again", kagzi.SignalKey("k2")); err != nil {
+				return err
+			}
+			return tx.Commit(ctx)
+		},
+		func() error { return e.client.Signal(ctx, run.RunID, "item", "c") },
+	}
+	for i, s := range send {
+		if err := s(); err != nil {
+			t.Fatalf("signal %d: %v", i, err)
+		}
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.signals WHERE run_id = $1`, run.RunID); n != 3 {
+		t.Fatalf("%d signals stored, want 3 (k1, k2 and one without a key)", n)
+	}
+	runWorker(t, e.client, fastWorker(), collects)
+	got, err := run.Wait(ctx)
+	if err != nil || !reflect.DeepEqual(got, []string{"a", "b", "c"}) {
+		t.Fatalf("received %v, %v; want a, b, c", got, err)
+	}
+	// A retry after the run finished still finds its key: success, nothing stored.
+	if err := e.client.Signal(ctx, run.RunID, "item", "late", kagzi.SignalKey("k1")); err != nil {
+		t.Fatalf("retried signal after the end: %v, want nil", err)
+	}
+	mustErrorIs(t, e.client.Signal(ctx, run.RunID, "item", "late", kagzi.SignalKey("k3")), kagzi.ErrRunFinished)
+	mustErrorIs(t, e.client.Signal(ctx, run.RunID, "item", "x", kagzi.SignalKey("")), kagzi.ErrInvalidArgument)
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.signals WHERE run_id = $1`, run.RunID); n != 3 {
+		t.Fatalf("%d signals stored, want 3", n)
+	}
+}
+
 // namedChild starts a child of the id it is given and returns the child's output,
 // or the error's kind.

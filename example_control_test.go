@@ -32,3 +32,36 @@ func ExampleClient_CancelTx() {
 	// Output:
 	// CANCELLED
 }
+
+func ExampleSignalKey() {
+	client, cleanup := exampleSetup()
+	defer cleanup()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	approvals := kagzi.Define("approvals", func(ctx *kagzi.Context, _ int) ([]string, error) {
+		var by []string
+		for range 2 {
+			a, err := kagzi.WaitSignal[Approval](ctx, "approval", 0)
+			if err != nil {
+				return nil, err
+			}
+			by = append(by, a.By)
+		}
+		return by, nil
+	})
+	run, _ := kagzi.Start(ctx, client, approvals, 0)
+
+	// A webhook delivered twice carries the same id: the second delivery stores nothing.
+	for _, delivery := range []struct{ id, by string }{{"evt-1", "ada"}, {"evt-1", "ada"}, {"evt-2", "bo"}} {
+		if err := client.Signal(ctx, run.RunID, "approval", Approval{By: delivery.by}, kagzi.SignalKey(delivery.id)); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	worker, _ := kagzi.NewWorker(client, kagzi.WorkerConfig{}, approvals)
+	go worker.Run(ctx)
+	by, err := run.Wait(ctx)
+	fmt.Println(by, err)
+	// Output:
+	// [ada bo] <nil>
+}
