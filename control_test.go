@@ -114,3 +114,71 @@ func TestASignalRetriedWithItsKeyIsStoredOnce(t *testing.T) {
 
 // namedChild starts a child of the id it is given and returns the child's output,
 // or the error's kind.
+var namedChild = kagzi.Define("named-child", func(ctx *kagzi.Context, id string) (string, error) {
+	child, err := kagzi.StartChild(ctx, "child", failsWith, "", kagzi.WithID(id))
+	switch {
+	case errors.Is(err, kagzi.ErrAlreadyExists) && errors.Is(err, kagzi.ErrNonRetryable):
+		return "already exists", nil
+	case err != nil:
+		return "", err
+	case child.WorkflowID != id:
+		return "", errors.New("the child's workflow id is " + child.WorkflowID)
+	}
+	out, err := child.Get()
+	if err != nil {
+		return "", err
+	}
+	// A replay: the recorded child, not a second start.
+	if err := ctx.Sleep("nap", 0); err != nil {
+		return "", err
+	}
+	return out + " by " + child.RunID, nil
+})
+
+func TestAChildWithAnExplicitIDBelongsToOneParent(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	cfg := fastWorker()
+	cfg.MaxInProcessSleep = 0 // Get and Sleep release the parent: it replays
+	runWorker(t, e.client, cfg, namedChild, failsWith)
+	first, err := kagzi.Start(ctx, e.client, namedChild, "invoice-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := first.Wait(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	child, err := e.client.GetRunByWorkflowID(ctx, "invoice-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out != "done by "+child.RunID || child.ParentRunID != first.RunID {
+		t.Fatalf("parent returned %q; child %s of parent %s", out, child.RunID, child.ParentRunID)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE workflow_id = 'invoice-7'`); n != 1 {
+		t.Fatalf("%d runs of the child's id, want 1", n)
+	}
+	// A second parent asking for the same child id gets a typed error, not the child.
+	second, err := kagzi.Start(ctx, e.client, namedChild, "invoice-7")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := second.Wait(ctx); err != nil || out != "already exists" {
+		t.Fatalf("second parent: %q, %v; want ErrAlreadyExists", out, err)
+	}
+	// So does a parent whose child id is held by a run started by Start.
+	if _, err := e.client.StartByName(ctx, "held", 0, kagzi.WithID("taken")); err != nil {
+		t.Fatal(err)
+	}
+	third, err := kagzi.Start(ctx, e.client, namedChild, "taken")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := third.Wait(ctx); err != nil || out != "already exists" {
+		t.Fatalf("parent of a taken id: %q, %v; want ErrAlreadyExists", out, err)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE workflow_type = 'fails-with'`); n != 1 {
+		t.Fatalf("%d child runs, want 1", n)
+	}
+}

@@ -2,6 +2,7 @@ package kagzi_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/kagzi/kagzi"
@@ -64,4 +65,39 @@ func ExampleSignalKey() {
 	fmt.Println(by, err)
 	// Output:
 	// [ada bo] <nil>
+}
+
+func ExampleStartChild_withID() {
+	client, cleanup := exampleSetup()
+	defer cleanup()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+
+	fulfil := kagzi.Define("fulfil", func(ctx *kagzi.Context, o Order) (string, error) {
+		// The child's workflow id is the caller's: "shipment-<order>", easy to look up.
+		child, err := kagzi.StartChild(ctx, "ship", ShipOrder, o, kagzi.WithID("shipment-"+o.ID))
+		if errors.Is(err, kagzi.ErrAlreadyExists) {
+			return "another parent ships order " + o.ID, nil
+		}
+		if err != nil {
+			return "", err
+		}
+		s, err := child.Get()
+		return "shipped with " + s.Carrier, err
+	})
+	worker, _ := kagzi.NewWorker(client, kagzi.WorkerConfig{}, fulfil, ShipOrder)
+	go worker.Run(ctx)
+
+	for range 2 { // two parents ask for the same child id: it belongs to the first
+		run, _ := kagzi.Start(ctx, client, fulfil, Order{ID: "1"})
+		out, _ := run.Wait(ctx)
+		fmt.Println(out)
+	}
+	shipment, _ := kagzi.RunOfWorkflow[Shipment](ctx, client, "shipment-1")
+	s, _ := shipment.Wait(ctx)
+	fmt.Println(s.Carrier)
+	// Output:
+	// shipped with DHL
+	// another parent ships order 1
+	// DHL
 }

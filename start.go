@@ -326,7 +326,8 @@ func (c *Client) newRun(o *startOptions, workflowType string, input []byte) (sto
 }
 
 // heldByOther returns ErrAlreadyExists when the start found its workflow id held by
-// a run it may not return: one of another workflow type.
+// a run it may not return: one of another workflow type, or, for a child's start,
+// one that is not the child of that parent step.
 func heldByOther(n store.NewRun, r store.Run, inserted bool) error {
 	if inserted {
 		return nil
@@ -334,6 +335,11 @@ func heldByOther(n store.NewRun, r store.Run, inserted bool) error {
 	if r.WorkflowType != n.WorkflowType {
 		return fmt.Errorf("%w: workflow id %q is held by run %s of workflow type %q, not %q",
 			ErrAlreadyExists, n.WorkflowID, r.RunID, r.WorkflowType, n.WorkflowType)
+	}
+	if n.ParentRunID != nil && (r.ParentRunID == nil || *r.ParentRunID != *n.ParentRunID ||
+		r.ParentStepKey == nil || *r.ParentStepKey != n.ParentStepKey) {
+		return fmt.Errorf("%w: workflow id %q is held by run %s, which is not the child started by step %s of run %s",
+			ErrAlreadyExists, n.WorkflowID, r.RunID, n.ParentStepKey, n.ParentRunID)
 	}
 	return nil
 }
