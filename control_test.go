@@ -4,6 +4,7 @@ import (
 	"errors"
 	"reflect"
 	"testing"
+	"time"
 
 	"github.com/kagzi/kagzi"
 )
@@ -180,5 +181,48 @@ func TestAChildWithAnExplicitIDBelongsToOneParent(t *testing.T) {
 	}
 	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE workflow_type = 'fails-with'`); n != 1 {
 		t.Fatalf("%d child runs, want 1", n)
+	}
+}
+
+func TestScheduleNextFireTimesFollowTheZoneAndItsDaylightSavingRule(t *testing.T) {
+	paris, err := time.LoadLocation("Europe/Paris")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 02:30 does not exist on 2025-03-30 in Paris: it fires at 03:00 CEST, the gap's end.
+	daily := kagzi.Schedule{ID: "nightly", Cron: "30 2 * * *", TimeZone: "Europe/Paris"}
+	got, err := daily.NextFireTimes(time.Date(2025, 3, 28, 12, 0, 0, 0, paris), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []time.Time{
+		time.Date(2025, 3, 29, 2, 30, 0, 0, paris).UTC(),
+		time.Date(2025, 3, 30, 3, 0, 0, 0, paris).UTC(),
+		time.Date(2025, 3, 31, 2, 30, 0, 0, paris).UTC(),
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("next fire times %v, want %v", got, want)
+	}
+	from := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	every, err := kagzi.Schedule{Cron: "@every 90s"}.NextFireTimes(from, 2)
+	if err != nil || !reflect.DeepEqual(every, []time.Time{from.Add(90 * time.Second), from.Add(180 * time.Second)}) {
+		t.Fatalf("@every 90s from %v: %v, %v", from, every, err)
+	}
+	secs, err := kagzi.Schedule{Cron: "*/20 * * * * *", Seconds: true}.NextFireTimes(from, 1)
+	if err != nil || !reflect.DeepEqual(secs, []time.Time{from.Add(20 * time.Second)}) {
+		t.Fatalf("every 20 s: %v, %v", secs, err)
+	}
+	for i, bad := range []func() error{
+		func() error { _, err := daily.NextFireTimes(from, 0); return err },
+		func() error { _, err := daily.NextFireTimes(from, 1001); return err },
+		func() error { _, err := kagzi.Schedule{Cron: "61 * * * *"}.NextFireTimes(from, 1); return err },
+		func() error {
+			_, err := kagzi.Schedule{Cron: "@daily", TimeZone: "Mars/Olympus"}.NextFireTimes(from, 1)
+			return err
+		},
+	} {
+		if err := bad(); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("bad call %d: %v, want ErrInvalidArgument", i, err)
+		}
 	}
 }

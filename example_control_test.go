@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kagzi/kagzi"
 )
@@ -100,4 +101,23 @@ func ExampleStartChild_withID() {
 	// shipped with DHL
 	// another parent ships order 1
 	// DHL
+}
+
+func ExampleSchedule_NextFireTimes() {
+	s := kagzi.Schedule{ID: "nightly", Cron: "30 2 * * *", TimeZone: "Europe/Paris"}
+	// 02:30 does not exist on 30 March 2025 in Paris: that night's tick is 03:00 CEST.
+	from := time.Date(2025, 3, 28, 12, 0, 0, 0, time.UTC)
+	times, err := s.NextFireTimes(from, 3)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	paris, _ := time.LoadLocation("Europe/Paris")
+	for _, t := range times {
+		fmt.Println(t.In(paris).Format("2006-01-02 15:04 MST"))
+	}
+	// Output:
+	// 2025-03-29 02:30 CET
+	// 2025-03-30 03:00 CEST
+	// 2025-03-31 02:30 CEST
 }
