@@ -31,12 +31,18 @@ type childRef struct {
 // handle on it. The start is memoized as a step: a replay of the parent, even one
 // after the child finished, reattaches to the same child and never starts a second.
 // The child's workflow id derives from the parent run and the step key
-// ("<parent run id>/<key>"), and is never reused.
+// ("<parent run id>/<key>") unless WithID gives one; either way it is never reused
+// (IDReuseNever), so no replay can start the child twice.
+//
+// A child's workflow id belongs to the parent step that started it. A WithID that
+// is held by another run — the child of another parent (or of another step of this
+// one), or a run started by Start — makes StartChild return ErrAlreadyExists (also
+// NonRetryable), starting nothing: two parents never share a child, since a child's
+// end wakes only its own parent.
 //
 // Await the child's result with Get, or do not, and the child runs on its own
 // (fire-and-forget). Cancelling the parent, or its failing on its deadline, cancels
-// its active children. WithID is not allowed (the id is derived); the other start
-// options are.
+// its active children. The other start options apply as for Start.
 func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], input In, opts ...StartOption) (*ChildRun[Out], error) {
 	if err := ctx.usable("StartChild", name); err != nil {
 		return nil, err
@@ -51,8 +57,8 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.id != "" {
-		return nil, invalidArgument("child %q: WithID is not allowed; a child's workflow id derives from its parent", name)
+	if o.idSet && o.id == "" {
+		return nil, invalidArgument("child %q: empty workflow id (WithID); leave WithID out to have one derived", name)
 	}
 	if o.debounce != nil {
 		return nil, invalidArgument("child %q: WithDebounce is not allowed; a child is started once", name)
@@ -76,13 +82,23 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	}
 	parentID := x.run.RunID
 	opts = append([]StartOption{WithRunVersion(wf.version)}, opts...)
-	opts = append(opts, WithID(parentID.String()+"/"+key), WithIDReuse(IDReuseNever))
+	if !o.idSet {
+		opts = append(opts, WithID(parentID.String()+"/"+key))
+	}
+	opts = append(opts, WithIDReuse(IDReuseNever))
 	var run *Run[json.RawMessage]
 	ctx.ensureLease()
+	var refused error // a start refused for good: returned, not retried as the write's failure
 	err = ctx.write(func(c context.Context, _ *writer) (err error) {
 		run, err = x.rt.startChild(withValuesOf(c, ctx), wf.name, b, opts, parentID, key)
+		if errors.Is(err, ErrNonRetryable) {
+			refused, err = err, nil
+		}
 		return err
 	})
+	if err == nil {
+		err = refused
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -181,7 +197,7 @@ func (c *Client) startChild(ctx context.Context, workflowType string, input []by
 	run, err := c.startRun(ctx, nil, workflowType, input, opts, func(n *store.NewRun) {
 		n.ParentRunID, n.ParentStepKey = &parentID, parentKey
 	})
-	if err != nil && errors.Is(err, ErrInvalidArgument) {
+	if err != nil && (errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrAlreadyExists) || errors.Is(err, ErrNoWorker)) {
 		return nil, NonRetryable(err)
 	}
 	return run, err

@@ -180,6 +180,8 @@ func kindCall(kind StepKind) string {
 		return "WaitSignal"
 	case KindEvent:
 		return "SetEvent"
+	case KindAttributes:
+		return "SetAttributes"
 	case KindChild:
 		return "StartChild"
 	case kindBranch:

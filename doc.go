@@ -62,6 +62,9 @@ through encoding/json. [Start] starts a run and returns a [Run] whose [Run.Wait]
 the typed result; [StartTx] starts one inside the caller's transaction, [Client.StartByName]
 by type name, [StartMany] many in one statement. [WithID] makes a start idempotent: a
 start of a workflow id whose run is active returns that run (AlreadyExists).
+[RequireWorker] refuses to start a type no live worker registered ([ErrNoWorker]).
+[RunOf] and [RunOfWorkflow] give a typed handle on a run from its run id or workflow id,
+so another request or process waits for the result: POST starts, GET waits.
 
 [Step] runs a function and records its output; a replay returns the output without
 calling it. Names may repeat: the key is the name plus its occurrence ("send#1",
@@ -79,7 +82,10 @@ calling it. Names may repeat: the key is the name plus its occurrence ("send#1",
 	}
 
 [Client.GetRun], [Client.ListRuns] and [Client.ListSteps] read runs and their step
-timelines; [Client.Cancel] cancels a run. [RunStatus] lists the statuses a run goes
+timelines; [RunFilter] selects runs by status, types, workflow id or prefix, schedule,
+parent, error code and attributes, in either order. [WithAttributes] gives a run
+searchable attributes, which [Context.SetAttributes] changes durably from the workflow.
+[Client.Cancel] cancels a run, [Client.CancelTx] inside the caller's transaction. [RunStatus] lists the statuses a run goes
 through; docs/state-machine.md draws every move between them.
 
 # Failures
@@ -124,7 +130,8 @@ probes.
 [Client.CreateSchedule] starts a workflow at every tick of a cron expression, in a time
 zone. Every worker fires the due schedules of its namespace and PostgreSQL makes each tick
 fire exactly once. [Schedule].MaxCatchup says which missed ticks fire after downtime,
-[Schedule].Overlap what a tick does while an earlier run is active.
+[Schedule].Overlap what a tick does while an earlier run is active;
+[Schedule.NextFireTimes] tells the coming ticks.
 
 	_, err := client.CreateSchedule(ctx, kagzi.Schedule{
 		ID: "daily-report", WorkflowType: "generate-report",
@@ -136,7 +143,8 @@ fire exactly once. [Schedule].MaxCatchup says which missed ticks fire after down
 [Go] and [Map] run branches of a workflow concurrently, their steps keyed by call position,
 so a replay runs only what had not completed; [Race] records the first success of several
 functions. [StartChild] starts a child workflow (memoized) and [ChildRun.Get] waits for it
-without holding a slot. [WaitSignal] waits durably for a [Client.Signal]; [Context.SetEvent]
+without holding a slot. [WaitSignal] waits durably for a [Client.Signal] ([SignalKey]
+makes a retried signal count once); [Context.SetEvent]
 publishes a value that callers read with [GetEvent] or wait for with [WaitEvent].
 
 	approval, err := kagzi.WaitSignal[Approval](ctx, "approval", 72*time.Hour)

@@ -12,8 +12,13 @@ import (
 var (
 	// ErrNotFound: no run (or step, or schedule) with that id in the client's namespace.
 	ErrNotFound = errors.New("kagzi: not found")
-	// ErrAlreadyExists: the workflow id is held by a run of another workflow type.
+	// ErrAlreadyExists: the workflow id is held by a run of another workflow type or,
+	// for StartChild with WithID, by a run that is not the child of that parent step.
 	ErrAlreadyExists = errors.New("kagzi: already exists")
+	// ErrNoWorker: a start with RequireWorker found no live (ONLINE or DRAINING)
+	// worker in the namespace that registered the workflow type (and version).
+	// Nothing was started.
+	ErrNoWorker = errors.New("kagzi: no live worker registered the workflow type")
 	// ErrInvalidArgument: the input was rejected before anything was written.
 	ErrInvalidArgument = errors.New("kagzi: invalid argument")
 	// ErrRunFinished: the run already ended (COMPLETED or FAILED) and cannot be changed.

@@ -258,7 +258,7 @@ func (o *startOptions) flowOptions(n *store.NewRun) error {
 		case d.MaxWait < d.Window || d.MaxWait > 7*MaxRatePeriod:
 			return invalidArgument("debounce maximum wait %v must be at least the window %v and at most %v",
 				d.MaxWait, d.Window, 7*MaxRatePeriod)
-		case o.id != "" || o.delay != 0 || !o.startAt.IsZero():
+		case o.idSet || o.delay != 0 || !o.startAt.IsZero():
 			return invalidArgument("WithDebounce does not combine with WithID, WithDelay or WithStartAt")
 		}
 		n.Debounce = d

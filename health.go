@@ -8,37 +8,38 @@ import (
 	"github.com/kagzi/kagzi/internal/store"
 )
 
-// HealthReport is what Health finds. Health never fails: a problem is a field.
+// HealthReport is what Health finds. Health never fails: a problem is a field. Its
+// JSON (snake_case) is what `kagzi health --json` prints.
 type HealthReport struct {
 	// DatabaseOK reports that the database answered; DatabaseError says why not.
-	DatabaseOK    bool
-	DatabaseError string
+	DatabaseOK    bool   `json:"database_ok"`
+	DatabaseError string `json:"database_error,omitempty"`
 	// SchemaVersion is the applied migration version (0 for a database never
 	// migrated); LatestSchemaVersion the newest this build knows. SchemaCurrent is
 	// true when they are equal.
-	SchemaVersion       int64
-	LatestSchemaVersion int64
-	SchemaCurrent       bool
+	SchemaVersion       int64 `json:"schema_version"`
+	LatestSchemaVersion int64 `json:"latest_schema_version"`
+	SchemaCurrent       bool  `json:"schema_current"`
 	// Workers are the workers running in this process on this client.
-	Workers []LocalWorkerHealth
+	Workers []LocalWorkerHealth `json:"workers,omitempty"`
 	// PendingTypesWithoutWorker lists workflow types with runs ready to run but no
 	// live worker registered for them in the namespace.
-	PendingTypesWithoutWorker []string
+	PendingTypesWithoutWorker []string `json:"pending_types_without_worker,omitempty"`
 }
 
 // LocalWorkerHealth is the state of a worker of this process.
 type LocalWorkerHealth struct {
-	ID     string
-	Status WorkerStatus
+	ID     string       `json:"worker_id"`
+	Status WorkerStatus `json:"status"`
 	// LastHeartbeat is when its last heartbeat succeeded (zero: none yet). A worker
 	// whose heartbeats fail for longer than its lease gives its runs up.
-	LastHeartbeat time.Time
-	ActiveRuns    int
+	LastHeartbeat time.Time `json:"last_heartbeat_at"`
+	ActiveRuns    int       `json:"active_runs"`
 	// AbandonedSteps counts step goroutines that ignored their timeout.
-	AbandonedSteps int64
+	AbandonedSteps int64 `json:"abandoned_steps"`
 	// Stale reports an ONLINE worker whose heartbeats have failed for three of its
 	// intervals (its leases are being given up).
-	Stale bool
+	Stale bool `json:"stale"`
 }
 
 // Healthy reports whether the database answers, the schema is current and no local

@@ -77,6 +77,8 @@ type Client struct {
 	// startsInFlight counts the client's Start calls under way (see startRun).
 	startsInFlight atomic.Int32
 	hooks          Hooks // nil: none (Config.Hooks)
+	// noWorkerWarned holds the workflow types StartByName warned about (see warnNoWorker).
+	noWorkerWarned sync.Map
 
 	mu      sync.Mutex
 	workers map[*Worker]struct{} // this process's running workers, for Health

@@ -117,15 +117,19 @@ func TestARunThatCrashesItsWorkerEveryTimeFailsAfterMaxTakeoversWhileOthersCompl
 		if cycle > 10 {
 			t.Fatalf("the poison run is still %s after %d worker crashes", runStatus(t, e.client, poison.RunID), cycle)
 		}
+		proc := startWorkerProcessEnv(t, e.url, fmt.Sprint(crashMaxTakeoverEnv, "=", maxTakeovers))
+		eventually(t, "the worker process to die or the poison run to fail", func() bool {
+			return processState(t, proc.Process.Pid) == "Z" || runStatus(t, e.client, poison.RunID) == kagzi.StatusFailed
+		})
+		// Another run, started while the poison run waits for its lease to pass: the
+		// next process claims it at once and finishes it, whatever the poison run does.
+		// (One claimed together with the poison run would die with the process, and be
+		// taken over as often.)
 		run, err := kagzi.Start(ctx, e.client, steadyWorkflow, cycle)
 		if err != nil {
 			t.Fatal(err)
 		}
 		others = append(others, run)
-		proc := startWorkerProcessEnv(t, e.url, fmt.Sprint(crashMaxTakeoverEnv, "=", maxTakeovers))
-		eventually(t, "the worker process to die or the poison run to fail", func() bool {
-			return processState(t, proc.Process.Pid) == "Z" || runStatus(t, e.client, poison.RunID) == kagzi.StatusFailed
-		})
 	}
 	_, err = poison.Wait(ctx)
 	if !errors.Is(err, kagzi.ErrRecoveryExhausted) || !errors.Is(err, kagzi.ErrWorkflowFailed) ||

@@ -12,6 +12,7 @@ import (
 	"github.com/kagzi/kagzi/internal/vocab"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -85,6 +86,13 @@ type RunInfo struct {
 	// Hold, filled by GetRun for a PENDING run that could be claimed now, tells the
 	// flow-control limit that holds it back (see SetLimits); nil when none does.
 	Hold *Hold `json:"hold,omitempty"`
+	// Deadline is when the run fails with CodeDeadlineExceeded if it has not finished
+	// (see WithDeadline, WithRunTimeout); nil: none.
+	Deadline *time.Time `json:"deadline,omitempty"`
+	// Attributes are the run's searchable attributes (see WithAttributes and
+	// Context.SetAttributes); nil when it has none. Numbers are float64, as
+	// encoding/json decodes them into an any.
+	Attributes map[string]any `json:"attributes,omitempty"`
 }
 
 func runInfo(r store.Run) RunInfo {
@@ -93,7 +101,8 @@ func runInfo(r store.Run) RunInfo {
 		WorkflowType: r.WorkflowType, Status: r.Status, Input: r.Input, Output: r.Output,
 		Error: decodeDetail(r.Error), Attempt: r.Attempt, Takeovers: r.Takeovers, AvailableAt: r.AvailableAt,
 		CancelRequested: r.CancelRequested, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt,
-		FinishedAt: r.FinishedAt, UpdatedAt: r.UpdatedAt, ScheduleTick: r.ScheduleTick,
+		FinishedAt: r.FinishedAt, UpdatedAt: r.UpdatedAt, ScheduleTick: r.ScheduleTick, Deadline: r.Deadline,
+		Attributes: decodeAttributes(r.Attributes),
 	}
 	if r.StartedAt == nil {
 		info.Attempt = 0 // never executed
@@ -169,70 +178,69 @@ func (c *Client) GetRunByWorkflowID(ctx context.Context, workflowID string) (*Ru
 	return &info, nil
 }
 
-// RunFilter selects runs for ListRuns. Zero fields select everything.
+// RunFilter selects runs for ListRuns. Zero fields select everything; the fields
+// given all apply (AND).
 type RunFilter struct {
-	Statuses      []RunStatus
-	WorkflowType  string
-	WorkflowID    string
-	CreatedAfter  time.Time // inclusive
-	CreatedBefore time.Time // exclusive
+	Statuses []RunStatus
+	// WorkflowType selects the runs of a workflow type.
+	WorkflowType string
+	// WorkflowTypes selects the runs of any of these workflow types (with
+	// WorkflowType: of any of them all).
+	WorkflowTypes []string
+	// WorkflowID selects the runs of a workflow id.
+	WorkflowID string
+	// WorkflowIDPrefix selects the runs whose workflow id starts with it ("order-"),
+	// compared byte by byte.
+	WorkflowIDPrefix string
+	CreatedAfter     time.Time // inclusive
+	CreatedBefore    time.Time // exclusive
 	// ScheduleID selects the runs a schedule fired.
 	ScheduleID string
 	// ParentRunID selects the children of a run.
 	ParentRunID string
+	// RootOnly selects the runs that are no run's child (started by Start,
+	// StartByName, StartMany, a schedule or a fork). It cannot go with ParentRunID.
+	RootOnly bool
 	// Version selects the runs of a workflow version (nil: any).
 	Version *string
+	// ErrorCode selects the FAILED runs whose recorded error has this code (see
+	// ErrorDetail.Code: CodeDeadlineExceeded, or an application's own).
+	ErrorCode string
+	// Attributes selects the runs whose attributes (see WithAttributes) contain
+	// these: every key with an equal value (JSON containment, so a nested object or
+	// array matches when it contains the one given). A GIN index serves it, but gives
+	// no order: a page is the matching runs sorted, so use keys that select few runs
+	// (an order or customer id), or add a filter that does.
+	Attributes map[string]any
+	// OldestFirst lists the oldest runs first; the default is newest first. A page
+	// token continues the order it was made in.
+	OldestFirst bool
+	// IncludePayloads fills each run's Input and Output. Without it they are nil,
+	// and a page reads no payload (GetRun always returns them).
+	IncludePayloads bool
 	// PageSize is the most runs a page holds: default 50, at most 1000.
 	PageSize int
 	// PageToken continues a listing: pass the NextPageToken of the previous page.
 	PageToken string
 }
 
-// RunPage is one page of ListRuns, newest runs first.
+// RunPage is one page of ListRuns.
 type RunPage struct {
 	Runs []RunInfo
 	// NextPageToken fetches the next page; empty on the last page.
 	NextPageToken string
 }
 
-// ListRuns lists the namespace's runs, newest first, a page at a time. Pagination is
-// by keyset: a page token names the last run of the page before, so pages stay
-// consistent while runs are added.
+// ListRuns lists the namespace's runs, newest first (or oldest first, see
+// RunFilter.OldestFirst), a page at a time. Pagination is by keyset: a page token
+// names the last run of the page before, so pages stay consistent while runs are
+// added. Every page is read in order from an index, except with Attributes (see
+// RunFilter.Attributes). Runs come without their Input and Output unless
+// IncludePayloads is set.
 func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
-	p := store.ListRunsParams{Namespace: c.ns, WorkflowType: f.WorkflowType, WorkflowID: f.WorkflowID,
-		ScheduleID: f.ScheduleID, Limit: f.PageSize}
-	p.Version = f.Version
-	if f.ParentRunID != "" {
-		id, err := parseRunID(f.ParentRunID)
-		if err != nil {
-			return nil, err
-		}
-		p.ParentRunID = &id
-	}
-	var err error
-	if p.Limit, err = pageSize(f.PageSize); err != nil {
+	p, err := f.params(c.ns)
+	if err != nil {
 		return nil, err
-	}
-	for _, s := range f.Statuses {
-		switch s {
-		case StatusPending, StatusRunning, StatusSleeping, StatusCompleted, StatusFailed, StatusCancelled:
-			p.Statuses = append(p.Statuses, s)
-		default:
-			return nil, invalidArgument("unknown run status %q", s)
-		}
-	}
-	if !f.CreatedAfter.IsZero() {
-		p.CreatedAfter = &f.CreatedAfter
-	}
-	if !f.CreatedBefore.IsZero() {
-		p.CreatedBefore = &f.CreatedBefore
-	}
-	if f.PageToken != "" {
-		t, id, err := decodePageToken(f.PageToken)
-		if err != nil {
-			return nil, err
-		}
-		p.AfterCreated, p.AfterRunID = &t, id
 	}
 	want := p.Limit
 	p.Limit++ // one more tells whether there is a next page
@@ -244,7 +252,7 @@ func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
 	if len(runs) > want {
 		runs = runs[:want]
 		last := runs[want-1]
-		page.NextPageToken = encodePageToken(last.CreatedAt, last.RunID)
+		page.NextPageToken = encodePageToken(last.CreatedAt, last.RunID, f.OldestFirst)
 	}
 	for _, r := range runs {
 		page.Runs = append(page.Runs, c.decodeRunInfo(runInfo(r)))
@@ -252,17 +260,107 @@ func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
 	return page, nil
 }
 
-func encodePageToken(t time.Time, id uuid.UUID) string {
-	return base64.RawURLEncoding.EncodeToString([]byte(strconv.FormatInt(t.UnixMicro(), 10) + "/" + id.String()))
+// params checks the filter and turns it into the store's parameters for namespace ns.
+func (f RunFilter) params(ns string) (store.ListRunsParams, error) {
+	p := store.ListRunsParams{Namespace: ns, WorkflowID: f.WorkflowID, WorkflowIDPrefix: f.WorkflowIDPrefix,
+		ScheduleID: f.ScheduleID, RootOnly: f.RootOnly, Version: f.Version, ErrorCode: f.ErrorCode,
+		Ascending: f.OldestFirst, Payloads: f.IncludePayloads}
+	var err error
+	if p.Limit, err = pageSize(f.PageSize); err != nil {
+		return p, err
+	}
+	if p.WorkflowTypes, err = workflowTypes(f.WorkflowType, f.WorkflowTypes); err != nil {
+		return p, err
+	}
+	if f.ParentRunID != "" {
+		if f.RootOnly {
+			return p, invalidArgument("RootOnly and ParentRunID select no run together")
+		}
+		id, err := parseRunID(f.ParentRunID)
+		if err != nil {
+			return p, err
+		}
+		p.ParentRunID = &id
+	}
+	for what, v := range map[string]string{"workflow id": f.WorkflowID, "workflow id prefix": f.WorkflowIDPrefix,
+		"schedule id": f.ScheduleID, "error code": f.ErrorCode} {
+		if v != "" {
+			if err := validName(what, v); err != nil {
+				return p, err
+			}
+		}
+	}
+	if f.Attributes != nil {
+		if p.Attributes, err = encodeAttributes("attribute filter", f.Attributes); err != nil {
+			return p, err
+		}
+	}
+	for _, s := range f.Statuses {
+		switch s {
+		case StatusPending, StatusRunning, StatusSleeping, StatusCompleted, StatusFailed, StatusCancelled:
+			p.Statuses = append(p.Statuses, s)
+		default:
+			return p, invalidArgument("unknown run status %q", s)
+		}
+	}
+	if !f.CreatedAfter.IsZero() {
+		p.CreatedAfter = &f.CreatedAfter
+	}
+	if !f.CreatedBefore.IsZero() {
+		p.CreatedBefore = &f.CreatedBefore
+	}
+	if f.PageToken != "" {
+		t, id, err := decodePageToken(f.PageToken, f.OldestFirst)
+		if err != nil {
+			return p, err
+		}
+		p.AfterCreated, p.AfterRunID = &t, id
+	}
+	return p, nil
 }
 
-func decodePageToken(tok string) (time.Time, uuid.UUID, error) {
+// workflowTypes checks and merges RunFilter's WorkflowType and WorkflowTypes.
+func workflowTypes(one string, many []string) ([]string, error) {
+	types := make([]string, 0, len(many)+1)
+	if one != "" {
+		types = append(types, one)
+	}
+	types = append(types, many...)
+	for _, t := range types {
+		if err := validName("workflow type", t); err != nil {
+			return nil, err
+		}
+	}
+	if len(types) == 0 {
+		return nil, nil
+	}
+	return types, nil
+}
+
+// ascendingToken marks a page token of an oldest-first listing.
+const ascendingToken = "/asc"
+
+func encodePageToken(t time.Time, id uuid.UUID, ascending bool) string {
+	s := strconv.FormatInt(t.UnixMicro(), 10) + "/" + id.String()
+	if ascending {
+		s += ascendingToken
+	}
+	return base64.RawURLEncoding.EncodeToString([]byte(s))
+}
+
+// decodePageToken reads a page token of a listing in the order ascending; a token of
+// the other order is invalid.
+func decodePageToken(tok string, ascending bool) (time.Time, uuid.UUID, error) {
 	bad := invalidArgument("malformed page token %q", tok)
 	raw, err := base64.RawURLEncoding.DecodeString(tok)
 	if err != nil {
 		return time.Time{}, uuid.Nil, bad
 	}
-	ts, idStr, ok := strings.Cut(string(raw), "/")
+	s, asc := strings.CutSuffix(string(raw), ascendingToken)
+	if asc != ascending {
+		return time.Time{}, uuid.Nil, invalidArgument("page token %q continues a listing in the other order (OldestFirst = %v)", tok, asc)
+	}
+	ts, idStr, ok := strings.Cut(s, "/")
 	if !ok {
 		return time.Time{}, uuid.Nil, bad
 	}
@@ -300,6 +398,8 @@ const (
 	KindSignal = vocab.KindSignal // a signal wait, see WaitSignal
 	KindEvent  = vocab.KindEvent  // an event published, see Context.SetEvent
 	KindPatch  = vocab.KindPatch  // a Patched answer, see Context.Patched
+	// KindAttributes is a change of the run's attributes, see Context.SetAttributes.
+	KindAttributes = vocab.KindAttributes
 )
 
 // StepStatus is the state of a recorded step or attempt.
@@ -378,11 +478,25 @@ func (c *Client) ListSteps(ctx context.Context, runID string) ([]StepInfo, error
 // completion that races with the cancel loses. Cancelling a CANCELLED run is a no-op;
 // cancelling a COMPLETED or FAILED one returns ErrRunFinished and changes nothing.
 func (c *Client) Cancel(ctx context.Context, runID string) error {
+	return c.cancel(ctx, c.pool, runID)
+}
+
+// CancelTx is Cancel inside the caller's transaction: the run is cancelled, and its
+// worker and waiters hear of it, only if tx commits. Until then the transaction holds
+// the run's row lock, so the run's own writes wait for it.
+func (c *Client) CancelTx(ctx context.Context, tx pgx.Tx, runID string) error {
+	if tx == nil {
+		return invalidArgument("nil transaction")
+	}
+	return c.cancel(ctx, tx, runID)
+}
+
+func (c *Client) cancel(ctx context.Context, db store.DBTX, runID string) error {
 	id, err := parseRunID(runID)
 	if err != nil {
 		return err
 	}
-	before, _, err := store.CancelRun(ctx, c.pool, c.ns, id)
+	before, _, err := store.CancelRun(ctx, db, c.ns, id)
 	if err != nil {
 		return wrapStoreErr("kagzi: cancel run "+runID, err)
 	}

@@ -84,6 +84,10 @@ func (w *writer) setEvent(ctx context.Context, e store.EventWrite) error {
 	return store.SetEvent(ctx, w.pool, e)
 }
 
+func (w *writer) setAttributes(ctx context.Context, a store.AttributesWrite) (fit bool, err error) {
+	return store.SetAttributes(ctx, w.pool, a)
+}
+
 func (w *writer) renewLease(ctx context.Context, f store.Fence, lease time.Duration) (cancelRequested bool, err error) {
 	return store.RenewLease(ctx, w.pool, f, lease)
 }

@@ -122,6 +122,35 @@ type Schedule struct {
 	Paused bool
 }
 
+// maxNextFireTimes bounds NextFireTimes' n.
+const maxNextFireTimes = 1000
+
+// NextFireTimes returns the next n (1 to 1000) fire times of the schedule's Cron in
+// its TimeZone strictly after from, in UTC, oldest first, by the rules the scheduler
+// fires by (each local time once on daylight-saving days; see Schedule.TimeZone):
+// for a UI that shows upcoming runs, or a test. It reads nothing, and applies no
+// pause, catch-up or overlap policy. An "@every" schedule's ticks count from from
+// (the scheduler counts them from the schedule's creation, update or resume; its
+// ScheduleInfo.NextFireAt is the next). A schedule that stops firing (a date that never comes again)
+// gives fewer than n. A bad Cron, TimeZone or n is ErrInvalidArgument.
+func (s Schedule) NextFireTimes(from time.Time, n int) ([]time.Time, error) {
+	if n < 1 || n > maxNextFireTimes {
+		return nil, invalidArgument("NextFireTimes: n %d is not within 1..%d", n, maxNextFireTimes)
+	}
+	spec, err := cronspec.Parse(s.Cron, s.Seconds, s.TimeZone)
+	if err != nil {
+		return nil, invalidArgument("schedule %q: %v", s.ID, err)
+	}
+	times := make([]time.Time, 0, n)
+	for t := from; len(times) < n; {
+		if t = spec.Next(t); t.IsZero() {
+			break
+		}
+		times = append(times, t)
+	}
+	return times, nil
+}
+
 // ScheduleInfo is a schedule as the database holds it, for CreateSchedule,
 // GetSchedule, ListSchedules and UpdateSchedule.
 type ScheduleInfo struct {

@@ -15,24 +15,43 @@ import (
 // ErrSignalTimeout is returned by WaitSignal when its timeout passes first.
 var ErrSignalTimeout = errors.New("kagzi: signal wait timed out")
 
+// SignalOption configures Signal, SignalTx and SignalWorkflow.
+type SignalOption func(*signalOptions)
+
+type signalOptions struct {
+	key    string
+	keySet bool
+}
+
+// SignalKey makes the signal idempotent: a signal sent to a run that already has a
+// signal of this key (whatever its name or payload, consumed or not) is not stored
+// again, and the send returns nil, even once the run finished. Retrying a Signal
+// whose outcome is unknown (a timeout, a lost connection) with the same key is then
+// safe. The key is 1 to 255 bytes of UTF-8 without control characters; it is kept
+// with the run's signals (pruned with the run).
+func SignalKey(key string) SignalOption {
+	return func(o *signalOptions) { o.key, o.keySet = key, true }
+}
+
 // Signal sends a named signal with a payload (JSON-encoded) to a run of the client's
 // namespace. Signals are kept until the run waits for them (WaitSignal) and each is
 // delivered once, in the order sent; a run sleeping in WaitSignal for that name
-// wakes at once. Signalling a finished run returns ErrRunFinished and stores nothing.
-func (c *Client) Signal(ctx context.Context, runID, name string, payload any) error {
-	return c.signal(ctx, c.pool, runID, name, payload)
+// wakes at once. Signalling a finished run returns ErrRunFinished and stores nothing
+// (unless SignalKey finds the signal already stored).
+func (c *Client) Signal(ctx context.Context, runID, name string, payload any, opts ...SignalOption) error {
+	return c.signal(ctx, c.pool, runID, name, payload, opts)
 }
 
 // SignalTx is Signal inside the caller's transaction: the signal exists only if tx commits.
-func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, runID, name string, payload any) error {
+func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, runID, name string, payload any, opts ...SignalOption) error {
 	if tx == nil {
 		return invalidArgument("nil transaction")
 	}
-	return c.signal(ctx, tx, runID, name, payload)
+	return c.signal(ctx, tx, runID, name, payload, opts)
 }
 
 // SignalWorkflow is Signal to the run of a workflow id (its active run, else its newest).
-func (c *Client) SignalWorkflow(ctx context.Context, workflowID, name string, payload any) error {
+func (c *Client) SignalWorkflow(ctx context.Context, workflowID, name string, payload any, opts ...SignalOption) error {
 	if err := validName("workflow id", workflowID); err != nil {
 		return err
 	}
@@ -40,16 +59,27 @@ func (c *Client) SignalWorkflow(ctx context.Context, workflowID, name string, pa
 	if err != nil {
 		return wrapStoreErr("kagzi: signal workflow id "+workflowID, err)
 	}
-	return c.signal(ctx, c.pool, id.String(), name, payload)
+	return c.signal(ctx, c.pool, id.String(), name, payload, opts)
 }
 
-func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, payload any) error {
+func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, payload any, opts []SignalOption) error {
 	id, err := parseRunID(runID)
 	if err != nil {
 		return err
 	}
 	if err := validName("signal name", name); err != nil {
 		return err
+	}
+	var o signalOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	var key *string
+	if o.keySet {
+		if err := validName("signal key", o.key); err != nil {
+			return err
+		}
+		key = &o.key
 	}
 	b, err := json.Marshal(payload)
 	if err != nil {
@@ -59,12 +89,13 @@ func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, 
 		return err
 	}
 	began := time.Now()
-	status, err := store.SendSignal(ctx, db, c.ns, id, name, b)
+	status, duplicate, err := store.SendSignal(ctx, db, store.SignalSend{Namespace: c.ns, RunID: id, Name: name,
+		Payload: b, Key: key})
 	c.hookSignalSent(ctx, id, name, began, err)
 	if err != nil {
 		return wrapStoreErr("kagzi: signal run "+runID, err)
 	}
-	if status.Terminal() {
+	if !duplicate && status.Terminal() {
 		return fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, status)
 	}
 	return nil

@@ -32,13 +32,18 @@ const (
 type StartOption func(*startOptions)
 
 type startOptions struct {
-	version  *string
-	id       string
-	delay    time.Duration
-	startAt  time.Time
-	reuse    IDReuse
-	deadline time.Time
-	timeout  time.Duration
+	version    *string
+	id         string
+	idSet      bool // WithID was given (an empty id is then invalid)
+	delay      time.Duration
+	startAt    time.Time
+	reuse      IDReuse
+	deadline   time.Time
+	timeout    time.Duration
+	attributes map[string]any
+	// requireWorker: RequireWorker; byName: StartByName, which warns once per type
+	// when no live worker registered it.
+	requireWorker, byName bool
 
 	// Flow control (flow.go).
 	priority    int
@@ -50,8 +55,18 @@ type startOptions struct {
 
 // WithID sets the workflow id, the run's idempotency key in its namespace (for
 // example "order-123"): starting an id that is active returns the existing run with
-// AlreadyExists set. Without it, Kagzi generates a unique id.
-func WithID(id string) StartOption { return func(o *startOptions) { o.id = id } }
+// AlreadyExists set. Without it, Kagzi generates a unique id. An empty id is
+// ErrInvalidArgument.
+func WithID(id string) StartOption { return func(o *startOptions) { o.id, o.idSet = id, true } }
+
+// RequireWorker makes the start fail with ErrNoWorker, starting nothing, unless a live
+// (ONLINE or DRAINING) worker of the namespace registered the workflow type and the
+// run's version (WithRunVersion, or a typed workflow's definition version; any version
+// for StartByName without WithRunVersion). It costs one more query, and looks at the
+// registry as the start begins: a worker that stops right after does not undo the
+// start. Without it a start of a type no worker registered waits PENDING until one
+// does, and StartByName logs a warning, once per type per client.
+func RequireWorker() StartOption { return func(o *startOptions) { o.requireWorker = true } }
 
 // WithDelay makes the run claimable only after d has passed (the database's clock).
 func WithDelay(d time.Duration) StartOption { return func(o *startOptions) { o.delay = d } }
@@ -145,7 +160,9 @@ func startTyped[In, Out any](ctx context.Context, c *Client, tx pgx.Tx, wf *Work
 // StartByName starts a run of the workflow type name, for callers that do not have
 // its Go definition at hand. It reports an unavailable database as Start does. input is encoded with encoding/json (a json.RawMessage
 // is stored as it is, once checked to be valid JSON). The type need not be
-// registered by any worker yet: the run waits PENDING until a worker for it runs.
+// registered by any worker yet: the run waits PENDING until a worker for it runs,
+// and the client logs a warning the first time it starts such a type (RequireWorker
+// makes it an error instead).
 func (c *Client) StartByName(ctx context.Context, workflowType string, input any, opts ...StartOption) (*Run[json.RawMessage], error) {
 	return c.startByName(ctx, nil, workflowType, input, opts)
 }
@@ -174,6 +191,7 @@ func (c *Client) startByName(ctx context.Context, tx pgx.Tx, workflowType string
 			return nil, invalidArgument("input of %s does not encode as JSON: %v", workflowType, err)
 		}
 	}
+	opts = append(opts, func(o *startOptions) { o.byName = true })
 	return c.start(ctx, tx, workflowType, b, opts)
 }
 
@@ -219,40 +237,21 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	for _, opt := range opts {
 		opt(&o)
 	}
-	var n store.NewRun
-	if err := o.flowOptions(&n); err != nil {
-		return nil, err
-	}
-	runID, err := uuid.NewV7()
-	if err != nil {
-		return nil, fmt.Errorf("kagzi: start: %w", err)
-	}
-	if o.id == "" {
-		o.id = runID.String()
-	} else if err := validName("workflow id", o.id); err != nil {
-		return nil, err
-	}
-	if input, err = c.encodePayload("input of "+workflowType, input); err != nil {
-		return nil, err
-	}
-	if o.reuse != IDReuseAfterFinish && o.reuse != IDReuseNever {
-		return nil, invalidArgument("unknown IDReuse %d", o.reuse)
-	}
-	startAt, deadline, err := o.times(time.Now())
+	n, err := c.newRun(&o, workflowType, input)
 	if err != nil {
 		return nil, err
+	}
+	if link != nil {
+		link(&n)
 	}
 	var db store.DBTX = c.starts
 	if tx != nil {
 		db = tx
 	}
-	// Without a version, the run takes the newest one a live worker registered (none:
-	// the first claim pins it), looked up by the start's own statement.
-	n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType = runID, c.ns, o.id, workflowType
-	n.Version, n.NewestVersion = o.version, o.version == nil
-	n.Input, n.StartAt, n.ReuseNever, n.Deadline = input, startAt, o.reuse == IDReuseNever, deadline
-	if link != nil {
-		link(&n)
+	if o.requireWorker {
+		if err := c.requireWorker(ctx, tx, workflowType, o.version); err != nil {
+			return nil, err
+		}
 	}
 	// A lone start notifies the workers in its own statement (the quickest way to
 	// them). While other starts of this client are in flight, it commits without the
@@ -263,8 +262,9 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 		n.NotifyLater = c.startsInFlight.Add(1) > 1
 		defer c.startsInFlight.Add(-1)
 	}
+	n.CheckWorker = o.byName && !o.requireWorker && !c.warnedNoWorker(workflowType)
 	ctx, hooked := c.hookStartBegin(ctx, &n)
-	r, inserted, err := store.InsertRun(ctx, db, n)
+	r, inserted, noWorker, err := store.InsertRunChecked(ctx, db, n)
 	c.hookStartEnd(ctx, hooked, r, inserted, err)
 	if err != nil {
 		err = dbError("kagzi: start "+workflowType, err)
@@ -277,18 +277,125 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 		}
 		return nil, err
 	}
+	if noWorker {
+		c.warnNoWorker(workflowType, o.version)
+	}
 	if inserted && n.NotifyLater {
 		c.sender.Send(store.WakeTopic(r.Namespace, r.WorkflowType) + "|" + strconv.FormatInt(r.AvailableAt.UnixMilli(), 10))
 		if r.Deadline != nil {
 			c.sender.Send(store.DeadlineTopic(r.Namespace) + "|" + strconv.FormatInt(r.Deadline.UnixMilli(), 10))
 		}
 	}
-	if !inserted && r.WorkflowType != workflowType {
-		return nil, fmt.Errorf("%w: workflow id %q is held by run %s of workflow type %q, not %q",
-			ErrAlreadyExists, o.id, r.RunID, r.WorkflowType, workflowType)
+	if err := heldByOther(n, r, inserted); err != nil {
+		return nil, err
 	}
 	return &Run[json.RawMessage]{RunID: r.RunID.String(), WorkflowID: r.WorkflowID,
 		WorkflowType: r.WorkflowType, AlreadyExists: !inserted, client: c}, nil
+}
+
+// newRun checks the start's options and input and returns the run to insert.
+func (c *Client) newRun(o *startOptions, workflowType string, input []byte) (store.NewRun, error) {
+	var flow store.NewRun
+	if err := o.flowOptions(&flow); err != nil {
+		return store.NewRun{}, err
+	}
+	runID, err := uuid.NewV7()
+	if err != nil {
+		return store.NewRun{}, fmt.Errorf("kagzi: start: %w", err)
+	}
+	switch {
+	case !o.idSet:
+		o.id = runID.String()
+	case o.id == "":
+		return store.NewRun{}, invalidArgument("empty workflow id (WithID); leave WithID out to have one generated")
+	default:
+		if err := validName("workflow id", o.id); err != nil {
+			return store.NewRun{}, err
+		}
+	}
+	if input, err = c.encodePayload("input of "+workflowType, input); err != nil {
+		return store.NewRun{}, err
+	}
+	if o.reuse != IDReuseAfterFinish && o.reuse != IDReuseNever {
+		return store.NewRun{}, invalidArgument("unknown IDReuse %d", o.reuse)
+	}
+	startAt, deadline, err := o.times(time.Now())
+	if err != nil {
+		return store.NewRun{}, err
+	}
+	attrs, err := o.startAttributes()
+	if err != nil {
+		return store.NewRun{}, err
+	}
+	// Without a version, the run takes the newest one a live worker registered (none:
+	// the first claim pins it), looked up by the start's own statement.
+	return store.NewRun{
+		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType,
+		Version: o.version, NewestVersion: o.version == nil, Attributes: attrs,
+		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
+		Priority: flow.Priority, FlowKey: flow.FlowKey, Debounce: flow.Debounce,
+	}, nil
+}
+
+// heldByOther returns ErrAlreadyExists when the start found its workflow id held by
+// a run it may not return: one of another workflow type, or, for a child's start,
+// one that is not the child of that parent step.
+func heldByOther(n store.NewRun, r store.Run, inserted bool) error {
+	if inserted {
+		return nil
+	}
+	if r.WorkflowType != n.WorkflowType {
+		return fmt.Errorf("%w: workflow id %q is held by run %s of workflow type %q, not %q",
+			ErrAlreadyExists, n.WorkflowID, r.RunID, r.WorkflowType, n.WorkflowType)
+	}
+	if n.ParentRunID != nil && (r.ParentRunID == nil || *r.ParentRunID != *n.ParentRunID ||
+		r.ParentStepKey == nil || *r.ParentStepKey != n.ParentStepKey) {
+		return fmt.Errorf("%w: workflow id %q is held by run %s, which is not the child started by step %s of run %s",
+			ErrAlreadyExists, n.WorkflowID, r.RunID, n.ParentStepKey, n.ParentRunID)
+	}
+	return nil
+}
+
+// requireWorker returns ErrNoWorker unless a live worker registered the workflow
+// type (and version, unless nil); see RequireWorker.
+func (c *Client) requireWorker(ctx context.Context, tx pgx.Tx, workflowType string, version *string) error {
+	var db store.DBTX = c.pool
+	if tx != nil {
+		db = tx
+	}
+	ok, err := store.LiveWorkerRegistered(ctx, db, c.ns, workflowType, version)
+	if err != nil {
+		return dbError("kagzi: start "+workflowType+": look for a live worker", err)
+	}
+	if ok {
+		return nil
+	}
+	what := fmt.Sprintf("workflow type %q", workflowType)
+	if version != nil {
+		what += fmt.Sprintf(" at version %q", *version)
+	}
+	return fmt.Errorf("%w: no live worker of namespace %q registered %s", ErrNoWorker, c.ns, what)
+}
+
+// warnedNoWorker tells whether the client already warned that no live worker
+// registered the workflow type (see StartByName).
+func (c *Client) warnedNoWorker(workflowType string) bool {
+	_, ok := c.noWorkerWarned.Load(workflowType)
+	return ok
+}
+
+// warnNoWorker logs, once per workflow type for the client's life, that StartByName
+// started a run of a type no live worker registered.
+func (c *Client) warnNoWorker(workflowType string, version *string) {
+	if _, done := c.noWorkerWarned.LoadOrStore(workflowType, true); done {
+		return
+	}
+	args := []any{"namespace", c.ns, "workflow_type", workflowType}
+	if version != nil {
+		args = append(args, "version", *version)
+	}
+	c.logger.Warn("kagzi: started a run of a workflow type no live worker registered; it waits PENDING until one does "+
+		"(a typo? RequireWorker makes this an error; this warning is logged once per type)", args...)
 }
 
 // Wait blocks until the run ends or ctx is done, and returns the run's output. A run
@@ -299,6 +406,9 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 // waiter), and looks at the run every few seconds in case a notification was missed.
 func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 	var zero Out
+	if r == nil || r.client == nil {
+		return zero, invalidArgument("Wait on a nil or zero Run; get one from Start, RunOf or RunOfWorkflow")
+	}
 	id, err := uuid.Parse(r.RunID)
 	if err != nil {
 		return zero, invalidArgument("run id %q is not a UUID", r.RunID)

@@ -14,7 +14,8 @@ import (
 // StartMany starts one run of wf per input in a single statement (one round trip and
 // one commit, and one notification for the workers, whatever the number of inputs).
 // Each run gets a generated workflow id, so WithID is not allowed; the other start
-// options apply to every run. The runs are returned in the inputs' order. The Start
+// options apply to every run (WithAttributes gives each run the same attributes;
+// RequireWorker checks the registry once). The runs are returned in the inputs' order. The Start
 // hooks (Config.Hooks) are called for each run: every StartBegin before the insert
 // (each run stores the carrier its StartBegin filled), every StartEnd after it.
 func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], inputs []In, opts ...StartOption) ([]*Run[Out], error) {
@@ -28,7 +29,7 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 	for _, opt := range opts {
 		opt(&o)
 	}
-	if o.id != "" {
+	if o.idSet {
 		return nil, invalidArgument("StartMany generates the workflow ids; WithID is not allowed")
 	}
 	if o.debounce != nil {
@@ -40,6 +41,10 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 	}
 	var err error
 	if like.StartAt, like.Deadline, err = o.times(time.Now()); err != nil {
+		return nil, err
+	}
+	attrs, err := o.startAttributes()
+	if err != nil {
 		return nil, err
 	}
 	ids := make([]uuid.UUID, len(inputs))
@@ -59,6 +64,11 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 	if len(inputs) == 0 {
 		return nil, nil
 	}
+	if o.requireWorker {
+		if err := c.requireWorker(ctx, nil, wf.name, o.version); err != nil {
+			return nil, err
+		}
+	}
 	var carriers [][]byte
 	var hooked []startHook
 	if c.hooks != nil {
@@ -69,7 +79,9 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 			carriers[i] = n.Carrier
 		}
 	}
-	err = store.InsertRunsLike(ctx, c.pool, like, ids, encoded, carriers)
+	err = store.InsertManyRuns(ctx, c.pool, store.ManyRuns{Namespace: c.ns, WorkflowType: wf.name, Version: o.version,
+		IDs: ids, Inputs: encoded, Carriers: carriers, StartAt: like.StartAt, Deadline: like.Deadline, Attributes: attrs,
+		Priority: like.Priority, FlowKey: like.FlowKey})
 	for i, h := range hooked {
 		c.hookStartEnd(h.ctx, h.e, store.Run{RunID: ids[i], WorkflowType: wf.name}, err == nil, err)
 	}

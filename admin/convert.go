@@ -6,6 +6,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/kagzi/kagzi"
@@ -93,7 +94,21 @@ func workflowPB(r *kagzi.RunInfo) *adminpb.Workflow {
 		StartedAt: tsp(r.StartedAt), FinishedAt: tsp(r.FinishedAt), AvailableAt: ts(r.AvailableAt),
 		UpdatedAt: ts(r.UpdatedAt), WorkerId: r.LockedBy, CancelRequested: r.CancelRequested,
 		ScheduleId: optString(r.ScheduleID), ScheduleTick: tsp(r.ScheduleTick),
+		Attributes: attributesPB(r.Attributes), Deadline: tsp(r.Deadline), ParentRunId: optString(r.ParentRunID),
 	}
+}
+
+// attributesPB is a run's attributes as a Struct; nil when it has none. They were
+// decoded from JSON, so every value converts.
+func attributesPB(attrs map[string]any) *structpb.Struct {
+	if len(attrs) == 0 {
+		return nil
+	}
+	s, err := structpb.NewStruct(attrs)
+	if err != nil {
+		return nil
+	}
+	return s
 }
 
 func stepPB(namespace, runID string, s *kagzi.StepInfo) *adminpb.Step {

@@ -14,7 +14,7 @@ import (
 )
 
 // features lists what every server offers, as GetServerInfo reports it.
-var features = []string{"workflows", "steps", "workers", "schedules", "health", "grpc.health.v1", "reflection"}
+var features = []string{"workflows", "workflows.attributes", "steps", "workers", "schedules", "health", "grpc.health.v1", "reflection"}
 
 var runStatusOf = func() map[adminpb.WorkflowStatus]kagzi.RunStatus {
 	m := map[adminpb.WorkflowStatus]kagzi.RunStatus{}
@@ -54,32 +54,22 @@ func (s *Server) GetWorkflow(ctx context.Context, req *adminpb.GetWorkflowReques
 	return &adminpb.GetWorkflowResponse{Workflow: workflowPB(info)}, nil
 }
 
-// ListWorkflows lists the namespace's runs, newest first, with ListRuns's filters.
+// ListWorkflows lists the namespace's runs, newest (or oldest) first, with ListRuns's
+// filters.
 func (s *Server) ListWorkflows(ctx context.Context, req *adminpb.ListWorkflowsRequest) (*adminpb.ListWorkflowsResponse, error) {
 	const rpc = "ListWorkflows"
 	c, err := s.client(ctx, req.GetNamespace())
 	if err != nil {
 		return nil, err
 	}
-	f := kagzi.RunFilter{WorkflowType: req.GetWorkflowType(), WorkflowID: req.GetWorkflowId(),
-		ScheduleID: req.GetScheduleId()}
+	f, err := runFilter(req)
+	if err != nil {
+		return nil, err
+	}
 	if f.PageSize, err = pageSize(req.GetPage()); err != nil {
 		return nil, err
 	}
 	if f.PageToken, err = decodePageToken(req.GetPage().GetPageToken(), rpc, c.Namespace()); err != nil {
-		return nil, err
-	}
-	for _, st := range req.GetStatuses() {
-		rs, ok := runStatusOf[st]
-		if !ok {
-			return nil, status.Errorf(codes.InvalidArgument, "unknown workflow status %v", st)
-		}
-		f.Statuses = append(f.Statuses, rs)
-	}
-	if f.CreatedAfter, err = timeFilter("created_after", req.GetCreatedAfter()); err != nil {
-		return nil, err
-	}
-	if f.CreatedBefore, err = timeFilter("created_before", req.GetCreatedBefore()); err != nil {
 		return nil, err
 	}
 	page, err := c.ListRuns(ctx, f)
@@ -91,6 +81,32 @@ func (s *Server) ListWorkflows(ctx context.Context, req *adminpb.ListWorkflowsRe
 		resp.Workflows = append(resp.Workflows, workflowPB(&page.Runs[i]))
 	}
 	return resp, nil
+}
+
+// runFilter is the kagzi.RunFilter of a ListWorkflows request, but for its page.
+func runFilter(req *adminpb.ListWorkflowsRequest) (kagzi.RunFilter, error) {
+	f := kagzi.RunFilter{WorkflowType: req.GetWorkflowType(), WorkflowTypes: req.GetWorkflowTypes(),
+		WorkflowID: req.GetWorkflowId(), WorkflowIDPrefix: req.GetWorkflowIdPrefix(), ScheduleID: req.GetScheduleId(),
+		ParentRunID: req.GetParentRunId(), RootOnly: req.GetRootOnly(), ErrorCode: req.GetErrorCode(),
+		OldestFirst: req.GetOldestFirst(), IncludePayloads: req.GetIncludePayloads()}
+	if req.GetAttributes() != nil {
+		f.Attributes = req.GetAttributes().AsMap()
+	}
+	for _, st := range req.GetStatuses() {
+		rs, ok := runStatusOf[st]
+		if !ok {
+			return f, status.Errorf(codes.InvalidArgument, "unknown workflow status %v", st)
+		}
+		f.Statuses = append(f.Statuses, rs)
+	}
+	var err error
+	if f.CreatedAfter, err = timeFilter("created_after", req.GetCreatedAfter()); err != nil {
+		return f, err
+	}
+	if f.CreatedBefore, err = timeFilter("created_before", req.GetCreatedBefore()); err != nil {
+		return f, err
+	}
+	return f, nil
 }
 
 func timeFilter(field string, t *timestamppb.Timestamp) (time.Time, error) {

@@ -32,7 +32,7 @@ func TestEveryRPCAnswersOverARealListener(t *testing.T) {
 	}
 	if info.Version != kagzi.Version || info.ApiVersion != "kagzi.v1" || info.SchemaVersion == 0 ||
 		info.SchemaVersion != info.LatestSchemaVersion || !slices.Contains(info.SupportedFeatures, "auth.bearer") ||
-		!slices.Contains(info.SupportedFeatures, "schedules") {
+		!slices.Contains(info.SupportedFeatures, "schedules") || !slices.Contains(info.SupportedFeatures, "workflows.attributes") {
 		t.Fatalf("server info: %v", info)
 	}
 

@@ -218,7 +218,8 @@ func TestAdvanceFiresADailySchedule(t *testing.T) {
 	env.Advance(25 * time.Hour)
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		page, err := env.Client.ListRuns(ctx, kagzi.RunFilter{ScheduleID: "nightly", Statuses: []kagzi.RunStatus{kagzi.StatusCompleted}})
+		page, err := env.Client.ListRuns(ctx, kagzi.RunFilter{ScheduleID: "nightly", Statuses: []kagzi.RunStatus{kagzi.StatusCompleted},
+			IncludePayloads: true})
 		if err != nil {
 			t.Fatal(err)
 		}

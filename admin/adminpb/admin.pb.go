@@ -9,6 +9,7 @@ package adminpb
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -222,9 +223,27 @@ type ListWorkflowsRequest struct {
 	CreatedBefore *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=created_before,json=createdBefore,proto3" json:"created_before,omitempty"`
 	Page          *PageRequest           `protobuf:"bytes,7,opt,name=page,proto3" json:"page,omitempty"`
 	// Keeps runs started by this schedule's ticks.
-	ScheduleId    *string `protobuf:"bytes,8,opt,name=schedule_id,json=scheduleId,proto3,oneof" json:"schedule_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ScheduleId *string `protobuf:"bytes,8,opt,name=schedule_id,json=scheduleId,proto3,oneof" json:"schedule_id,omitempty"`
+	// Keeps runs of any of these workflow types (with workflow_type: of any of them all).
+	WorkflowTypes []string `protobuf:"bytes,9,rep,name=workflow_types,json=workflowTypes,proto3" json:"workflow_types,omitempty"`
+	// Keeps runs whose workflow id starts with this (byte by byte).
+	WorkflowIdPrefix *string `protobuf:"bytes,10,opt,name=workflow_id_prefix,json=workflowIdPrefix,proto3,oneof" json:"workflow_id_prefix,omitempty"`
+	// Keeps the children of this run (a run id).
+	ParentRunId *string `protobuf:"bytes,11,opt,name=parent_run_id,json=parentRunId,proto3,oneof" json:"parent_run_id,omitempty"`
+	// Keeps the runs that are no run's child. Not with parent_run_id.
+	RootOnly bool `protobuf:"varint,12,opt,name=root_only,json=rootOnly,proto3" json:"root_only,omitempty"`
+	// Keeps FAILED runs whose recorded error has this code.
+	ErrorCode *string `protobuf:"bytes,13,opt,name=error_code,json=errorCode,proto3,oneof" json:"error_code,omitempty"`
+	// Keeps runs whose attributes contain these: every key with an equal value (JSON
+	// containment). Served by an index that gives no order: use keys that select few
+	// runs (an order or customer id), or add a filter that does.
+	Attributes *structpb.Struct `protobuf:"bytes,14,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	// Lists the oldest runs first. A page token continues the order it was made in.
+	OldestFirst bool `protobuf:"varint,15,opt,name=oldest_first,json=oldestFirst,proto3" json:"oldest_first,omitempty"`
+	// Fills each run's input and output; without it they are unset.
+	IncludePayloads bool `protobuf:"varint,16,opt,name=include_payloads,json=includePayloads,proto3" json:"include_payloads,omitempty"`
+	unknownFields   protoimpl.UnknownFields
+	sizeCache       protoimpl.SizeCache
 }
 
 func (x *ListWorkflowsRequest) Reset() {
@@ -311,6 +330,62 @@ func (x *ListWorkflowsRequest) GetScheduleId() string {
 		return *x.ScheduleId
 	}
 	return ""
+}
+
+func (x *ListWorkflowsRequest) GetWorkflowTypes() []string {
+	if x != nil {
+		return x.WorkflowTypes
+	}
+	return nil
+}
+
+func (x *ListWorkflowsRequest) GetWorkflowIdPrefix() string {
+	if x != nil && x.WorkflowIdPrefix != nil {
+		return *x.WorkflowIdPrefix
+	}
+	return ""
+}
+
+func (x *ListWorkflowsRequest) GetParentRunId() string {
+	if x != nil && x.ParentRunId != nil {
+		return *x.ParentRunId
+	}
+	return ""
+}
+
+func (x *ListWorkflowsRequest) GetRootOnly() bool {
+	if x != nil {
+		return x.RootOnly
+	}
+	return false
+}
+
+func (x *ListWorkflowsRequest) GetErrorCode() string {
+	if x != nil && x.ErrorCode != nil {
+		return *x.ErrorCode
+	}
+	return ""
+}
+
+func (x *ListWorkflowsRequest) GetAttributes() *structpb.Struct {
+	if x != nil {
+		return x.Attributes
+	}
+	return nil
+}
+
+func (x *ListWorkflowsRequest) GetOldestFirst() bool {
+	if x != nil {
+		return x.OldestFirst
+	}
+	return false
+}
+
+func (x *ListWorkflowsRequest) GetIncludePayloads() bool {
+	if x != nil {
+		return x.IncludePayloads
+	}
+	return false
 }
 
 type ListWorkflowsResponse struct {
@@ -1325,8 +1400,9 @@ type GetServerInfoResponse struct {
 	// The applied schema (migration) version, and the newest the build knows.
 	SchemaVersion       int64 `protobuf:"varint,3,opt,name=schema_version,json=schemaVersion,proto3" json:"schema_version,omitempty"`
 	LatestSchemaVersion int64 `protobuf:"varint,4,opt,name=latest_schema_version,json=latestSchemaVersion,proto3" json:"latest_schema_version,omitempty"`
-	// What this server offers, e.g. "workflows", "steps", "workers", "schedules",
-	// "health", "reflection", "grpc.health.v1", "auth.bearer", "auth.mtls".
+	// What this server offers, e.g. "workflows", "workflows.attributes" (run
+	// attributes and the ListWorkflows filters beside them), "steps", "workers",
+	// "schedules", "health", "reflection", "grpc.health.v1", "auth.bearer", "auth.mtls".
 	SupportedFeatures []string `protobuf:"bytes,5,rep,name=supported_features,json=supportedFeatures,proto3" json:"supported_features,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
@@ -1401,7 +1477,7 @@ var File_kagzi_v1_admin_proto protoreflect.FileDescriptor
 
 const file_kagzi_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x14kagzi/v1/admin.proto\x12\bkagzi.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15kagzi/v1/common.proto\x1a\x13kagzi/v1/step.proto\x1a\x15kagzi/v1/worker.proto\x1a\x17kagzi/v1/workflow.proto\x1a kagzi/v1/workflow_schedule.proto\"z\n" +
+	"\x14kagzi/v1/admin.proto\x12\bkagzi.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15kagzi/v1/common.proto\x1a\x13kagzi/v1/step.proto\x1a\x15kagzi/v1/worker.proto\x1a\x17kagzi/v1/workflow.proto\x1a kagzi/v1/workflow_schedule.proto\"z\n" +
 	"\x12GetWorkflowRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x17\n" +
 	"\x06run_id\x18\x02 \x01(\tH\x00R\x05runId\x12!\n" +
@@ -1410,7 +1486,7 @@ const file_kagzi_v1_admin_proto_rawDesc = "" +
 	"\n" +
 	"\bselector\"E\n" +
 	"\x13GetWorkflowResponse\x12.\n" +
-	"\bworkflow\x18\x01 \x01(\v2\x12.kagzi.v1.WorkflowR\bworkflow\"\xc1\x03\n" +
+	"\bworkflow\x18\x01 \x01(\v2\x12.kagzi.v1.WorkflowR\bworkflow\"\xc4\x06\n" +
 	"\x14ListWorkflowsRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x124\n" +
 	"\bstatuses\x18\x02 \x03(\x0e2\x18.kagzi.v1.WorkflowStatusR\bstatuses\x12(\n" +
@@ -1421,10 +1497,25 @@ const file_kagzi_v1_admin_proto_rawDesc = "" +
 	"\x0ecreated_before\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\rcreatedBefore\x12)\n" +
 	"\x04page\x18\a \x01(\v2\x15.kagzi.v1.PageRequestR\x04page\x12$\n" +
 	"\vschedule_id\x18\b \x01(\tH\x02R\n" +
-	"scheduleId\x88\x01\x01B\x10\n" +
+	"scheduleId\x88\x01\x01\x12%\n" +
+	"\x0eworkflow_types\x18\t \x03(\tR\rworkflowTypes\x121\n" +
+	"\x12workflow_id_prefix\x18\n" +
+	" \x01(\tH\x03R\x10workflowIdPrefix\x88\x01\x01\x12'\n" +
+	"\rparent_run_id\x18\v \x01(\tH\x04R\vparentRunId\x88\x01\x01\x12\x1b\n" +
+	"\troot_only\x18\f \x01(\bR\brootOnly\x12\"\n" +
+	"\n" +
+	"error_code\x18\r \x01(\tH\x05R\terrorCode\x88\x01\x01\x127\n" +
+	"\n" +
+	"attributes\x18\x0e \x01(\v2\x17.google.protobuf.StructR\n" +
+	"attributes\x12!\n" +
+	"\foldest_first\x18\x0f \x01(\bR\voldestFirst\x12)\n" +
+	"\x10include_payloads\x18\x10 \x01(\bR\x0fincludePayloadsB\x10\n" +
 	"\x0e_workflow_typeB\x0e\n" +
 	"\f_workflow_idB\x0e\n" +
-	"\f_schedule_id\"q\n" +
+	"\f_schedule_idB\x15\n" +
+	"\x13_workflow_id_prefixB\x10\n" +
+	"\x0e_parent_run_idB\r\n" +
+	"\v_error_code\"q\n" +
 	"\x15ListWorkflowsResponse\x120\n" +
 	"\tworkflows\x18\x01 \x03(\v2\x12.kagzi.v1.WorkflowR\tworkflows\x12&\n" +
 	"\x04page\x18\x02 \x01(\v2\x12.kagzi.v1.PageInfoR\x04page\"`\n" +
@@ -1562,11 +1653,12 @@ var file_kagzi_v1_admin_proto_goTypes = []any{
 	(WorkflowStatus)(0),                    // 23: kagzi.v1.WorkflowStatus
 	(*timestamppb.Timestamp)(nil),          // 24: google.protobuf.Timestamp
 	(*PageRequest)(nil),                    // 25: kagzi.v1.PageRequest
-	(*PageInfo)(nil),                       // 26: kagzi.v1.PageInfo
-	(*Step)(nil),                           // 27: kagzi.v1.Step
-	(*Worker)(nil),                         // 28: kagzi.v1.Worker
-	(WorkerStatus)(0),                      // 29: kagzi.v1.WorkerStatus
-	(*WorkflowSchedule)(nil),               // 30: kagzi.v1.WorkflowSchedule
+	(*structpb.Struct)(nil),                // 26: google.protobuf.Struct
+	(*PageInfo)(nil),                       // 27: kagzi.v1.PageInfo
+	(*Step)(nil),                           // 28: kagzi.v1.Step
+	(*Worker)(nil),                         // 29: kagzi.v1.Worker
+	(WorkerStatus)(0),                      // 30: kagzi.v1.WorkerStatus
+	(*WorkflowSchedule)(nil),               // 31: kagzi.v1.WorkflowSchedule
 }
 var file_kagzi_v1_admin_proto_depIdxs = []int32{
 	22, // 0: kagzi.v1.GetWorkflowResponse.workflow:type_name -> kagzi.v1.Workflow
@@ -1574,51 +1666,52 @@ var file_kagzi_v1_admin_proto_depIdxs = []int32{
 	24, // 2: kagzi.v1.ListWorkflowsRequest.created_after:type_name -> google.protobuf.Timestamp
 	24, // 3: kagzi.v1.ListWorkflowsRequest.created_before:type_name -> google.protobuf.Timestamp
 	25, // 4: kagzi.v1.ListWorkflowsRequest.page:type_name -> kagzi.v1.PageRequest
-	22, // 5: kagzi.v1.ListWorkflowsResponse.workflows:type_name -> kagzi.v1.Workflow
-	26, // 6: kagzi.v1.ListWorkflowsResponse.page:type_name -> kagzi.v1.PageInfo
-	27, // 7: kagzi.v1.GetStepResponse.step:type_name -> kagzi.v1.Step
-	25, // 8: kagzi.v1.ListStepsRequest.page:type_name -> kagzi.v1.PageRequest
-	27, // 9: kagzi.v1.ListStepsResponse.steps:type_name -> kagzi.v1.Step
-	26, // 10: kagzi.v1.ListStepsResponse.page:type_name -> kagzi.v1.PageInfo
-	28, // 11: kagzi.v1.GetWorkerResponse.worker:type_name -> kagzi.v1.Worker
-	29, // 12: kagzi.v1.ListWorkersRequest.statuses:type_name -> kagzi.v1.WorkerStatus
-	25, // 13: kagzi.v1.ListWorkersRequest.page:type_name -> kagzi.v1.PageRequest
-	28, // 14: kagzi.v1.ListWorkersResponse.workers:type_name -> kagzi.v1.Worker
-	26, // 15: kagzi.v1.ListWorkersResponse.page:type_name -> kagzi.v1.PageInfo
-	30, // 16: kagzi.v1.GetWorkflowScheduleResponse.schedule:type_name -> kagzi.v1.WorkflowSchedule
-	25, // 17: kagzi.v1.ListWorkflowSchedulesRequest.page:type_name -> kagzi.v1.PageRequest
-	30, // 18: kagzi.v1.ListWorkflowSchedulesResponse.schedules:type_name -> kagzi.v1.WorkflowSchedule
-	26, // 19: kagzi.v1.ListWorkflowSchedulesResponse.page:type_name -> kagzi.v1.PageInfo
-	0,  // 20: kagzi.v1.HealthCheckResponse.status:type_name -> kagzi.v1.HealthCheckResponse.ServingStatus
-	24, // 21: kagzi.v1.HealthCheckResponse.timestamp:type_name -> google.protobuf.Timestamp
-	19, // 22: kagzi.v1.HealthCheckResponse.local_workers:type_name -> kagzi.v1.LocalWorkerHealth
-	29, // 23: kagzi.v1.LocalWorkerHealth.status:type_name -> kagzi.v1.WorkerStatus
-	24, // 24: kagzi.v1.LocalWorkerHealth.last_heartbeat_at:type_name -> google.protobuf.Timestamp
-	1,  // 25: kagzi.v1.AdminService.GetWorkflow:input_type -> kagzi.v1.GetWorkflowRequest
-	3,  // 26: kagzi.v1.AdminService.ListWorkflows:input_type -> kagzi.v1.ListWorkflowsRequest
-	5,  // 27: kagzi.v1.AdminService.GetStep:input_type -> kagzi.v1.GetStepRequest
-	7,  // 28: kagzi.v1.AdminService.ListSteps:input_type -> kagzi.v1.ListStepsRequest
-	9,  // 29: kagzi.v1.AdminService.GetWorker:input_type -> kagzi.v1.GetWorkerRequest
-	11, // 30: kagzi.v1.AdminService.ListWorkers:input_type -> kagzi.v1.ListWorkersRequest
-	13, // 31: kagzi.v1.AdminService.GetWorkflowSchedule:input_type -> kagzi.v1.GetWorkflowScheduleRequest
-	15, // 32: kagzi.v1.AdminService.ListWorkflowSchedules:input_type -> kagzi.v1.ListWorkflowSchedulesRequest
-	17, // 33: kagzi.v1.AdminService.HealthCheck:input_type -> kagzi.v1.HealthCheckRequest
-	20, // 34: kagzi.v1.AdminService.GetServerInfo:input_type -> kagzi.v1.GetServerInfoRequest
-	2,  // 35: kagzi.v1.AdminService.GetWorkflow:output_type -> kagzi.v1.GetWorkflowResponse
-	4,  // 36: kagzi.v1.AdminService.ListWorkflows:output_type -> kagzi.v1.ListWorkflowsResponse
-	6,  // 37: kagzi.v1.AdminService.GetStep:output_type -> kagzi.v1.GetStepResponse
-	8,  // 38: kagzi.v1.AdminService.ListSteps:output_type -> kagzi.v1.ListStepsResponse
-	10, // 39: kagzi.v1.AdminService.GetWorker:output_type -> kagzi.v1.GetWorkerResponse
-	12, // 40: kagzi.v1.AdminService.ListWorkers:output_type -> kagzi.v1.ListWorkersResponse
-	14, // 41: kagzi.v1.AdminService.GetWorkflowSchedule:output_type -> kagzi.v1.GetWorkflowScheduleResponse
-	16, // 42: kagzi.v1.AdminService.ListWorkflowSchedules:output_type -> kagzi.v1.ListWorkflowSchedulesResponse
-	18, // 43: kagzi.v1.AdminService.HealthCheck:output_type -> kagzi.v1.HealthCheckResponse
-	21, // 44: kagzi.v1.AdminService.GetServerInfo:output_type -> kagzi.v1.GetServerInfoResponse
-	35, // [35:45] is the sub-list for method output_type
-	25, // [25:35] is the sub-list for method input_type
-	25, // [25:25] is the sub-list for extension type_name
-	25, // [25:25] is the sub-list for extension extendee
-	0,  // [0:25] is the sub-list for field type_name
+	26, // 5: kagzi.v1.ListWorkflowsRequest.attributes:type_name -> google.protobuf.Struct
+	22, // 6: kagzi.v1.ListWorkflowsResponse.workflows:type_name -> kagzi.v1.Workflow
+	27, // 7: kagzi.v1.ListWorkflowsResponse.page:type_name -> kagzi.v1.PageInfo
+	28, // 8: kagzi.v1.GetStepResponse.step:type_name -> kagzi.v1.Step
+	25, // 9: kagzi.v1.ListStepsRequest.page:type_name -> kagzi.v1.PageRequest
+	28, // 10: kagzi.v1.ListStepsResponse.steps:type_name -> kagzi.v1.Step
+	27, // 11: kagzi.v1.ListStepsResponse.page:type_name -> kagzi.v1.PageInfo
+	29, // 12: kagzi.v1.GetWorkerResponse.worker:type_name -> kagzi.v1.Worker
+	30, // 13: kagzi.v1.ListWorkersRequest.statuses:type_name -> kagzi.v1.WorkerStatus
+	25, // 14: kagzi.v1.ListWorkersRequest.page:type_name -> kagzi.v1.PageRequest
+	29, // 15: kagzi.v1.ListWorkersResponse.workers:type_name -> kagzi.v1.Worker
+	27, // 16: kagzi.v1.ListWorkersResponse.page:type_name -> kagzi.v1.PageInfo
+	31, // 17: kagzi.v1.GetWorkflowScheduleResponse.schedule:type_name -> kagzi.v1.WorkflowSchedule
+	25, // 18: kagzi.v1.ListWorkflowSchedulesRequest.page:type_name -> kagzi.v1.PageRequest
+	31, // 19: kagzi.v1.ListWorkflowSchedulesResponse.schedules:type_name -> kagzi.v1.WorkflowSchedule
+	27, // 20: kagzi.v1.ListWorkflowSchedulesResponse.page:type_name -> kagzi.v1.PageInfo
+	0,  // 21: kagzi.v1.HealthCheckResponse.status:type_name -> kagzi.v1.HealthCheckResponse.ServingStatus
+	24, // 22: kagzi.v1.HealthCheckResponse.timestamp:type_name -> google.protobuf.Timestamp
+	19, // 23: kagzi.v1.HealthCheckResponse.local_workers:type_name -> kagzi.v1.LocalWorkerHealth
+	30, // 24: kagzi.v1.LocalWorkerHealth.status:type_name -> kagzi.v1.WorkerStatus
+	24, // 25: kagzi.v1.LocalWorkerHealth.last_heartbeat_at:type_name -> google.protobuf.Timestamp
+	1,  // 26: kagzi.v1.AdminService.GetWorkflow:input_type -> kagzi.v1.GetWorkflowRequest
+	3,  // 27: kagzi.v1.AdminService.ListWorkflows:input_type -> kagzi.v1.ListWorkflowsRequest
+	5,  // 28: kagzi.v1.AdminService.GetStep:input_type -> kagzi.v1.GetStepRequest
+	7,  // 29: kagzi.v1.AdminService.ListSteps:input_type -> kagzi.v1.ListStepsRequest
+	9,  // 30: kagzi.v1.AdminService.GetWorker:input_type -> kagzi.v1.GetWorkerRequest
+	11, // 31: kagzi.v1.AdminService.ListWorkers:input_type -> kagzi.v1.ListWorkersRequest
+	13, // 32: kagzi.v1.AdminService.GetWorkflowSchedule:input_type -> kagzi.v1.GetWorkflowScheduleRequest
+	15, // 33: kagzi.v1.AdminService.ListWorkflowSchedules:input_type -> kagzi.v1.ListWorkflowSchedulesRequest
+	17, // 34: kagzi.v1.AdminService.HealthCheck:input_type -> kagzi.v1.HealthCheckRequest
+	20, // 35: kagzi.v1.AdminService.GetServerInfo:input_type -> kagzi.v1.GetServerInfoRequest
+	2,  // 36: kagzi.v1.AdminService.GetWorkflow:output_type -> kagzi.v1.GetWorkflowResponse
+	4,  // 37: kagzi.v1.AdminService.ListWorkflows:output_type -> kagzi.v1.ListWorkflowsResponse
+	6,  // 38: kagzi.v1.AdminService.GetStep:output_type -> kagzi.v1.GetStepResponse
+	8,  // 39: kagzi.v1.AdminService.ListSteps:output_type -> kagzi.v1.ListStepsResponse
+	10, // 40: kagzi.v1.AdminService.GetWorker:output_type -> kagzi.v1.GetWorkerResponse
+	12, // 41: kagzi.v1.AdminService.ListWorkers:output_type -> kagzi.v1.ListWorkersResponse
+	14, // 42: kagzi.v1.AdminService.GetWorkflowSchedule:output_type -> kagzi.v1.GetWorkflowScheduleResponse
+	16, // 43: kagzi.v1.AdminService.ListWorkflowSchedules:output_type -> kagzi.v1.ListWorkflowSchedulesResponse
+	18, // 44: kagzi.v1.AdminService.HealthCheck:output_type -> kagzi.v1.HealthCheckResponse
+	21, // 45: kagzi.v1.AdminService.GetServerInfo:output_type -> kagzi.v1.GetServerInfoResponse
+	36, // [36:46] is the sub-list for method output_type
+	26, // [26:36] is the sub-list for method input_type
+	26, // [26:26] is the sub-list for extension type_name
+	26, // [26:26] is the sub-list for extension extendee
+	0,  // [0:26] is the sub-list for field type_name
 }
 
 func init() { file_kagzi_v1_admin_proto_init() }

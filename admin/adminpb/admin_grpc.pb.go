@@ -46,9 +46,10 @@ type AdminServiceClient interface {
 	// GetWorkflow reads one run, by run id or by workflow id (the active run of that
 	// id, else its newest).
 	GetWorkflow(ctx context.Context, in *GetWorkflowRequest, opts ...grpc.CallOption) (*GetWorkflowResponse, error)
-	// ListWorkflows lists runs, newest first, with the filters of kagzi.Client.ListRuns.
-	// Runs carry their input and output (each up to the library's MaxPayloadSize,
-	// 1 MiB by default): choose the page size, or the client's receive limit, to match.
+	// ListWorkflows lists runs, newest first (or oldest first), with the filters of
+	// kagzi.Client.ListRuns. Runs carry their input and output only with
+	// include_payloads (each up to the library's MaxPayloadSize, 1 MiB by default):
+	// then choose the page size, or the client's receive limit, to match.
 	ListWorkflows(ctx context.Context, in *ListWorkflowsRequest, opts ...grpc.CallOption) (*ListWorkflowsResponse, error)
 	// GetStep reads one recorded step of a run with its attempts.
 	GetStep(ctx context.Context, in *GetStepRequest, opts ...grpc.CallOption) (*GetStepResponse, error)
@@ -193,9 +194,10 @@ type AdminServiceServer interface {
 	// GetWorkflow reads one run, by run id or by workflow id (the active run of that
 	// id, else its newest).
 	GetWorkflow(context.Context, *GetWorkflowRequest) (*GetWorkflowResponse, error)
-	// ListWorkflows lists runs, newest first, with the filters of kagzi.Client.ListRuns.
-	// Runs carry their input and output (each up to the library's MaxPayloadSize,
-	// 1 MiB by default): choose the page size, or the client's receive limit, to match.
+	// ListWorkflows lists runs, newest first (or oldest first), with the filters of
+	// kagzi.Client.ListRuns. Runs carry their input and output only with
+	// include_payloads (each up to the library's MaxPayloadSize, 1 MiB by default):
+	// then choose the page size, or the client's receive limit, to match.
 	ListWorkflows(context.Context, *ListWorkflowsRequest) (*ListWorkflowsResponse, error)
 	// GetStep reads one recorded step of a run with its attempts.
 	GetStep(context.Context, *GetStepRequest) (*GetStepResponse, error)

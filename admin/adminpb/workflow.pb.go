@@ -9,6 +9,7 @@ package adminpb
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -126,7 +127,14 @@ type Workflow struct {
 	// The schedule whose tick started the run, if one did.
 	ScheduleId *string `protobuf:"bytes,17,opt,name=schedule_id,json=scheduleId,proto3,oneof" json:"schedule_id,omitempty"`
 	// The tick of that schedule.
-	ScheduleTick  *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=schedule_tick,json=scheduleTick,proto3" json:"schedule_tick,omitempty"`
+	ScheduleTick *timestamppb.Timestamp `protobuf:"bytes,18,opt,name=schedule_tick,json=scheduleTick,proto3" json:"schedule_tick,omitempty"`
+	// The run's searchable attributes (kagzi.WithAttributes, Context.SetAttributes), a
+	// JSON object; unset when it has none.
+	Attributes *structpb.Struct `protobuf:"bytes,19,opt,name=attributes,proto3" json:"attributes,omitempty"`
+	// When the run fails with DEADLINE_EXCEEDED unless it finished; unset: no deadline.
+	Deadline *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=deadline,proto3" json:"deadline,omitempty"`
+	// The run that started this one as a child, if one did.
+	ParentRunId   *string `protobuf:"bytes,21,opt,name=parent_run_id,json=parentRunId,proto3,oneof" json:"parent_run_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -287,11 +295,32 @@ func (x *Workflow) GetScheduleTick() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Workflow) GetAttributes() *structpb.Struct {
+	if x != nil {
+		return x.Attributes
+	}
+	return nil
+}
+
+func (x *Workflow) GetDeadline() *timestamppb.Timestamp {
+	if x != nil {
+		return x.Deadline
+	}
+	return nil
+}
+
+func (x *Workflow) GetParentRunId() string {
+	if x != nil && x.ParentRunId != nil {
+		return *x.ParentRunId
+	}
+	return ""
+}
+
 var File_kagzi_v1_workflow_proto protoreflect.FileDescriptor
 
 const file_kagzi_v1_workflow_proto_rawDesc = "" +
 	"\n" +
-	"\x17kagzi/v1/workflow.proto\x12\bkagzi.v1\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15kagzi/v1/common.proto\"\xbe\x06\n" +
+	"\x17kagzi/v1/workflow.proto\x12\bkagzi.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15kagzi/v1/common.proto\"\xea\a\n" +
 	"\bWorkflow\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
 	"\vworkflow_id\x18\x02 \x01(\tR\n" +
@@ -317,8 +346,14 @@ const file_kagzi_v1_workflow_proto_rawDesc = "" +
 	"\x10cancel_requested\x18\x10 \x01(\bR\x0fcancelRequested\x12$\n" +
 	"\vschedule_id\x18\x11 \x01(\tH\x00R\n" +
 	"scheduleId\x88\x01\x01\x12?\n" +
-	"\rschedule_tick\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\fscheduleTickB\x0e\n" +
-	"\f_schedule_id*\xe3\x01\n" +
+	"\rschedule_tick\x18\x12 \x01(\v2\x1a.google.protobuf.TimestampR\fscheduleTick\x127\n" +
+	"\n" +
+	"attributes\x18\x13 \x01(\v2\x17.google.protobuf.StructR\n" +
+	"attributes\x126\n" +
+	"\bdeadline\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12'\n" +
+	"\rparent_run_id\x18\x15 \x01(\tH\x01R\vparentRunId\x88\x01\x01B\x0e\n" +
+	"\f_schedule_idB\x10\n" +
+	"\x0e_parent_run_id*\xe3\x01\n" +
 	"\x0eWorkflowStatus\x12\x1f\n" +
 	"\x1bWORKFLOW_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17WORKFLOW_STATUS_PENDING\x10\x01\x12\x1b\n" +
@@ -348,6 +383,7 @@ var file_kagzi_v1_workflow_proto_goTypes = []any{
 	(*Payload)(nil),               // 2: kagzi.v1.Payload
 	(*ErrorDetail)(nil),           // 3: kagzi.v1.ErrorDetail
 	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
+	(*structpb.Struct)(nil),       // 5: google.protobuf.Struct
 }
 var file_kagzi_v1_workflow_proto_depIdxs = []int32{
 	0,  // 0: kagzi.v1.Workflow.status:type_name -> kagzi.v1.WorkflowStatus
@@ -360,11 +396,13 @@ var file_kagzi_v1_workflow_proto_depIdxs = []int32{
 	4,  // 7: kagzi.v1.Workflow.available_at:type_name -> google.protobuf.Timestamp
 	4,  // 8: kagzi.v1.Workflow.updated_at:type_name -> google.protobuf.Timestamp
 	4,  // 9: kagzi.v1.Workflow.schedule_tick:type_name -> google.protobuf.Timestamp
-	10, // [10:10] is the sub-list for method output_type
-	10, // [10:10] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	5,  // 10: kagzi.v1.Workflow.attributes:type_name -> google.protobuf.Struct
+	4,  // 11: kagzi.v1.Workflow.deadline:type_name -> google.protobuf.Timestamp
+	12, // [12:12] is the sub-list for method output_type
+	12, // [12:12] is the sub-list for method input_type
+	12, // [12:12] is the sub-list for extension type_name
+	12, // [12:12] is the sub-list for extension extendee
+	0,  // [0:12] is the sub-list for field type_name
 }
 
 func init() { file_kagzi_v1_workflow_proto_init() }

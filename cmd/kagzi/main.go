@@ -1,9 +1,11 @@
 // Command kagzi is the operators' tool for Kagzi: it migrates the schema, lists and
 // shows runs with their step timelines, cancels runs, lists workers, manages cron
-// schedules and serves the read-only admin gRPC API.
+// schedules, checks health and serves the read-only admin gRPC API.
 //
 //	kagzi migrate [up|status]
-//	kagzi runs list [--status S,...] [--type T] [--workflow-id ID] [--schedule ID] [--limit N] [--page-token T] [--all]
+//	kagzi runs list [--status S,...] [--workflow-type T,...] [--workflow-id ID] [--workflow-id-prefix P] [--schedule ID]
+//		[--parent RUN_ID | --root-only] [--error-code C] [--attr K=V]... [--oldest-first] [--payloads]
+//		[--limit N] [--page-token T] [--all]
 //	kagzi runs show RUN_ID | --workflow-id ID
 //	kagzi runs cancel RUN_ID
 //	kagzi runs retry RUN_ID
@@ -13,6 +15,7 @@
 //	kagzi schedules show|pause|resume|trigger SCHEDULE_ID
 //	kagzi limits list | get TYPE | delete TYPE
 //	kagzi limits set TYPE [--concurrency N] [--key-concurrency N] [--rate N --rate-period D] [--key-rate N --key-rate-period D]
+//	kagzi health
 //	kagzi serve-admin [--addr HOST:PORT] [--all-namespaces | --namespaces A,B] [--tls-cert F --tls-key F] [--client-ca F] [--insecure]
 //	kagzi version
 //
@@ -21,7 +24,7 @@
 // prints JSON instead of human tables. Flags may come before or after arguments.
 //
 // Exit status: 0 on success, 1 when the command failed (a run that does not exist, a
-// database error), 2 for a usage error.
+// database error, an unhealthy report from kagzi health), 2 for a usage error.
 package main
 
 import (
@@ -46,7 +49,10 @@ const usage = `kagzi - operate Kagzi durable workflows
 Usage:
   kagzi migrate [up|status]             apply the schema migrations (default: up), or show the version
   kagzi runs list [filters]             list runs, newest first
-        --status S,...  --workflow-type T  --workflow-id ID  --schedule ID  --limit N  --page-token T  --all
+        --status S,...  --workflow-type T,...  --workflow-id ID  --workflow-id-prefix P  --schedule ID
+        --parent RUN_ID | --root-only  --error-code CODE  --attr KEY=VALUE (repeatable; VALUE is JSON or a string)
+        --created-after T  --created-before T  --oldest-first  --payloads (input and output, with --json)
+        --limit N  --page-token T  --all
   kagzi runs show RUN_ID                show a run and its step timeline (attempts, errors)
   kagzi runs show --workflow-id ID      ... of a workflow id (its active run, else its newest)
   kagzi runs cancel RUN_ID              cancel a run
@@ -65,6 +71,8 @@ Usage:
   kagzi limits set TYPE [limits]        set (replace) a type's limits; they apply from every worker's next claim
         --concurrency N  --key-concurrency N  --rate N --rate-period D  --key-rate N --key-rate-period D
   kagzi limits delete TYPE              remove a type's limits
+  kagzi health                          check the database, the schema and work no live worker can take
+                                        (exit status 1 when unhealthy)
   kagzi serve-admin [options]           serve the read-only admin gRPC API (kagzi.v1.AdminService)
         --addr HOST:PORT (default 127.0.0.1:50051)
         --all-namespaces | --namespaces A,B   namespaces served besides --namespace
@@ -202,6 +210,8 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 		return usagef("schedules: want list, show, pause, resume or trigger, got %q", sub)
 	case "limits":
 		return a.limits(ctx, sub, dropFirst(args, sub))
+	case "health":
+		return a.health(ctx, args)
 	case "serve-admin":
 		return a.serveAdmin(ctx, args)
 	}

@@ -264,9 +264,13 @@ func TestRunsListPrintsATableAndJSONWithFiltersAndPages(t *testing.T) {
 		failed.Runs[0].Error.Code != "KABOOM" {
 		t.Fatalf("--status failed --json: %+v", failed)
 	}
-	greets := decode[runsJSON](t, ok(t, f.url, "runs", "list", "--workflow-type", "greet", "--json"))
+	greets := decode[runsJSON](t, ok(t, f.url, "runs", "list", "--workflow-type", "greet", "--json", "--payloads"))
 	if len(greets.Runs) != 3 || string(greets.Runs[0].Output) != `"hello cy!"` {
-		t.Fatalf("--type greet: %+v", greets)
+		t.Fatalf("--type greet --payloads: %+v", greets)
+	}
+	greets = decode[runsJSON](t, ok(t, f.url, "runs", "list", "--workflow-type", "greet", "--json"))
+	if len(greets.Runs) != 3 || greets.Runs[0].Output != nil {
+		t.Fatalf("--type greet without --payloads: %+v", greets)
 	}
 
 	// Pages: two runs, then the rest with the token printed on stderr.

@@ -76,6 +76,7 @@ func runOf(r *kagzi.RunInfo) runJSON {
 	c := *r
 	c.AvailableAt, c.CreatedAt, c.UpdatedAt = utc(c.AvailableAt), utc(c.CreatedAt), utc(c.UpdatedAt)
 	c.ScheduleTick, c.StartedAt, c.FinishedAt = utcp(c.ScheduleTick), utcp(c.StartedAt), utcp(c.FinishedAt)
+	c.Deadline = utcp(c.Deadline)
 	return runJSON{RunInfo: c, Error: errorOf(r.Error)}
 }
 

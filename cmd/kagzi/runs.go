@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"strings"
 	"time"
@@ -27,34 +28,14 @@ func splitList(s string) []string {
 
 func (a *app) runsList(ctx context.Context, args []string) error {
 	fs := a.flagSet("runs list")
-	statuses := fs.String("status", "", "statuses, comma-separated (PENDING,RUNNING,SLEEPING,COMPLETED,FAILED,CANCELLED)")
-	typ := workflowTypeFlag(fs, "workflow type")
-	wfID := fs.String("workflow-id", "", "workflow id")
-	schedule := fs.String("schedule", "", "schedule id")
-	after := fs.String("created-after", "", "RFC 3339 time")
-	before := fs.String("created-before", "", "RFC 3339 time")
-	limit := fs.Int("limit", 50, "runs per page (1..1000)")
-	token := fs.String("page-token", "", "continue a listing")
+	ff := registerRunFilter(fs)
 	all := fs.Bool("all", false, "follow every page")
 	if _, err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	f := kagzi.RunFilter{WorkflowType: *typ, WorkflowID: *wfID, ScheduleID: *schedule, PageSize: *limit, PageToken: *token}
-	for _, s := range splitList(*statuses) {
-		f.Statuses = append(f.Statuses, kagzi.RunStatus(strings.ToUpper(s)))
-	}
-	for _, tf := range []struct {
-		flag, val string
-		dst       *time.Time
-	}{{"--created-after", *after, &f.CreatedAfter}, {"--created-before", *before, &f.CreatedBefore}} {
-		if tf.val == "" {
-			continue
-		}
-		t, err := time.Parse(time.RFC3339Nano, tf.val)
-		if err != nil {
-			return usagef("%s: %v", tf.flag, err)
-		}
-		*tf.dst = t
+	f, err := ff.filter()
+	if err != nil {
+		return err
 	}
 	pool, client, err := a.connect(ctx)
 	if err != nil {
@@ -178,8 +159,18 @@ func (a *app) printRun(run *kagzi.RunInfo) {
 	case kagzi.StatusRunning:
 		kv.row("Worker:", run.LockedBy+" (lease until "+when(run.AvailableAt)+")")
 	}
+	if run.Deadline != nil {
+		kv.row("Deadline:", whenp(run.Deadline))
+	}
 	if run.ScheduleID != "" {
 		kv.row("Schedule:", run.ScheduleID+" (tick "+whenp(run.ScheduleTick)+")")
+	}
+	if run.ParentRunID != "" {
+		kv.row("Parent:", run.ParentRunID+" (step "+run.ParentStepKey+")")
+	}
+	if len(run.Attributes) > 0 {
+		b, _ := json.Marshal(run.Attributes)
+		kv.row("Attributes:", short(string(b), 200))
 	}
 	kv.row("Input:", short(string(run.Input), 200))
 	if len(run.Output) > 0 {
@@ -319,6 +310,75 @@ func (a *app) runsFork(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(a.stdout, "forked run %s from %s at step %s\n", run.RunID, pos[0], pos[1])
 	return nil
+}
+
+// runFilterFlags are the flags of runs list that make its kagzi.RunFilter.
+type runFilterFlags struct {
+	statuses, types, wfID, prefix, schedule, parent, errorCode, after, before, token *string
+	rootOnly, oldestFirst, payloads                                                  *bool
+	limit                                                                            *int
+	attrs                                                                            map[string]any
+}
+
+func registerRunFilter(fs *flag.FlagSet) *runFilterFlags {
+	ff := &runFilterFlags{
+		statuses:    fs.String("status", "", "statuses, comma-separated (PENDING,RUNNING,SLEEPING,COMPLETED,FAILED,CANCELLED)"),
+		types:       workflowTypeFlag(fs, "workflow types, comma-separated"),
+		wfID:        fs.String("workflow-id", "", "workflow id"),
+		prefix:      fs.String("workflow-id-prefix", "", "workflow ids starting with this"),
+		schedule:    fs.String("schedule", "", "schedule id"),
+		parent:      fs.String("parent", "", "the children of this run id"),
+		rootOnly:    fs.Bool("root-only", false, "runs that are no run's child"),
+		errorCode:   fs.String("error-code", "", "FAILED runs whose error has this code"),
+		after:       fs.String("created-after", "", "RFC 3339 time"),
+		before:      fs.String("created-before", "", "RFC 3339 time"),
+		oldestFirst: fs.Bool("oldest-first", false, "oldest runs first"),
+		payloads:    fs.Bool("payloads", false, "include each run's input and output (JSON)"),
+		limit:       fs.Int("limit", 50, "runs per page (1..1000)"),
+		token:       fs.String("page-token", "", "continue a listing"),
+		attrs:       map[string]any{},
+	}
+	fs.Func("attr", "key=value: runs whose attributes hold it (repeatable; value as JSON when it parses, else a string)",
+		func(kv string) error {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return fmt.Errorf("want key=value, got %q", kv)
+			}
+			var value any = v
+			if json.Valid([]byte(v)) {
+				_ = json.Unmarshal([]byte(v), &value)
+			}
+			ff.attrs[k] = value
+			return nil
+		})
+	return ff
+}
+
+// filter is the kagzi.RunFilter the flags ask for.
+func (ff *runFilterFlags) filter() (kagzi.RunFilter, error) {
+	f := kagzi.RunFilter{WorkflowTypes: splitList(*ff.types), WorkflowID: *ff.wfID, WorkflowIDPrefix: *ff.prefix,
+		ScheduleID: *ff.schedule, ParentRunID: *ff.parent, RootOnly: *ff.rootOnly, ErrorCode: *ff.errorCode,
+		OldestFirst: *ff.oldestFirst, IncludePayloads: *ff.payloads, PageSize: *ff.limit, PageToken: *ff.token}
+	if len(ff.attrs) > 0 {
+		f.Attributes = ff.attrs
+	}
+	for _, s := range splitList(*ff.statuses) {
+		f.Statuses = append(f.Statuses, kagzi.RunStatus(strings.ToUpper(s)))
+	}
+	for _, tf := range []struct {
+		flag, val string
+		dst       *time.Time
+	}{{"--created-after", *ff.after, &f.CreatedAfter}, {"--created-before", *ff.before, &f.CreatedBefore}} {
+		if tf.val == "" {
+			continue
+		}
+		t, err := time.Parse(time.RFC3339Nano, tf.val)
+		if err != nil {
+			return f, usagef("%s: %v", tf.flag, err)
+		}
+		*tf.dst = t
+	}
+	return f, nil
 }
 
 // notFound rewords ErrNotFound for people; other errors pass.

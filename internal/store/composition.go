@@ -120,36 +120,61 @@ func SuspendForWait(ctx context.Context, db DBTX, w WaitWrite) (vocab.RunStatus,
 	return status, err
 }
 
-// SendSignal stores a signal for an active run of the namespace and wakes the run if
-// it sleeps waiting for that signal. It returns the run's status (a terminal status
-// means nothing was stored) or ErrNotFound.
-func SendSignal(ctx context.Context, db DBTX, namespace string, runID uuid.UUID, name string, payload []byte) (vocab.RunStatus, error) {
-	var status vocab.RunStatus
+// SignalSend is a signal sent to a run of a namespace.
+type SignalSend struct {
+	Namespace string
+	RunID     uuid.UUID
+	Name      string
+	Payload   []byte
+	// Key, when set, is the signal's idempotency key: a run stores one signal per key.
+	Key *string
+}
+
+// sendSignal stores a signal for an active run of the namespace, unless the run
+// already has a signal of its key, and wakes the run if it sleeps waiting for that
+// signal. It returns the run's status and whether the key was there already.
+var sendSignal = named(`
+WITH target AS (
+	SELECT run_id, status FROM kagzi.runs WHERE namespace = @namespace AND run_id = @run_id
+), dup AS (
+	SELECT 1 FROM kagzi.signals s, target t WHERE s.run_id = t.run_id AND s.key = @key::text
+), ins AS (
+	INSERT INTO kagzi.signals (run_id, name, payload, key)
+	SELECT run_id, @name, @payload, @key::text FROM target
+	WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') AND NOT EXISTS (SELECT 1 FROM dup)
+	ON CONFLICT (run_id, key) WHERE key IS NOT NULL DO NOTHING
+	RETURNING run_id
+), wake AS (
+	-- Always touch the run row: a run about to wait reads wake_pending under the
+	-- same row lock (see SuspendForWait).
+	UPDATE kagzi.runs r SET wake_pending = true,
+		available_at = CASE WHEN r.status = 'SLEEPING' AND r.waiting_signal = @name THEN now()
+			ELSE r.available_at END
+	FROM ins
+	WHERE r.run_id = ins.run_id
+	RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at,
+		r.status = 'SLEEPING' AND r.available_at <= now() AS woken
+)
+SELECT t.status, EXISTS (SELECT 1 FROM dup) OR (@key::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM ins)
+		AND t.status IN ('PENDING', 'RUNNING', 'SLEEPING')),
+	(SELECT (`+notifyRunSQL+`)::text FROM wake WHERE woken)
+FROM target t`,
+	arg("namespace", "text", func(s *SignalSend) string { return s.Namespace }),
+	arg("run_id", "uuid", func(s *SignalSend) uuid.UUID { return s.RunID }),
+	arg("name", "text", func(s *SignalSend) string { return s.Name }),
+	arg("payload", "jsonb", func(s *SignalSend) []byte { return s.Payload }),
+	arg("key", "text", func(s *SignalSend) *string { return s.Key }))
+
+// SendSignal stores a signal for an active run; see sendSignal. It returns the run's
+// status (a terminal status, unless duplicate, means nothing was stored), whether
+// the signal's key was stored before (nothing stored now), or ErrNotFound.
+func SendSignal(ctx context.Context, db DBTX, s SignalSend) (status vocab.RunStatus, duplicate bool, err error) {
 	var ignored *string
-	err := db.QueryRow(ctx, `
-		WITH target AS (
-			SELECT run_id, status FROM kagzi.runs WHERE namespace = $1 AND run_id = $2
-		), ins AS (
-			INSERT INTO kagzi.signals (run_id, name, payload)
-			SELECT run_id, $3, $4 FROM target WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING')
-			RETURNING run_id
-		), wake AS (
-			-- Always touch the run row: a run about to wait reads wake_pending under the
-			-- same row lock (see SuspendForWait).
-			UPDATE kagzi.runs r SET wake_pending = true,
-				available_at = CASE WHEN r.status = 'SLEEPING' AND r.waiting_signal = $3 THEN now()
-					ELSE r.available_at END
-			FROM ins
-			WHERE r.run_id = ins.run_id
-			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at,
-				r.status = 'SLEEPING' AND r.available_at <= now() AS woken
-		)
-		SELECT t.status, (SELECT (`+notifyRunSQL+`)::text FROM wake WHERE woken) FROM target t`,
-		namespace, runID, name, payload).Scan(&status, &ignored)
+	err = db.QueryRow(ctx, sendSignal.sql, sendSignal.args(&s)...).Scan(&status, &duplicate, &ignored)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", ErrNotFound
+		return "", false, ErrNotFound
 	}
-	return status, err
+	return status, duplicate, err
 }
 
 // ActiveRunID returns the active run of a workflow id, or ErrNotFound.

@@ -11,11 +11,11 @@ import (
 	"github.com/kagzi/kagzi/internal/vocab"
 )
 
-// newestVersionSQL is the version of workflow type $4 registered by the most recently
-// started live worker of namespace $2 (NULL when no live worker has it); see
+// newestVersionSQL is the version of workflow type @workflow_type registered by the most recently
+// started live worker of namespace @namespace (NULL when no live worker has it); see
 // NewRun.NewestVersion.
-const newestVersionSQL = `SELECT workflow_versions[array_position(workflow_types, $4::text)] FROM kagzi.workers
-		WHERE namespace = $2 AND status <> 'OFFLINE' AND $4::text = ANY(workflow_types)
+const newestVersionSQL = `SELECT workflow_versions[array_position(workflow_types, @workflow_type::text)] FROM kagzi.workers
+		WHERE namespace = @namespace AND status <> 'OFFLINE' AND @workflow_type::text = ANY(workflow_types)
 		ORDER BY started_at DESC LIMIT 1`
 
 // ErrActiveRunExists means another run holds the workflow id while this one would

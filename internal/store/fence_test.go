@@ -19,7 +19,7 @@ func dbState(t *testing.T, pool *pgxpool.Pool) string {
 	var s string
 	err := pool.QueryRow(context.Background(), `SELECT concat_ws(' | ',
 		(SELECT string_agg(concat_ws(',', run_id, status, lease_epoch, available_at, attempt, output, error,
-			locked_by, waiting_signal, finished_at), ';') FROM kagzi.runs),
+			locked_by, waiting_signal, finished_at, attributes), ';') FROM kagzi.runs),
 		(SELECT count(*) FROM kagzi.steps), (SELECT count(*) FROM kagzi.step_attempts),
 		(SELECT string_agg(concat_ws(',', id, consumed_by), ';') FROM kagzi.signals),
 		(SELECT count(*) FROM kagzi.events))`).Scan(&s)
@@ -82,6 +82,11 @@ func TestEveryFencedWriteWithAStaleEpochWritesNothing(t *testing.T) {
 		}},
 		{"event", func() error {
 			return SetEvent(ctx, pool, EventWrite{Fence: stale, StepKey: "e#1", Key: "e", Position: 1, Value: []byte(`1`)})
+		}},
+		{"attributes", func() error {
+			_, err := SetAttributes(ctx, pool, AttributesWrite{Fence: stale, StepKey: "attributes#1", Name: "attributes",
+				Position: 1, Change: []byte(`{"a": 1}`), Set: []byte(`{"a": 1}`), MaxBytes: 1 << 14})
+			return err
 		}},
 		{"lease renewal", func() error { _, err := RenewLease(ctx, pool, stale, time.Hour); return err }},
 		{"hand-back", func() error {

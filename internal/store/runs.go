@@ -20,7 +20,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -105,6 +104,8 @@ type Run struct {
 	// Takeovers counts the claims that took the run over after its worker's lease
 	// passed (see claimSQL).
 	Takeovers int
+	// Attributes is the run's searchable attributes, a JSON object (nil: none).
+	Attributes []byte
 	// Priority, FlowKey (its concurrency key) and DebounceKey: see migration 00003.
 	Priority    int
 	FlowKey     *string
@@ -114,16 +115,7 @@ type Run struct {
 const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input, output, error,
 	attempt, available_at, locked_by, lease_epoch, cancel_requested, deadline_at, created_at,
 	started_at, finished_at, updated_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
-	version, forked_from_run_id, forked_from_step, takeovers, priority, flow_key, debounce_key`
-
-// runColumnsOfR is runColumns of a table aliased r.
-var runColumnsOfR = func() string {
-	cols := strings.Split(runColumns, ",")
-	for i, c := range cols {
-		cols[i] = "r." + strings.TrimSpace(c)
-	}
-	return strings.Join(cols, ", ")
-}()
+	version, forked_from_run_id, forked_from_step, takeovers, attributes, priority, flow_key, debounce_key`
 
 // newestByWorkflowIDSQL selects (runColumns and a rank) the run of a workflow id that
 // a lookup by id means: its active run, else, where finished (a condition) holds, its
@@ -151,8 +143,8 @@ func scanRun(row pgx.Row, extra ...any) (Run, error) {
 		&r.Output, &r.Error, &r.Attempt, &r.AvailableAt, &r.LockedBy, &r.LeaseEpoch,
 		&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
 		&r.ScheduleID, &r.ScheduleTick, &r.ParentRunID, &r.ParentStepKey,
-		&r.Version, &r.ForkedFromRunID, &r.ForkedFromStep, &r.Takeovers, &r.Priority, &r.FlowKey, &r.DebounceKey},
-		extra...)...)
+		&r.Version, &r.ForkedFromRunID, &r.ForkedFromStep, &r.Takeovers, &r.Attributes, &r.Priority, &r.FlowKey,
+		&r.DebounceKey}, extra...)...)
 	return r, err
 }
 
@@ -190,11 +182,16 @@ type NewRun struct {
 	NotifyLater bool
 	// Carrier, when set, is the trace context captured at the start (JSON object).
 	Carrier []byte
+	// Attributes, when set, are the run's searchable attributes (a JSON object).
+	Attributes []byte
+	// CheckWorker asks the insert to tell whether no live worker registered the run's
+	// type (and Version, when set): see InsertRunChecked.
+	CheckWorker bool
 	// Priority orders the run as if it had started Priority seconds earlier (a start
 	// time, StartAt, is kept as it is); FlowKey is its concurrency key ("": none).
 	Priority int
 	FlowKey  string
-	// Debounce, when set, makes the start one of a debounce key's: see InsertRun.
+	// Debounce, when set, makes the start one of a debounce key's: see insertDebounced.
 	Debounce *Debounce
 }
 
@@ -212,37 +209,70 @@ type Debounce struct {
 // once with its run, never updated, so rewrites of the run add nothing to it.
 const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, run_id) SELECT namespace, created_at, run_id`
 
-// insertRunSQL starts a run in one statement and notifies the workers of its type in the
-// same transaction (unless $17: the caller notifies after the commit, see NewRun.NotifyLater). It returns the new run (inserted = true) or, when the workflow id
-// is taken, the run holding it (inserted = false): the active one, or with $7 (reuse
-// never) the newest run of that id whatever its status.
+// insertRun starts a run in one statement and notifies the workers of its type in the
+// same transaction (unless @notify_later: the caller notifies after the commit, see
+// NewRun.NotifyLater). It returns the new run (inserted = true) or, when the workflow
+// id is taken, the run holding it (inserted = false): the active one, or with
+// @reuse_never the newest run of that id whatever its status. With @check_worker it
+// also tells whether no live worker registered the run's type (and version); see
+// NewRun.CheckWorker.
 //
 // Under a concurrent start of the same id, ON CONFLICT waits for the other transaction;
 // when it commits, neither branch may see its row in this statement's snapshot, and the
 // statement returns nothing: InsertRun then runs it again.
-var insertRunSQL = `
-WITH prev AS (` + newestByWorkflowIDSQL("$2", "$3", "$7 AND id_reuse_never") + `
+var insertRun = named(`
+WITH prev AS (`+newestByWorkflowIDSQL("@namespace", "@workflow_id", "@reuse_never AND id_reuse_never")+`
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
 		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
-		version, forked_from_run_id, forked_from_step, trace_carrier, priority, flow_key)
-	SELECT $1, $2, $3, $4, 'PENDING', $5, least(coalesce($6, now() - $19 * interval '1 second'), $8), $7, $8,
-		nullif($9::text, ''), $10::timestamptz,
-		$11::uuid, nullif($12::text, ''), coalesce($13::text, CASE WHEN $18 THEN (` + newestVersionSQL + `) END),
-		$14::uuid, nullif($15::text, ''), $16::jsonb, $19, nullif($20::text, '')
+		version, forked_from_run_id, forked_from_step, trace_carrier, attributes, priority, flow_key)
+	SELECT @run_id, @namespace, @workflow_id, @workflow_type, 'PENDING', @input,
+		least(coalesce(@start_at, now() - @priority * interval '1 second'), @deadline), @reuse_never, @deadline, nullif(@schedule_id::text, ''),
+		@schedule_tick::timestamptz, @parent_run_id::uuid, nullif(@parent_step_key::text, ''),
+		coalesce(@version::text, CASE WHEN @newest_version THEN (`+newestVersionSQL+`) END),
+		@forked_from_run_id::uuid, nullif(@forked_from_step::text, ''), @carrier::jsonb, @attributes::jsonb,
+		@priority, nullif(@flow_key::text, '')
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
-	RETURNING ` + runColumns + `
+	RETURNING `+runColumns+`
 ), listed AS (
-	` + runsCreatedSQL + ` FROM ins
+	`+runsCreatedSQL+` FROM ins
 )
-SELECT ins.*, true, CASE WHEN $17 THEN '' ELSE pg_notify('` + Channel + `',
+SELECT ins.*, true, CASE WHEN @notify_later THEN '' ELSE pg_notify('`+Channel+`',
 	'w|' || octet_length(ins.namespace) || ':' || ins.namespace || '|' || ins.workflow_type || '|'
 	|| (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
-	|| coalesce(` + notifyDeadlineSQL("ins.namespace", "ins.deadline_at") + `, '') END
+	|| coalesce(`+notifyDeadlineSQL("ins.namespace", "ins.deadline_at")+`, '') END,
+	CASE WHEN @check_worker THEN NOT `+liveWorkerSQL("@namespace", "@workflow_type", "@version::text")+` ELSE false END
 FROM ins
 UNION ALL
-SELECT ` + runColumns + `, false, '' FROM prev`
+SELECT `+runColumns+`, false, '', false FROM prev`,
+	arg("run_id", "uuid", func(n *NewRun) uuid.UUID { return n.RunID }),
+	arg("namespace", "text", func(n *NewRun) string { return n.Namespace }),
+	arg("workflow_id", "text", func(n *NewRun) string { return n.WorkflowID }),
+	arg("workflow_type", "text", func(n *NewRun) string { return n.WorkflowType }),
+	arg("input", "jsonb", func(n *NewRun) []byte { return n.Input }),
+	arg("start_at", "timestamptz", func(n *NewRun) *time.Time {
+		if n.StartAt.IsZero() {
+			return nil
+		}
+		return &n.StartAt
+	}),
+	arg("reuse_never", "boolean", func(n *NewRun) bool { return n.ReuseNever }),
+	arg("deadline", "timestamptz", func(n *NewRun) *time.Time { return n.Deadline }),
+	arg("schedule_id", "text", func(n *NewRun) string { return n.ScheduleID }),
+	arg("schedule_tick", "timestamptz", func(n *NewRun) *time.Time { return n.ScheduleTick }),
+	arg("parent_run_id", "uuid", func(n *NewRun) *uuid.UUID { return n.ParentRunID }),
+	arg("parent_step_key", "text", func(n *NewRun) string { return n.ParentStepKey }),
+	arg("version", "text", func(n *NewRun) *string { return n.Version }),
+	arg("forked_from_run_id", "uuid", func(n *NewRun) *uuid.UUID { return n.ForkedFromRunID }),
+	arg("forked_from_step", "text", func(n *NewRun) string { return n.ForkedFromStep }),
+	arg("carrier", "jsonb", func(n *NewRun) []byte { return n.Carrier }),
+	arg("notify_later", "boolean", func(n *NewRun) bool { return n.NotifyLater }),
+	arg("newest_version", "boolean", func(n *NewRun) bool { return n.NewestVersion }),
+	arg("attributes", "jsonb", func(n *NewRun) []byte { return n.Attributes }),
+	arg("check_worker", "boolean", func(n *NewRun) bool { return n.CheckWorker }),
+	arg("priority", "integer", func(n *NewRun) int { return n.Priority }),
+	arg("flow_key", "text", func(n *NewRun) string { return n.FlowKey }))
 
 // notifyDeadlineSQL notifies DeadlineTopic of the namespace when deadline is not
 // null (it is NULL, as text, otherwise).
@@ -253,58 +283,88 @@ func notifyDeadlineSQL(namespace, deadline string) string {
 
 // InsertRun starts a run, or returns the run that already holds its workflow id.
 func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, err error) {
-	var startAt *time.Time
-	if !n.StartAt.IsZero() {
-		startAt = &n.StartAt
+	run, inserted, _, err = InsertRunChecked(ctx, db, n)
+	return run, inserted, err
+}
+
+// InsertRunChecked is InsertRun that also reports, when n.CheckWorker is set and the
+// run was inserted, that no live worker registered its type (and version).
+func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, inserted, noWorker bool, err error) {
+	if n.Debounce != nil {
+		run, inserted, err = insertDebounced(ctx, db, n)
+		return run, inserted, false, err
 	}
 	for range 5 {
-		if n.Debounce != nil {
-			return insertDebounced(ctx, db, n)
-		}
-		row := db.QueryRow(ctx, insertRunSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
-			n.Input, startAt, n.ReuseNever, n.Deadline, n.ScheduleID, n.ScheduleTick, n.ParentRunID, n.ParentStepKey,
-			n.Version, n.ForkedFromRunID, n.ForkedFromStep, n.Carrier, n.NotifyLater, n.NewestVersion, n.Priority, n.FlowKey)
 		var notified string
-		r, err := scanRun(row, &inserted, &notified)
+		run, err = scanRun(db.QueryRow(ctx, insertRun.sql, insertRun.args(&n)...), &inserted, &notified, &noWorker)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // lost a race with a concurrent start of the same id: look again
 		}
-		return r, inserted, err
+		return run, inserted, noWorker, err
 	}
-	return Run{}, false, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
+	return Run{}, false, false, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
 }
 
-// insertDebouncedSQL starts a run of a debounce key, or, when the key's run has not
-// started yet, gives that run the new input ($5: the last start's input wins) and
-// pushes its start to $6 milliseconds from now, never past its debounce_until (the
-// first start plus the maximum wait, $13) nor its deadline. inserted tells which.
-var insertDebouncedSQL = `
+// liveWorkerSQL is true when a live (ONLINE or DRAINING) worker of namespace ns
+// registered the workflow type typ and, unless version is NULL, that version of it.
+func liveWorkerSQL(ns, typ, version string) string {
+	return `EXISTS (SELECT 1 FROM kagzi.workers w, unnest(w.workflow_types, w.workflow_versions) AS t(workflow_type, version)
+		WHERE w.namespace = ` + ns + ` AND w.status <> 'OFFLINE' AND t.workflow_type = ` + typ + `
+		  AND (` + version + ` IS NULL OR t.version = ` + version + `))`
+}
+
+// LiveWorkerRegistered tells whether a live (ONLINE or DRAINING) worker of the
+// namespace registered the workflow type and, unless version is nil, that version.
+func LiveWorkerRegistered(ctx context.Context, db DBTX, namespace, workflowType string, version *string) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, `SELECT `+liveWorkerSQL("$1", "$2", "$3::text"), namespace, workflowType, version).Scan(&ok)
+	return ok, err
+}
+
+// insertDebounced starts a run of a debounce key, or, when the key's run has not
+// started yet, gives that run the new input (the last start's input wins) and pushes
+// its start to the window from now, never past its debounce_until (the first start
+// plus the maximum wait) nor its deadline. inserted tells which.
+var insertDebouncedRun = named(`
 WITH ins AS (
 	INSERT INTO kagzi.runs AS r (run_id, namespace, workflow_id, workflow_type, status, input, available_at,
-		deadline_at, version, trace_carrier, priority, flow_key, debounce_key, debounce_until)
-	SELECT $1, $2, $3, $4, 'PENDING', $5, least(now() + $6 * interval '1 millisecond', $7), $7,
-		coalesce($8::text, CASE WHEN $9 THEN (` + newestVersionSQL + `) END), $10::jsonb, $11, nullif($12::text, ''),
-		$14, now() + $13 * interval '1 millisecond'
+		deadline_at, version, trace_carrier, attributes, priority, flow_key, debounce_key, debounce_until)
+	SELECT @run_id, @namespace, @workflow_id, @workflow_type, 'PENDING', @input,
+		least(now() + @window_ms * interval '1 millisecond', @deadline), @deadline,
+		coalesce(@version::text, CASE WHEN @newest_version THEN (`+newestVersionSQL+`) END), @carrier::jsonb,
+		@attributes::jsonb, @priority, nullif(@flow_key::text, ''), @debounce_key,
+		now() + @max_wait_ms * interval '1 millisecond'
 	ON CONFLICT (namespace, workflow_type, debounce_key) WHERE debounce_key IS NOT NULL AND started_at IS NULL AND status = 'PENDING'
 	DO UPDATE SET input = excluded.input,
-		available_at = least(now() + $6 * interval '1 millisecond', r.debounce_until, r.deadline_at),
+		available_at = least(now() + @window_ms * interval '1 millisecond', r.debounce_until, r.deadline_at),
 		updated_at = now()
-	RETURNING ` + runColumns + `, xmax = 0 AS inserted
+	RETURNING `+runColumns+`, xmax = 0 AS inserted
 ), listed AS (
-	` + runsCreatedSQL + ` FROM ins WHERE inserted
+	`+runsCreatedSQL+` FROM ins WHERE inserted
 )
-SELECT ins.*, pg_notify('` + Channel + `', 'w|' || octet_length(ins.namespace) || ':' || ins.namespace || '|'
+SELECT ins.*, pg_notify('`+Channel+`', 'w|' || octet_length(ins.namespace) || ':' || ins.namespace || '|'
 	|| ins.workflow_type || '|' || (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
-FROM ins`
+FROM ins`,
+	arg("run_id", "uuid", func(n *NewRun) uuid.UUID { return n.RunID }),
+	arg("namespace", "text", func(n *NewRun) string { return n.Namespace }),
+	arg("workflow_id", "text", func(n *NewRun) string { return n.WorkflowID }),
+	arg("workflow_type", "text", func(n *NewRun) string { return n.WorkflowType }),
+	arg("input", "jsonb", func(n *NewRun) []byte { return n.Input }),
+	arg("window_ms", "bigint", func(n *NewRun) int64 { return n.Debounce.Window.Milliseconds() }),
+	arg("deadline", "timestamptz", func(n *NewRun) *time.Time { return n.Deadline }),
+	arg("version", "text", func(n *NewRun) *string { return n.Version }),
+	arg("newest_version", "boolean", func(n *NewRun) bool { return n.NewestVersion }),
+	arg("carrier", "jsonb", func(n *NewRun) []byte { return n.Carrier }),
+	arg("attributes", "jsonb", func(n *NewRun) []byte { return n.Attributes }),
+	arg("priority", "integer", func(n *NewRun) int { return n.Priority }),
+	arg("flow_key", "text", func(n *NewRun) string { return n.FlowKey }),
+	arg("debounce_key", "text", func(n *NewRun) string { return n.Debounce.Key }),
+	arg("max_wait_ms", "bigint", func(n *NewRun) int64 { return n.Debounce.MaxWait.Milliseconds() }))
 
-// insertDebounced starts a run of a debounce key, or updates the key's run that has
-// not started yet; see insertDebouncedSQL.
 func insertDebounced(ctx context.Context, db DBTX, n NewRun) (Run, bool, error) {
 	var inserted bool
 	var notified string
-	r, err := scanRun(db.QueryRow(ctx, insertDebouncedSQL, n.RunID, n.Namespace, n.WorkflowID, n.WorkflowType,
-		n.Input, n.Debounce.Window.Milliseconds(), n.Deadline, n.Version, n.NewestVersion, n.Carrier, n.Priority,
-		n.FlowKey, n.Debounce.MaxWait.Milliseconds(), n.Debounce.Key), &inserted, &notified)
+	r, err := scanRun(db.QueryRow(ctx, insertDebouncedRun.sql, insertDebouncedRun.args(&n)...), &inserted, &notified)
 	return r, inserted, err
 }
 
@@ -326,100 +386,6 @@ func GetRunByWorkflowID(ctx context.Context, db DBTX, namespace, workflowID stri
 		return Run{}, ErrNotFound
 	}
 	return r, err
-}
-
-// ListRunsParams filters ListRuns. Zero fields do not filter.
-type ListRunsParams struct {
-	Namespace     string
-	Statuses      []vocab.RunStatus
-	WorkflowType  string
-	WorkflowID    string
-	ScheduleID    string
-	ParentRunID   *uuid.UUID
-	Version       *string
-	CreatedAfter  *time.Time
-	CreatedBefore *time.Time
-	// After is the keyset cursor: the (created_at, run_id) of the last row of the
-	// previous page. Rows come newest first.
-	AfterCreated *time.Time
-	AfterRunID   uuid.UUID
-	Limit        int
-}
-
-// ListRuns lists runs newest first, one page at a time. A filter with an index of its
-// own (workflow id, schedule, parent) reads that index; otherwise the page is read in
-// order from kagzi.runs_created, each entry joined to its run.
-func ListRuns(ctx context.Context, db DBTX, p ListRunsParams) ([]Run, error) {
-	sql, args := listRunsQuery(p)
-	rows, err := db.Query(ctx, sql, args...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Run, error) { return scanRun(row) })
-}
-
-// listRunsQuery is ListRuns' statement and arguments.
-func listRunsQuery(p ListRunsParams) (string, []any) {
-	byOrder := p.WorkflowID == "" && p.ScheduleID == "" && p.ParentRunID == nil
-	r, o := "", "" // the qualifiers of runs' columns and of the order's
-	if byOrder {
-		r, o = "r.", "c."
-	}
-	args := []any{p.Namespace}
-	where := r + "namespace = $1"
-	if byOrder {
-		where += " AND c.namespace = $1"
-	}
-	add := func(cond string, v any) {
-		args = append(args, v)
-		where += " AND " + cond + "$" + strconv.Itoa(len(args))
-	}
-	if len(p.Statuses) > 0 {
-		statuses := make([]string, len(p.Statuses))
-		for i, s := range p.Statuses {
-			statuses[i] = string(s)
-		}
-		args = append(args, statuses)
-		where += " AND " + r + "status = ANY($" + strconv.Itoa(len(args)) + ")"
-	}
-	if p.WorkflowType != "" {
-		add(r+"workflow_type = ", p.WorkflowType)
-	}
-	if p.WorkflowID != "" {
-		add("workflow_id = ", p.WorkflowID)
-		// Always true, but it lets the planner read a workflow id's runs from its two
-		// partial indexes (active, finished) instead of scanning the namespace.
-		where += " AND (status IN ('PENDING', 'RUNNING', 'SLEEPING') OR status IN ('COMPLETED', 'FAILED', 'CANCELLED'))"
-	}
-	if p.ScheduleID != "" {
-		add("schedule_id = ", p.ScheduleID)
-	}
-	if p.ParentRunID != nil {
-		add("parent_run_id = ", *p.ParentRunID)
-	}
-	if p.Version != nil {
-		add(r+"version = ", *p.Version)
-	}
-	if p.CreatedAfter != nil {
-		add(o+"created_at >= ", *p.CreatedAfter)
-	}
-	if p.CreatedBefore != nil {
-		add(o+"created_at < ", *p.CreatedBefore)
-	}
-	if p.AfterCreated != nil {
-		args = append(args, *p.AfterCreated, p.AfterRunID)
-		n := len(args)
-		where += " AND (" + o + "created_at, " + o + "run_id) < ($" + strconv.Itoa(n-1) + ", $" + strconv.Itoa(n) + ")"
-	}
-	args = append(args, p.Limit)
-	from := "kagzi.runs"
-	columns := runColumns
-	if byOrder {
-		from = "kagzi.runs_created c JOIN kagzi.runs r ON r.run_id = c.run_id"
-		columns = runColumnsOfR
-	}
-	return `SELECT ` + columns + ` FROM ` + from + ` WHERE ` + where +
-		` ORDER BY ` + o + `created_at DESC, ` + o + `run_id DESC LIMIT $` + strconv.Itoa(len(args)), args
 }
 
 // cancelRunSQL cancels a run. A PENDING or SLEEPING run ends CANCELLED at once; a
@@ -455,27 +421,45 @@ func CancelRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) 
 	return before, after, err
 }
 
+// ManyRuns is what InsertManyRuns needs to start many runs of one type.
+type ManyRuns struct {
+	Namespace    string
+	WorkflowType string
+	Version      *string
+	// IDs are the runs' ids, which are also their workflow ids; Inputs and Carriers
+	// (nil or one per run) go with them.
+	IDs      []uuid.UUID
+	Inputs   [][]byte
+	Carriers [][]byte
+	StartAt  time.Time
+	Deadline *time.Time
+	// Attributes, when set, are every run's attributes (a JSON object).
+	Attributes []byte
+	// Priority and FlowKey: see NewRun.
+	Priority int
+	FlowKey  string
+}
+
 // InsertRuns starts many runs of one type in one statement, their workflow ids their
 // run ids, and notifies the workers of the type once.
 func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, version *string,
 	ids []uuid.UUID, inputs, carriers [][]byte, startAt time.Time, deadline *time.Time) error {
-	return InsertRunsLike(ctx, db, NewRun{Namespace: namespace, WorkflowType: workflowType, Version: version,
-		StartAt: startAt, Deadline: deadline}, ids, inputs, carriers)
+	return InsertManyRuns(ctx, db, ManyRuns{Namespace: namespace, WorkflowType: workflowType, Version: version,
+		IDs: ids, Inputs: inputs, Carriers: carriers, StartAt: startAt, Deadline: deadline})
 }
 
-// InsertRunsLike is InsertRuns of runs like like (its namespace, type, version, start
-// time, deadline, priority and concurrency key).
-func InsertRunsLike(ctx context.Context, db DBTX, like NewRun, ids []uuid.UUID, inputs, carriers [][]byte) error {
+// InsertManyRuns is InsertRuns with every option.
+func InsertManyRuns(ctx context.Context, db DBTX, m ManyRuns) error {
 	var start *time.Time
-	if !like.StartAt.IsZero() {
-		start = &like.StartAt
+	if !m.StartAt.IsZero() {
+		start = &m.StartAt
 	}
-	texts := make([]string, len(inputs))
-	for i, in := range inputs {
+	texts := make([]string, len(m.Inputs))
+	for i, in := range m.Inputs {
 		texts[i] = string(in)
 	}
-	raw := make([][16]byte, len(ids)) // binary, not a driver.Valuer string per id
-	for i, id := range ids {
+	raw := make([][16]byte, len(m.IDs)) // binary, not a driver.Valuer string per id
+	for i, id := range m.IDs {
 		raw[i] = id
 	}
 	var n int
@@ -483,9 +467,9 @@ func InsertRunsLike(ctx context.Context, db DBTX, like NewRun, ids []uuid.UUID, 
 	err := db.QueryRow(ctx, `
 		WITH ins AS (
 			INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
-				available_at, deadline_at, version, trace_carrier, priority, flow_key)
-			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now() - $9 * interval '1 second'), $6), $6, $7,
-				carrier, $9, nullif($10::text, '')
+				available_at, deadline_at, version, trace_carrier, attributes, priority, flow_key)
+			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now() - $10 * interval '1 second'), $6), $6, $7,
+				carrier, $9::jsonb, $10, nullif($11::text, '')
 			FROM unnest($3::uuid[], $4::jsonb[], $8::jsonb[]) AS t(id, input, carrier)
 			RETURNING namespace, created_at, run_id, available_at
 		), listed AS (
@@ -494,10 +478,11 @@ func InsertRunsLike(ctx context.Context, db DBTX, like NewRun, ids []uuid.UUID, 
 		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':' || $1 || '|' || $2 || '|'
 			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins),
 			`+notifyDeadlineSQL("$1::text", "$6::timestamptz")+`
-		FROM ins`, like.Namespace, like.WorkflowType, raw, texts, start, like.Deadline, like.Version, carriers,
-		like.Priority, like.FlowKey).Scan(&n, &ignored, &ignored)
-	if err == nil && n != len(ids) {
-		err = fmt.Errorf("inserted %d of %d runs", n, len(ids))
+		FROM ins`, m.Namespace, m.WorkflowType, raw, texts, start, m.Deadline, m.Version, m.Carriers, m.Attributes,
+		m.Priority, m.FlowKey).
+		Scan(&n, &ignored, &ignored)
+	if err == nil && n != len(m.IDs) {
+		err = fmt.Errorf("inserted %d of %d runs", n, len(m.IDs))
 	}
 	return err
 }

@@ -15,31 +15,128 @@ import (
 	"github.com/kagzi/kagzi/internal/testdb"
 )
 
-func TestAPageOfRunsIsReadInOrderFromRunsCreatedWithoutSortingOrScanningRuns(t *testing.T) {
+func TestAPageOfRunsIsReadInOrderFromAnIndexWithoutSortingOrScanningRuns(t *testing.T) {
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
-	ctx := context.Background()
-	ids := analyzedPendingRuns(t, pool, 2000)
-	after := time.Now().Add(time.Hour)
-	for _, p := range []ListRunsParams{
-		{Namespace: "default", Limit: 50},
-		{Namespace: "default", Limit: 50, Statuses: []vocab.RunStatus{vocab.StatusPending}, WorkflowType: "wf"},
-		{Namespace: "default", Limit: 50, AfterCreated: &after, AfterRunID: ids[0]},
+	ids := listingRuns(t, pool)
+	version := "v1"
+	later, earlier := time.Now().Add(time.Hour), time.Now().Add(-time.Hour)
+	failed := []vocab.RunStatus{vocab.StatusFailed}
+	for index, filters := range map[string][]ListRunsParams{
+		"runs_created_pkey": {
+			{},
+			{Statuses: []vocab.RunStatus{vocab.StatusPending}, WorkflowTypes: []string{"wf"}},
+			{WorkflowTypes: []string{"wf", "other"}},
+			{Statuses: failed, ErrorCode: "card_declined"},
+			{ErrorCode: "no_such_code"},
+			{WorkflowIDPrefix: "0"},
+			{RootOnly: true, Version: &version},
+			{CreatedAfter: &earlier, CreatedBefore: &later, Statuses: failed},
+		},
+		"runs_by_schedule": {
+			{ScheduleID: "nightly"},
+			{ScheduleID: "nightly", Statuses: []vocab.RunStatus{vocab.StatusPending}},
+		},
+		"runs_by_parent": {
+			{ParentRunID: &ids[0]},
+			{ParentRunID: &ids[0], Statuses: failed, Payloads: true},
+		},
 	} {
-		sql, args := listRunsQuery(p)
-		rows, err := pool.Query(ctx, "EXPLAIN "+sql, args...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		text := strings.Join(plan, "\n")
-		if strings.Contains(text, "Sort") || strings.Contains(text, "Seq Scan") || !strings.Contains(text, "runs_created_pkey") {
-			t.Fatalf("%+v: want runs_created_pkey read in order, no sort, no sequential scan:\n%s", p, text)
+		for _, f := range filters {
+			for _, ascending := range []bool{false, true} {
+				for _, after := range []*time.Time{nil, &later, &earlier} {
+					p := f
+					p.Namespace, p.Limit, p.Ascending = "default", 50, ascending
+					if after != nil {
+						p.AfterCreated, p.AfterRunID = after, ids[1]
+					}
+					plan := explainList(t, pool, p)
+					if strings.Contains(plan, "Sort") || strings.Contains(plan, "Seq Scan") || !strings.Contains(plan, index) {
+						t.Errorf("%+v: want %s read in order, no sort, no sequential scan:\n%s", p, index, plan)
+					}
+				}
+			}
 		}
 	}
+}
+
+func TestAPageOfAWorkflowIDsRunsReadsItsTwoIndexes(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	listingRuns(t, pool)
+	for _, ascending := range []bool{false, true} {
+		plan := explainList(t, pool, ListRunsParams{Namespace: "default", Limit: 50, WorkflowID: "x", Ascending: ascending})
+		for _, index := range []string{"runs_one_active_per_workflow_id", "runs_finished_by_workflow_id"} {
+			if !strings.Contains(plan, index) || strings.Contains(plan, "Seq Scan") {
+				t.Errorf("ascending %v: want %s, no sequential scan:\n%s", ascending, index, plan)
+			}
+		}
+	}
+}
+
+func TestAPageOfRunsSelectedByAttributesReadsTheirGINIndex(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	listingRuns(t, pool)
+	for _, ascending := range []bool{false, true} {
+		p := ListRunsParams{Namespace: "default", Limit: 50, Attributes: []byte(`{"customer": "c7"}`), Ascending: ascending}
+		if plan := explainList(t, pool, p); !strings.Contains(plan, "runs_by_attributes") || strings.Contains(plan, "Seq Scan") {
+			t.Errorf("ascending %v: want runs_by_attributes, no sequential scan:\n%s", ascending, plan)
+		}
+	}
+}
+
+// explainList returns the plan of ListRuns' statement for p, planned with its settings.
+func explainList(t *testing.T, pool *pgxpool.Pool, p ListRunsParams) string {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	setup, sql, args := listRunsQuery(p)
+	if setup != "" {
+		if _, err := tx.Exec(ctx, setup); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rows, err := tx.Query(ctx, "EXPLAIN "+sql, args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Join(plan, "\n")
+}
+
+// listingRuns starts 3,000 runs of type "wf" and makes some of them what listings
+// select by: children of the first, runs of a schedule, failed runs (some with the
+// code card_declined), runs with attributes; then analyzes the tables. It returns the
+// runs' ids.
+func listingRuns(t *testing.T, pool *pgxpool.Pool) []uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	ids := analyzedPendingRuns(t, pool, 3000)
+	for _, stmt := range []string{
+		`UPDATE kagzi.runs SET parent_run_id = ($1::uuid[])[1] WHERE run_id = ANY(($1::uuid[])[2:40])`,
+		`UPDATE kagzi.runs SET schedule_id = 'nightly' WHERE run_id = ANY(($1::uuid[])[41:80])`,
+		`UPDATE kagzi.runs SET status = 'FAILED', finished_at = now(),
+			error = jsonb_build_object('code', CASE WHEN random() < 0.1 THEN 'card_declined' ELSE 'other' END)
+		 WHERE run_id = ANY(($1::uuid[])[81:1500])`,
+		`UPDATE kagzi.runs SET attributes = jsonb_build_object('customer', 'c' || (random() * 1000)::int)
+		 WHERE run_id = ANY(($1::uuid[])[1501:2500])`,
+	} {
+		if _, err := pool.Exec(ctx, stmt, ids); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, "ANALYZE kagzi.runs"); err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }
 
 func TestPruningARunRemovesItFromTheListOrder(t *testing.T) {

@@ -62,7 +62,7 @@ func TestEveryWakeNotificationCarriesTheTopicWakeTopicBuilds(t *testing.T) {
 			}
 		}
 
-		// A start (insertRunSQL).
+		// A start (insertRun).
 		parent := uuid.Must(uuid.NewV7())
 		if _, _, err := InsertRun(ctx, pool, NewRun{RunID: parent, Namespace: ns, WorkflowID: parent.String(),
 			WorkflowType: typ, Input: []byte(`1`)}); err != nil {

@@ -34,6 +34,8 @@ const (
 	KindSignal StepKind = "SIGNAL" // a signal wait
 	KindEvent  StepKind = "EVENT"  // an event published
 	KindPatch  StepKind = "PATCH"  // a Patched answer
+	// KindAttributes is a change of the run's searchable attributes.
+	KindAttributes StepKind = "ATTRIBUTES"
 )
 
 // StepStatus is the state of a recorded step or of one of its attempts.

@@ -504,6 +504,7 @@ CREATE TABLE kagzi.runs (
     forked_from_step text,
     wake_pending boolean DEFAULT false NOT NULL,
     takeovers integer DEFAULT 0 NOT NULL,
+    attributes jsonb,
     priority smallint DEFAULT 0 NOT NULL,
     flow_key text,
     holds_type_slot boolean DEFAULT false NOT NULL,
@@ -552,7 +553,8 @@ CREATE TABLE kagzi.signals (
     name text NOT NULL,
     payload jsonb NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    consumed_by text
+    consumed_by text,
+    key text
 );
 
 CREATE SEQUENCE kagzi.signals_id_seq
@@ -590,7 +592,6 @@ CREATE TABLE kagzi.steps (
     "position" integer,
     started_at timestamp with time zone,
     finished_at timestamp with time zone,
-    CONSTRAINT steps_kind_valid CHECK ((kind = ANY (ARRAY['STEP'::text, 'SLEEP'::text, 'CHILD'::text, 'SIGNAL'::text, 'EVENT'::text, 'PATCH'::text]))),
     CONSTRAINT steps_status_valid CHECK ((status = ANY (ARRAY['COMPLETED'::text, 'RETRYING'::text, 'FAILED'::text, 'WAITING'::text])))
 );
 
@@ -650,6 +651,9 @@ ALTER TABLE ONLY kagzi.signals
 ALTER TABLE ONLY kagzi.step_attempts
     ADD CONSTRAINT step_attempts_pkey PRIMARY KEY (run_id, step_key, attempt);
 
+ALTER TABLE kagzi.steps
+    ADD CONSTRAINT steps_kind_valid CHECK ((kind = ANY (ARRAY['STEP'::text, 'SLEEP'::text, 'CHILD'::text, 'SIGNAL'::text, 'EVENT'::text, 'PATCH'::text, 'ATTRIBUTES'::text]))) NOT VALID;
+
 ALTER TABLE ONLY kagzi.steps
     ADD CONSTRAINT steps_pkey PRIMARY KEY (run_id, step_key);
 
@@ -663,7 +667,9 @@ CREATE INDEX flow_rates_age ON kagzi.flow_rates USING btree (window_start);
 
 CREATE INDEX runs_active_by_schedule ON kagzi.runs USING btree (namespace, schedule_id) WHERE ((schedule_id IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])));
 
-CREATE INDEX runs_by_parent ON kagzi.runs USING btree (parent_run_id, created_at DESC) WHERE (parent_run_id IS NOT NULL);
+CREATE INDEX runs_by_attributes ON kagzi.runs USING gin (attributes jsonb_path_ops) WHERE (attributes IS NOT NULL);
+
+CREATE INDEX runs_by_parent ON kagzi.runs USING btree (parent_run_id, created_at DESC, run_id DESC) WHERE (parent_run_id IS NOT NULL);
 
 CREATE INDEX runs_by_schedule ON kagzi.runs USING btree (namespace, schedule_id, created_at DESC, run_id DESC) WHERE (schedule_id IS NOT NULL);
 
@@ -688,6 +694,8 @@ CREATE UNIQUE INDEX runs_one_active_per_workflow_id ON kagzi.runs USING btree (n
 CREATE INDEX runs_type_holders ON kagzi.runs USING btree (namespace, workflow_type) WHERE holds_type_slot;
 
 CREATE INDEX schedules_due ON kagzi.schedules USING btree (namespace, next_fire_at) WHERE (NOT paused);
+
+CREATE UNIQUE INDEX signals_key ON kagzi.signals USING btree (run_id, key) WHERE (key IS NOT NULL);
 
 CREATE INDEX signals_pending ON kagzi.signals USING btree (run_id, name, id) WHERE (consumed_by IS NULL);
 

@@ -1,0 +1,115 @@
+package main_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+type listedRuns struct {
+	Runs []struct {
+		RunID      string         `json:"run_id"`
+		WorkflowID string         `json:"workflow_id"`
+		Attributes map[string]any `json:"attributes"`
+		Deadline   *time.Time     `json:"deadline"`
+	} `json:"runs"`
+}
+
+func (l listedRuns) ids() []string {
+	var ids []string
+	for _, r := range l.Runs {
+		ids = append(ids, r.WorkflowID)
+	}
+	return ids
+}
+
+func TestRunsListSelectsByAttributesPrefixTypesErrorCodeAndOrder(t *testing.T) {
+	f := newFixture(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i, attrs := range []map[string]any{
+		{"customer": "c-42", "priority": 1},
+		{"customer": "c-43", "priority": 2},
+		{"customer": "42"},
+	} {
+		id := fmt.Sprintf("order-%d", i+1)
+		if _, err := f.client.StartByName(ctx, "later", 0, kagzi.WithID(id), kagzi.WithAttributes(attrs),
+			kagzi.WithRunTimeout(time.Hour)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--attr", "customer=c-42"}, "order-1"},
+		{[]string{"--attr", "customer=42"}, ""},          // 42 parses as JSON: a number
+		{[]string{"--attr", `customer="42"`}, "order-3"}, // quoted: the string
+		{[]string{"--attr", "customer=c-43", "--attr", "priority=2"}, "order-2"},
+		{[]string{"--attr", "customer=c-43", "--attr", "priority=1"}, ""},
+		{[]string{"--workflow-id-prefix", "order-", "--oldest-first", "--limit", "2", "--all"}, "order-1 order-2 order-3"},
+		{[]string{"--workflow-type", "boom,later", "--root-only", "--workflow-id-prefix", "boom"}, "boom-1"},
+		{[]string{"--error-code", "KABOOM"}, "boom-1"},
+		{[]string{"--error-code", "FLAKY"}, ""},
+	} {
+		args := append([]string{"runs", "list", "--json"}, c.args...)
+		got := decode[listedRuns](t, ok(t, f.url, args...))
+		if ids := strings.Join(got.ids(), " "); ids != c.want {
+			t.Errorf("%v listed %q, want %q", c.args, ids, c.want)
+		}
+	}
+	got := decode[listedRuns](t, ok(t, f.url, "runs", "list", "--json", "--attr", "customer=c-42"))
+	if got.Runs[0].Attributes["priority"] != float64(1) || got.Runs[0].Deadline == nil {
+		t.Fatalf("listed run: %+v, want its attributes and deadline", got.Runs[0])
+	}
+	out := ok(t, f.url, "runs", "show", "--workflow-id", "order-1")
+	for _, want := range []string{`Attributes:`, `"customer":"c-42"`, `Deadline:`} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("runs show lacks %q:\n%s", want, out)
+		}
+	}
+	for _, bad := range [][]string{{"--attr", "novalue"}, {"--attr", "=1"}} {
+		if r := kagziCmd(t, f.url, append([]string{"runs", "list"}, bad...)...); r.code != 2 {
+			t.Errorf("%v: exit %d, want 2 (usage)\n%s", bad, r.code, r.stderr)
+		}
+	}
+	if r := kagziCmd(t, f.url, "runs", "list", "--root-only", "--parent", f.greets[0]); r.code != 1 ||
+		!strings.Contains(r.stderr, "invalid argument") {
+		t.Errorf("--root-only --parent: exit %d\n%s", r.code, r.stderr)
+	}
+}
+
+func TestHealthReportsAndExitsNonZeroWhenUnhealthy(t *testing.T) {
+	f := newFixture(t)
+	out := ok(t, f.url, "health")
+	for _, want := range []string{"Status:", "healthy", "Database:", "ok", "Schema version:", "No live worker for:", "later"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("health lacks %q:\n%s", want, out)
+		}
+	}
+	h := decode[map[string]any](t, ok(t, f.url, "health", "--json"))
+	if h["healthy"] != true || h["database_ok"] != true || h["schema_current"] != true || h["namespace"] != "default" {
+		t.Fatalf("health --json: %v", h)
+	}
+	if pending, _ := h["pending_types_without_worker"].([]any); len(pending) != 1 || pending[0] != "later" {
+		t.Fatalf("pending types without worker: %v", h["pending_types_without_worker"])
+	}
+
+	empty := testdb.NewEmpty(t) // never migrated
+	r := kagziCmd(t, empty, "health", "--json")
+	if r.code != 1 {
+		t.Fatalf("health of an unmigrated database: exit %d, want 1\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if h := decode[map[string]any](t, r.stdout); h["healthy"] != false || h["schema_current"] != false || h["database_ok"] != true {
+		t.Fatalf("health --json of an unmigrated database: %v", h)
+	}
+	r = kagziCmd(t, "postgres://nobody@127.0.0.1:1/none?connect_timeout=2", "health")
+	if r.code != 1 || !strings.Contains(r.stdout, "UNHEALTHY") {
+		t.Fatalf("health of an unreachable database: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
