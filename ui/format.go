@@ -30,6 +30,7 @@ var funcs = template.FuncMap{
 	"sizeOf":  func(b []byte) string { return size(len(b)) },
 	"jsonStr": func(v any) string { b, _ := json.Marshal(v); return string(b) },
 	"took":    took,
+	"qs":      qs,
 	"dict": func(kv ...any) map[string]any {
 		m := map[string]any{}
 		for i := 0; i+1 < len(kv); i += 2 {
@@ -37,6 +38,22 @@ var funcs = template.FuncMap{
 		}
 		return m
 	},
+}
+
+// qs joins query strings (already encoded: url.Values.Encode) into "?a=1&b=2", ""
+// when all are empty. It returns a template.URL: html/template would escape the
+// "=" and "&" of a query string inserted in an href.
+func qs(parts ...string) template.URL {
+	var keep []string
+	for _, p := range parts {
+		if p != "" {
+			keep = append(keep, p)
+		}
+	}
+	if len(keep) == 0 {
+		return ""
+	}
+	return template.URL("?" + strings.Join(keep, "&")) //nolint:gosec // encoded query strings only
 }
 
 // took is how long a finished run took from its start to its end.
