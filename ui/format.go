@@ -31,6 +31,12 @@ var funcs = template.FuncMap{
 	"jsonStr": func(v any) string { b, _ := json.Marshal(v); return string(b) },
 	"took":    took,
 	"qs":      qs,
+	"deref": func(s *string) string {
+		if s == nil {
+			return ""
+		}
+		return *s
+	},
 	"dict": func(kv ...any) map[string]any {
 		m := map[string]any{}
 		for i := 0; i+1 < len(kv); i += 2 {

@@ -46,15 +46,15 @@ func TestEveryPageRendersWithRunsOfEveryKind(t *testing.T) {
 	}
 	b := serve(t, ui.Handler(e.client, ui.Options{Logger: quiet()}))
 	for path, want := range map[string][]string{
-		"n/default/":                  {"Workflow types", "parent", "failing", "<svg"},
-		"n/default/runs":              {run.RunID[len(run.RunID)-12:], "FAILED", "COMPLETED"},
+		"n/default/":                   {"Workflow types", "parent", "failing", "<svg"},
+		"n/default/runs":               {run.RunID[len(run.RunID)-12:], "FAILED", "COMPLETED"},
 		"n/default/runs?status=FAILED": {"boom"},
-		"n/default/runs/" + run.RunID: {"Timeline", "kid#1", "child", "progress", "&#34;half&#34;"},
-		"n/default/runs/" + bad.RunID: {"non-retryable", "boom"},
-		"n/default/workers":           {"ONLINE", "parent, child, failing"},
-		"n/default/schedules":         {"nightly", "0 3 * * *"},
-		"n/default/schedules/nightly": {"Next fire times", "UTC"},
-		"n/default/audit":             {"No actions recorded"},
+		"n/default/runs/" + run.RunID:  {"Timeline", "kid#1", "child", "progress", "&#34;half&#34;"},
+		"n/default/runs/" + bad.RunID:  {"non-retryable", "boom"},
+		"n/default/workers":            {"ONLINE", "parent, child, failing"},
+		"n/default/schedules":          {"nightly", "0 3 * * *"},
+		"n/default/schedules/nightly":  {"Next fire times", "UTC"},
+		"n/default/audit":              {"No actions recorded"},
 	} {
 		status, body := b.get(path)
 		if status != 200 {

@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"bytes"
 	"crypto/rand"
 	"embed"
 	"errors"
@@ -221,12 +222,16 @@ func (c *console) render(q *req, status int, name, title string, data any) {
 	case "overview", "runs", "run", "workers", "schedules", "schedule":
 		v.Refresh = int(c.opts.RefreshInterval.Round(time.Second) / time.Second)
 	}
+	var buf bytes.Buffer
+	if err := c.tmpl[name].Execute(&buf, v); err != nil {
+		c.opts.Logger.Error("kagzi console: rendering a page", "page", name, "error", err)
+		http.Error(q.w, "the console could not render this page: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
 	q.w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	q.w.Header().Set("Cache-Control", "no-store")
 	q.w.WriteHeader(status)
-	if err := c.tmpl[name].Execute(q.w, v); err != nil {
-		c.opts.Logger.Error("kagzi console: rendering a page", "page", name, "error", err)
-	}
+	_, _ = buf.WriteTo(q.w)
 }
 
 // fail renders an error page with the status the error calls for.
