@@ -1,6 +1,6 @@
 // Command kagzi is the operators' tool for Kagzi: it migrates the schema, lists and
 // shows runs with their step timelines, cancels runs, lists workers, manages cron
-// schedules and serves the read-only admin gRPC API.
+// schedules, serves the read-only admin gRPC API and the operator console (ui).
 //
 //	kagzi migrate [up|status]
 //	kagzi runs list [--status S,...] [--type T] [--workflow-id ID] [--schedule ID] [--limit N] [--page-token T] [--all]
@@ -12,6 +12,7 @@
 //	kagzi schedules list [--type T] [--paused|--active] [--limit N] [--page-token T]
 //	kagzi schedules show|pause|resume|trigger SCHEDULE_ID
 //	kagzi serve-admin [--addr HOST:PORT] [--all-namespaces | --namespaces A,B] [--tls-cert F --tls-key F] [--client-ca F] [--insecure]
+//	kagzi ui [--addr HOST:PORT] [--actions] [--hide-payloads] [--all-namespaces | --namespaces A,B] [--tls-cert F --tls-key F] [--insecure]
 //	kagzi version
 //
 // Every command takes --dsn (default: $KAGZI_DATABASE_URL, then $DATABASE_URL),
@@ -66,6 +67,14 @@ Usage:
         bearer token: $KAGZI_ADMIN_TOKEN (or --token)
         --insecure                            allow an address other than loopback without a token or TLS
         (an address other than 127.0.0.0/8, ::1 or localhost, e.g. :50051, needs a token or TLS)
+  kagzi ui [options]                    serve the operator console (a web UI) in a browser
+        --addr HOST:PORT (default 127.0.0.1:8080)
+        --actions                             allow cancel, rerun, fork, signal, schedules, bulk (each recorded)
+        --hide-payloads                       show inputs, outputs and signal payloads only by size
+        --all-namespaces | --namespaces A,B   namespaces served besides --namespace
+        --tls-cert FILE --tls-key FILE        serve HTTPS
+        token: $KAGZI_UI_TOKEN (or --token), the Basic password (the user name is recorded) or a Bearer token
+        --insecure                            allow an address other than loopback without a token
   kagzi version                         print the versions
 
 (--type is accepted for --workflow-type.)
@@ -195,6 +204,8 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 		return usagef("schedules: want list, show, pause, resume or trigger, got %q", sub)
 	case "serve-admin":
 		return a.serveAdmin(ctx, args)
+	case "ui":
+		return a.serveUI(ctx, args)
 	}
 	return usagef("unknown command %q", cmd)
 }
