@@ -66,7 +66,7 @@ func (c *console) audited(q *req, a Action, target string, runIDs []string, deta
 	ctx := q.r.Context()
 	entry := store.AuditEntry{Namespace: q.ns, Who: q.who, Action: string(a), Target: target,
 		RunIDs: uuids(runIDs), RunCount: int64(len(runIDs))}
-	entry.Detail, _ = json.Marshal(detail)
+	entry.Detail = jsonObject(detail)
 	id, err := store.BeginAudit(ctx, q.pool, entry)
 	if err != nil {
 		return fmt.Errorf("recording the action in the audit log: %w", err)
@@ -80,12 +80,24 @@ func (c *console) audited(q *req, a Action, target string, runIDs []string, deta
 	if more != nil {
 		ids = append(uuids(runIDs), uuids(more)...)
 	}
-	res, _ := json.Marshal(result)
+	res := jsonObject(result)
 	// The action is done: record its outcome even if the request was cancelled meanwhile.
 	if err := store.EndAudit(context.WithoutCancel(ctx), q.pool, id, outcome, ids, max(n, int64(len(ids))), res); err != nil {
 		c.opts.Logger.Error("kagzi console: recording an action's outcome", "audit_id", id, "error", err)
 	}
 	return actErr
+}
+
+// jsonObject encodes an action's detail: "{}" for none.
+func jsonObject(m map[string]any) []byte {
+	if len(m) == 0 {
+		return []byte("{}")
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return []byte("{}")
+	}
+	return b
 }
 
 func uuids(ids []string) []uuid.UUID {

@@ -2,10 +2,13 @@ package ui_test
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kagzi/kagzi"
 	"github.com/kagzi/kagzi/ui"
@@ -57,14 +60,14 @@ func TestACancelThroughTheConsoleCancelsTheRunAndIsRecordedWithWhoTookIt(t *test
 	if s := statusOf(t, e.client, id); s != kagzi.StatusCancelled {
 		t.Fatalf("the run is %s, want CANCELLED", s)
 	}
-	var who, action, outcome string
+	var who, action, outcome, detail string
 	var runs []string
-	if err := e.pool.QueryRow(context.Background(), `SELECT who, action, outcome, run_ids::text[] FROM kagzi.console_audit`).
-		Scan(&who, &action, &outcome, &runs); err != nil {
+	if err := e.pool.QueryRow(context.Background(), `SELECT who, action, outcome, run_ids::text[], detail::text FROM kagzi.console_audit`).
+		Scan(&who, &action, &outcome, &runs, &detail); err != nil {
 		t.Fatal(err)
 	}
-	if who != "tester" || action != "cancel" || outcome != "ok" || len(runs) != 1 || runs[0] != id {
-		t.Fatalf("audit row: %s %s %s %v", who, action, outcome, runs)
+	if who != "tester" || action != "cancel" || outcome != "ok" || len(runs) != 1 || runs[0] != id || detail != "{}" {
+		t.Fatalf("audit row: %s %s %s %v %s", who, action, outcome, runs, detail)
 	}
 	_, page = b.get("n/default/runs/" + id + "?done=cancel")
 	if !strings.Contains(page, "Cancel requested.") || !strings.Contains(page, "tester") {
@@ -219,3 +222,86 @@ func TestABulkCancelShowsTheCountFirstThenCancelsEveryMatchAndRecordsIt(t *testi
 		t.Fatalf("audit: %s %q %d", action, target, count)
 	}
 }
+
+func TestSignalRerunForkAndScheduleActionsThroughTheConsoleDoWhatTheClientDoesAndAreRecorded(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	var fail atomicBool
+	fail.set(true)
+	wait := kagzi.Define("wait", func(ctx *kagzi.Context, _ int) (string, error) {
+		if _, err := kagzi.Step(ctx, "first", func(context.Context) (int, error) { return 1, nil }); err != nil {
+			return "", err
+		}
+		got, err := kagzi.WaitSignal[string](ctx, "go", time.Minute)
+		if err != nil {
+			return "", err
+		}
+		return kagzi.Step(ctx, "last", func(context.Context) (string, error) {
+			if fail.get() {
+				return "", kagzi.NonRetryable(errors.New("not yet"))
+			}
+			return "got " + got, nil
+		})
+	})
+	runWorker(t, e.client, wait)
+	run, err := kagzi.Start(ctx, e.client, wait, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := serve(t, ui.Handler(e.client, ui.Options{Actions: true, Authorize: allowAll}))
+	_, page := b.get("n/default/runs/" + run.RunID)
+	token := csrf(t, page)
+	if status, _, body := b.post("n/default/runs/"+run.RunID+"/signal", url.Values{"csrf": {token}, "name": {"go"}, "payload": {`"hi"`}}); status != http.StatusSeeOther {
+		t.Fatalf("POST signal: %d\n%s", status, body)
+	}
+	if _, err := run.Wait(ctx); !errors.Is(err, kagzi.ErrWorkflowFailed) {
+		t.Fatalf("the signalled run: %v, want it FAILED at its last step", err)
+	}
+	fail.set(false)
+	if status, _, body := b.post("n/default/runs/"+run.RunID+"/rerun", url.Values{"csrf": {token}}); status != http.StatusSeeOther {
+		t.Fatalf("POST rerun: %d\n%s", status, body)
+	}
+	if out, err := run.Wait(ctx); err != nil || out != "got hi" {
+		t.Fatalf("the rerun: %q, %v", out, err)
+	}
+	status, loc, body := b.post("n/default/runs/"+run.RunID+"/fork", url.Values{"csrf": {token}, "step": {"last#1"}})
+	if status != http.StatusSeeOther || !strings.Contains(loc, "?done=fork") || strings.Contains(loc, run.RunID) {
+		t.Fatalf("POST fork: %d to %q\n%s", status, loc, body)
+	}
+	if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "hourly", WorkflowType: "wait", Cron: "@hourly"}); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"pause", "trigger", "resume"} {
+		if status, _, body := b.post("n/default/schedules/hourly/"+a, url.Values{"csrf": {token}}); status != http.StatusSeeOther {
+			t.Fatalf("POST %s: %d\n%s", a, status, body)
+		}
+	}
+	if s, _ := e.client.GetSchedule(ctx, "hourly"); s.Paused || s.LastRunID == "" {
+		t.Fatalf("schedule after pause, trigger, resume: paused %v, last run %q", s.Paused, s.LastRunID)
+	}
+	rows, err := e.pool.Query(ctx, `SELECT action, outcome FROM kagzi.console_audit ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var a, o string
+		if err := rows.Scan(&a, &o); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, a+":"+o)
+	}
+	if want := "signal:ok rerun:ok fork:ok pause:ok trigger:ok resume:ok"; strings.Join(got, " ") != want {
+		t.Fatalf("audit %v, want %s", got, want)
+	}
+	// A refused action is recorded with its error, and the page says why.
+	status, _, body = b.post("n/default/runs/"+run.RunID+"/cancel", url.Values{"csrf": {token}})
+	if status != http.StatusBadRequest || !strings.Contains(body, "run finished") {
+		t.Fatalf("cancelling a finished run: %d\n%s", status, body)
+	}
+}
+
+type atomicBool struct{ v atomic.Bool }
+
+func (b *atomicBool) set(v bool) { b.v.Store(v) }
+func (b *atomicBool) get() bool  { return b.v.Load() }
