@@ -1,6 +1,7 @@
 // Command kagzi is the operators' tool for Kagzi: it migrates the schema, lists and
 // shows runs with their step timelines, cancels runs, lists workers, manages cron
-// schedules, checks health and serves the read-only admin gRPC API.
+// schedules and flow-control limits, checks health, and serves the read-only admin gRPC
+// API and the operator console (ui).
 //
 //	kagzi migrate [up|status]
 //	kagzi runs list [--status S,...] [--workflow-type T,...] [--workflow-id ID] [--workflow-id-prefix P] [--schedule ID]
@@ -17,6 +18,7 @@
 //	kagzi limits set TYPE [--concurrency N] [--key-concurrency N] [--rate N --rate-period D] [--key-rate N --key-rate-period D]
 //	kagzi health
 //	kagzi serve-admin [--addr HOST:PORT] [--all-namespaces | --namespaces A,B] [--tls-cert F --tls-key F] [--client-ca F] [--insecure]
+//	kagzi ui [--addr HOST:PORT] [--actions] [--hide-payloads] [--all-namespaces | --namespaces A,B] [--tls-cert F --tls-key F] [--insecure]
 //	kagzi version
 //
 // Every command takes --dsn (default: $KAGZI_DATABASE_URL, then $DATABASE_URL),
@@ -81,6 +83,14 @@ Usage:
         bearer token: $KAGZI_ADMIN_TOKEN (or --token)
         --insecure                            allow an address other than loopback without a token or TLS
         (an address other than 127.0.0.0/8, ::1 or localhost, e.g. :50051, needs a token or TLS)
+  kagzi ui [options]                    serve the operator console (a web UI) in a browser
+        --addr HOST:PORT (default 127.0.0.1:8080)
+        --actions                             allow cancel, rerun, fork, signal, schedules, bulk (each recorded)
+        --hide-payloads                       show inputs, outputs and signal payloads only by size
+        --all-namespaces | --namespaces A,B   namespaces served besides --namespace
+        --tls-cert FILE --tls-key FILE        serve HTTPS
+        token: $KAGZI_UI_TOKEN (or --token), the Basic password (the user name is recorded) or a Bearer token
+        --insecure                            allow an address other than loopback without a token
   kagzi version                         print the versions
 
 (--type is accepted for --workflow-type.)
@@ -214,6 +224,8 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 		return a.health(ctx, args)
 	case "serve-admin":
 		return a.serveAdmin(ctx, args)
+	case "ui":
+		return a.serveUI(ctx, args)
 	}
 	return usagef("unknown command %q", cmd)
 }

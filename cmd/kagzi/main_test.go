@@ -85,7 +85,7 @@ func env(dbURL string) []string {
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		switch name {
-		case "DATABASE_URL", "KAGZI_DATABASE_URL", "KAGZI_NAMESPACE", "KAGZI_ADMIN_TOKEN":
+		case "DATABASE_URL", "KAGZI_DATABASE_URL", "KAGZI_NAMESPACE", "KAGZI_ADMIN_TOKEN", "KAGZI_UI_TOKEN":
 			continue
 		}
 		out = append(out, kv)

@@ -37,6 +37,7 @@ func RerunRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (
 		), upd AS (
 			UPDATE kagzi.runs r SET status = 'PENDING', attempt = r.attempt + 1, error = NULL,
 				cancel_requested = false, deadline_at = NULL, finished_at = NULL, locked_by = NULL,
+				started_at = CASE WHEN r.flow_key IS NULL THEN r.started_at END, -- a keyed run queues in its key again
 				available_at = now(), updated_at = now()
 			FROM target t
 			WHERE r.run_id = t.run_id AND t.status IN ('FAILED', 'CANCELLED')

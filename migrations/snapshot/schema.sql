@@ -424,6 +424,29 @@ BEGIN
     RETURN NEW;
 END $$;
 
+CREATE TABLE kagzi.console_audit (
+    id bigint NOT NULL,
+    namespace text NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    who text NOT NULL,
+    action text NOT NULL,
+    target text DEFAULT ''::text NOT NULL,
+    run_ids uuid[] DEFAULT '{}'::uuid[] NOT NULL,
+    run_count bigint DEFAULT 0 NOT NULL,
+    detail jsonb DEFAULT '{}'::jsonb NOT NULL,
+    outcome text,
+    finished_at timestamp with time zone
+);
+
+CREATE SEQUENCE kagzi.console_audit_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1;
+
+ALTER SEQUENCE kagzi.console_audit_id_seq OWNED BY kagzi.console_audit.id;
+
 CREATE TABLE kagzi.events (
     run_id uuid NOT NULL,
     key text NOT NULL,
@@ -622,7 +645,12 @@ CREATE TABLE kagzi.workers (
     CONSTRAINT workers_status_valid CHECK ((status = ANY (ARRAY['ONLINE'::text, 'DRAINING'::text, 'OFFLINE'::text])))
 );
 
+ALTER TABLE ONLY kagzi.console_audit ALTER COLUMN id SET DEFAULT nextval('kagzi.console_audit_id_seq'::regclass);
+
 ALTER TABLE ONLY kagzi.signals ALTER COLUMN id SET DEFAULT nextval('kagzi.signals_id_seq'::regclass);
+
+ALTER TABLE ONLY kagzi.console_audit
+    ADD CONSTRAINT console_audit_pkey PRIMARY KEY (id);
 
 ALTER TABLE ONLY kagzi.events
     ADD CONSTRAINT events_pkey PRIMARY KEY (run_id, key);
@@ -663,6 +691,10 @@ ALTER TABLE ONLY kagzi.waiters
 ALTER TABLE ONLY kagzi.workers
     ADD CONSTRAINT workers_pkey PRIMARY KEY (namespace, worker_id);
 
+CREATE INDEX console_audit_by_namespace ON kagzi.console_audit USING btree (namespace, id DESC);
+
+CREATE INDEX console_audit_by_run ON kagzi.console_audit USING gin (run_ids);
+
 CREATE INDEX flow_rates_age ON kagzi.flow_rates USING btree (window_start);
 
 CREATE INDEX runs_active_by_schedule ON kagzi.runs USING btree (namespace, schedule_id) WHERE ((schedule_id IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])));
@@ -694,6 +726,8 @@ CREATE UNIQUE INDEX runs_one_active_per_workflow_id ON kagzi.runs USING btree (n
 CREATE INDEX runs_type_holders ON kagzi.runs USING btree (namespace, workflow_type) WHERE holds_type_slot;
 
 CREATE INDEX schedules_due ON kagzi.schedules USING btree (namespace, next_fire_at) WHERE (NOT paused);
+
+CREATE INDEX signals_by_run ON kagzi.signals USING btree (run_id, id);
 
 CREATE UNIQUE INDEX signals_key ON kagzi.signals USING btree (run_id, key) WHERE (key IS NOT NULL);
 

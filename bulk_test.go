@@ -1,0 +1,222 @@
+package kagzi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kagzi/kagzi"
+)
+
+// idleWorkflow is a type no worker of these tests runs: its runs stay PENDING.
+var idleWorkflow = kagzi.Define("bulk-idle", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+
+func statusCounts(t *testing.T, e *env, workflowType string) map[kagzi.RunStatus]int {
+	t.Helper()
+	rows, err := e.pool.Query(context.Background(),
+		`SELECT status, count(*) FROM kagzi.runs WHERE workflow_type = $1 GROUP BY status`, workflowType)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[kagzi.RunStatus]int{}
+	for rows.Next() {
+		var s kagzi.RunStatus
+		var n int
+		if err := rows.Scan(&s, &n); err != nil {
+			t.Fatal(err)
+		}
+		out[s] = n
+	}
+	return out
+}
+
+func checkSum(t *testing.T, res kagzi.BulkResult) {
+	t.Helper()
+	sum := res.Changed
+	for _, n := range res.Skipped {
+		sum += n
+	}
+	if sum != res.Matched {
+		t.Fatalf("%+v: changed + skipped = %d, want matched %d", res, sum, res.Matched)
+	}
+}
+
+func TestCancelRunsCancelsEveryMatchAcrossBatchesAndSkipsFinishedAndCancelledRuns(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	inputs := make([]int, 1203) // more than two batches
+	if _, err := kagzi.StartMany(ctx, e.client, idleWorkflow, inputs); err != nil {
+		t.Fatal(err)
+	}
+	quick := kagzi.Define("bulk-quick", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	runWorker(t, e.client, fastWorker(), quick)
+	for i := range 3 {
+		run, err := kagzi.Start(ctx, e.client, quick, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cancelled, err := kagzi.Start(ctx, e.client, idleWorkflow, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.Cancel(ctx, cancelled.RunID); err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := e.client.CancelRuns(ctx, kagzi.RunFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSum(t, res)
+	if res.Matched != 1207 || res.Changed != 1203 || res.Skipped[kagzi.BulkSkipFinished] != 3 ||
+		res.Skipped[kagzi.BulkSkipAlreadyCancelled] != 1 {
+		t.Fatalf("result %+v, want 1207 matched, 1203 changed, 3 finished, 1 already cancelled", res)
+	}
+	if len(res.ChangedRunIDs) != kagzi.MaxBulkRunIDs {
+		t.Fatalf("%d changed run ids listed, want the first %d", len(res.ChangedRunIDs), kagzi.MaxBulkRunIDs)
+	}
+	if got := statusCounts(t, e, "bulk-idle"); got[kagzi.StatusCancelled] != 1204 || len(got) != 1 {
+		t.Fatalf("idle runs by status %v, want all 1204 CANCELLED", got)
+	}
+	if got := statusCounts(t, e, "bulk-quick"); got[kagzi.StatusCompleted] != 3 {
+		t.Fatalf("quick runs by status %v, want 3 COMPLETED, untouched", got)
+	}
+}
+
+func TestCancelRunsTouchesOnlyWhatTheFilterMatchesInTheClientsNamespace(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	other := newClient(t, e.pool, "other")
+	if _, err := kagzi.StartMany(ctx, e.client, idleWorkflow, make([]int, 5)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kagzi.StartMany(ctx, other, idleWorkflow, make([]int, 4)); err != nil {
+		t.Fatal(err)
+	}
+	kept := kagzi.Define("bulk-kept", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	if _, err := kagzi.StartMany(ctx, e.client, kept, make([]int, 2)); err != nil {
+		t.Fatal(err)
+	}
+	res, err := e.client.CancelRuns(ctx, kagzi.RunFilter{WorkflowType: "bulk-idle", Statuses: []kagzi.RunStatus{kagzi.StatusPending}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Matched != 5 || res.Changed != 5 {
+		t.Fatalf("result %+v, want the namespace's 5 idle runs", res)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'PENDING'`); n != 6 {
+		t.Fatalf("%d runs still PENDING, want 6 (other type, other namespace)", n)
+	}
+	if _, err := e.client.CancelRuns(ctx, kagzi.RunFilter{PageToken: "x"}); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Fatalf("a page token: %v, want ErrInvalidArgument", err)
+	}
+}
+
+func TestCancelRunsWhileAWorkerRunsEndsEveryChangedRunCancelledAndLeavesTheFinishedAlone(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	slow := kagzi.Define("bulk-slow", func(ctx *kagzi.Context, n int) (int, error) {
+		for i := range 3 {
+			if _, err := kagzi.Step(ctx, fmt.Sprint("s", i), func(context.Context) (int, error) {
+				time.Sleep(2 * time.Millisecond)
+				return i, nil
+			}); err != nil {
+				return 0, err
+			}
+		}
+		return n, nil
+	})
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 20
+	runWorker(t, e.client, cfg, slow)
+	if _, err := kagzi.StartMany(ctx, e.client, slow, make([]int, 1500)); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the worker to finish some runs", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'COMPLETED'`) >= 20
+	})
+	res, err := e.client.CancelRuns(ctx, kagzi.RunFilter{WorkflowType: "bulk-slow"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSum(t, res)
+	eventually(t, "every run to end", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING')`) == 0
+	})
+	got := statusCounts(t, e, "bulk-slow")
+	if res.Matched != 1500 || got[kagzi.StatusCancelled] != res.Changed ||
+		got[kagzi.StatusCompleted] != res.Skipped[kagzi.BulkSkipFinished] {
+		t.Fatalf("result %+v, runs by status %v: want every changed run CANCELLED, every skipped one COMPLETED", res, got)
+	}
+	if res.Changed == 0 || res.Skipped[kagzi.BulkSkipFinished] == 0 {
+		t.Fatalf("result %+v: the cancel did not race with the worker", res)
+	}
+}
+
+func TestRerunRunsRerunsFailedAndCancelledRunsOncePerWorkflowIDAndSkipsTheRest(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var broken atomic.Bool
+	broken.Store(true)
+	flaky := kagzi.Define("bulk-flaky", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "work", func(context.Context) (int, error) {
+			if broken.Load() {
+				return 0, kagzi.NonRetryable(errors.New("broken"))
+			}
+			return n, nil
+		})
+	})
+	runWorker(t, e.client, fastWorker(), flaky)
+	runs, err := kagzi.StartMany(ctx, e.client, flaky, make([]int, 600))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range runs {
+		if _, err := r.Wait(ctx); !errors.Is(err, kagzi.ErrWorkflowFailed) {
+			t.Fatalf("run %s: %v, want it FAILED", r.RunID, err)
+		}
+	}
+	// Two failed runs of one workflow id, and a completed run.
+	for range 2 {
+		r, err := kagzi.Start(ctx, e.client, flaky, 1, kagzi.WithID("twice"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = r.Wait(ctx)
+	}
+	broken.Store(false)
+	done, err := kagzi.Start(ctx, e.client, flaky, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := done.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	res, err := e.client.RerunRuns(ctx, kagzi.RunFilter{WorkflowType: "bulk-flaky"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSum(t, res)
+	if res.Matched != 603 || res.Changed != 601 || res.Skipped[kagzi.BulkSkipWorkflowIDTaken] != 1 ||
+		res.Skipped[kagzi.BulkSkipNotRerunnable] != 1 {
+		t.Fatalf("result %+v, want 603 matched, 601 rerun, 1 workflow id taken, 1 not rerunnable", res)
+	}
+	eventually(t, "the reruns to complete", func() bool {
+		return statusCounts(t, e, "bulk-flaky")[kagzi.StatusCompleted] == 602
+	})
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE workflow_id = 'twice' AND status = 'FAILED'`); n != 1 {
+		t.Fatalf("%d runs of workflow id twice still FAILED, want the older one", n)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'COMPLETED' AND attempt = 2`); n != 601 {
+		t.Fatalf("%d reruns completed at attempt 2, want 601", n)
+	}
+}

@@ -1,0 +1,11 @@
+// Package clientdb hands the packages of this module (the console, package ui) the
+// pool a *kagzi.Client holds, which the root package does not export: the console
+// runs its own reads (internal/store) on the client's database, confined to the
+// client's namespace. The root package sets Pool when it is initialised.
+package clientdb
+
+import "github.com/jackc/pgx/v5/pgxpool"
+
+// Pool returns the pool of a *kagzi.Client (passed as any: this package cannot
+// import the root package, which imports it).
+var Pool func(client any) *pgxpool.Pool

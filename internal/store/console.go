@@ -1,0 +1,203 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kagzi/kagzi/internal/vocab"
+)
+
+// The operator console's reads (package ui). Each reads an index range of bounded
+// size: the console's pages must cost the same with a million runs as with a hundred,
+// so counts are capped (the caller shows them as "at least") instead of counting a
+// whole table.
+
+// activeRunsOfType is the active runs of one workflow type ($1: namespace, t.workflow_type
+// from the enclosing query) in runs_claimable's order, the first $3 of them: the runs
+// claimable now come first (available_at in the past), then those waiting.
+const activeRunsOfType = `
+	SELECT r.run_id, r.workflow_id, r.workflow_type, r.status, r.available_at, r.locked_by, r.lease_epoch, r.takeovers
+	FROM kagzi.runs r
+	WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
+	  AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at IS NOT NULL
+	ORDER BY r.available_at
+	LIMIT $3`
+
+// ConsoleTypes lists the namespace's workflow types the console knows of: those with
+// unfinished runs (a skip scan of runs_claimable: one probe per type), those live or
+// recent workers registered, and those of schedules, at most limit of them.
+func ConsoleTypes(ctx context.Context, db DBTX, namespace string, limit int) ([]string, error) {
+	rows, err := db.Query(ctx, `
+		WITH RECURSIVE active(workflow_type) AS (
+			(SELECT workflow_type FROM kagzi.runs
+			 WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
+			 ORDER BY workflow_type LIMIT 1)
+			UNION ALL
+			SELECT (SELECT r.workflow_type FROM kagzi.runs r
+				WHERE r.namespace = $1 AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at IS NOT NULL
+				  AND r.workflow_type > a.workflow_type
+				ORDER BY r.workflow_type LIMIT 1)
+			FROM active a WHERE a.workflow_type IS NOT NULL
+		), known AS (
+			(SELECT workflow_type FROM active WHERE workflow_type IS NOT NULL LIMIT $2)
+			UNION
+			(SELECT unnest(workflow_types) FROM kagzi.workers WHERE namespace = $1 LIMIT $2)
+			UNION
+			(SELECT workflow_type FROM kagzi.schedules WHERE namespace = $1 LIMIT $2)
+		)
+		SELECT workflow_type FROM known ORDER BY 1 LIMIT $2`, namespace, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// TypeActivity is the state of one workflow type's unfinished runs, from the first
+// Scanned of them in runs_claimable's order.
+type TypeActivity struct {
+	WorkflowType string
+	// Ready counts runs claimable now: PENDING or SLEEPING runs whose time came, and
+	// RUNNING runs whose lease passed (LeaseExpired counts those).
+	Ready        int64
+	LeaseExpired int64
+	// Delayed counts PENDING runs whose time has not come (a delayed start, a backoff).
+	Delayed  int64
+	Running  int64
+	Sleeping int64
+	// TakenOver counts runs taken over at least once.
+	TakenOver int64
+	// Scanned is how many runs were read; when it equals the cap, the counts of
+	// runs not claimable now are lower bounds (Ready and LeaseExpired too, when every
+	// scanned run was ready).
+	Scanned int64
+	// OldestReady is the available_at of the run claimable longest (nil: none).
+	OldestReady *time.Time
+}
+
+// ActivityByType reads the state of the unfinished runs of each type, reading at
+// most perType runs of each (runs_claimable).
+func ActivityByType(ctx context.Context, db DBTX, namespace string, types []string, perType int) ([]TypeActivity, error) {
+	rows, err := db.Query(ctx, `
+		SELECT t.workflow_type,
+			count(*) FILTER (WHERE a.available_at <= now()),
+			count(*) FILTER (WHERE a.status = 'RUNNING' AND a.available_at <= now()),
+			count(*) FILTER (WHERE a.status = 'PENDING' AND a.available_at > now()),
+			count(*) FILTER (WHERE a.status = 'RUNNING' AND a.available_at > now()),
+			count(*) FILTER (WHERE a.status = 'SLEEPING' AND a.available_at > now()),
+			count(*) FILTER (WHERE a.takeovers > 0),
+			count(a.run_id),
+			min(a.available_at) FILTER (WHERE a.available_at <= now())
+		FROM unnest($2::text[]) AS t(workflow_type)
+		LEFT JOIN LATERAL (`+activeRunsOfType+`) a ON true
+		GROUP BY t.workflow_type ORDER BY t.workflow_type`, namespace, types, perType)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (TypeActivity, error) {
+		var a TypeActivity
+		err := row.Scan(&a.WorkflowType, &a.Ready, &a.LeaseExpired, &a.Delayed, &a.Running, &a.Sleeping,
+			&a.TakenOver, &a.Scanned, &a.OldestReady)
+		return a, err
+	})
+}
+
+// StuckRun is a run the console flags: RUNNING past its lease, or taken over.
+type StuckRun struct {
+	RunID        uuid.UUID
+	WorkflowID   string
+	WorkflowType string
+	Status       vocab.RunStatus
+	AvailableAt  time.Time
+	LockedBy     *string
+	LeaseEpoch   int64
+	Takeovers    int
+}
+
+// StuckRuns lists up to limit runs RUNNING past their lease or taken over at least
+// once, among the first perType unfinished runs of each type (runs_claimable).
+func StuckRuns(ctx context.Context, db DBTX, namespace string, types []string, perType, limit int) ([]StuckRun, error) {
+	rows, err := db.Query(ctx, `
+		SELECT a.run_id, a.workflow_id, a.workflow_type, a.status, a.available_at, a.locked_by, a.lease_epoch, a.takeovers
+		FROM unnest($2::text[]) AS t(workflow_type)
+		CROSS JOIN LATERAL (`+activeRunsOfType+`) a
+		WHERE (a.status = 'RUNNING' AND a.available_at <= now()) OR a.takeovers > 0
+		ORDER BY a.available_at
+		LIMIT $4`, namespace, types, perType, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (StuckRun, error) {
+		var s StuckRun
+		err := row.Scan(&s.RunID, &s.WorkflowID, &s.WorkflowType, &s.Status, &s.AvailableAt, &s.LockedBy,
+			&s.LeaseEpoch, &s.Takeovers)
+		return s, err
+	})
+}
+
+// MinuteCount is how many runs of a type reached a status in one minute. Started
+// runs have the status "STARTED" and no type.
+type MinuteCount struct {
+	WorkflowType string
+	Status       string
+	Minute       time.Time
+	Count        int64
+}
+
+// Throughput counts the runs started (runs_created) and finished (runs_finished)
+// since the time, by minute, reading at most limit of each, newest first. When a
+// kind reached the limit, its counts cover only its newest runs: the caller says so.
+func Throughput(ctx context.Context, db DBTX, namespace string, since time.Time, limit int) ([]MinuteCount, error) {
+	rows, err := db.Query(ctx, `
+		SELECT '', 'STARTED', date_trunc('minute', s.created_at), count(*)
+		FROM (SELECT created_at FROM kagzi.runs_created WHERE namespace = $1 AND created_at >= $2
+			ORDER BY created_at DESC LIMIT $3) s
+		GROUP BY 3
+		UNION ALL
+		SELECT f.workflow_type, f.status, date_trunc('minute', f.finished_at), count(*)
+		FROM (SELECT workflow_type, status, finished_at FROM kagzi.runs
+			WHERE namespace = $1 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED') AND finished_at >= $2
+			ORDER BY finished_at DESC LIMIT $3) f
+		GROUP BY 1, 2, 3`, namespace, since, limit)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (MinuteCount, error) {
+		var m MinuteCount
+		err := row.Scan(&m.WorkflowType, &m.Status, &m.Minute, &m.Count)
+		return m, err
+	})
+}
+
+// LiveWorkerTypes lists the workflow types live (ONLINE or DRAINING) workers of the
+// namespace registered (workers_live).
+func LiveWorkerTypes(ctx context.Context, db DBTX, namespace string) ([]string, error) {
+	rows, err := db.Query(ctx, `
+		SELECT DISTINCT unnest(workflow_types) FROM kagzi.workers
+		WHERE namespace = $1 AND status <> 'OFFLINE' AND last_heartbeat_at IS NOT NULL ORDER BY 1`, namespace)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
+// RunLease is what the console shows of a run besides RunInfo: its lease epoch and
+// deadline.
+type RunLease struct {
+	LeaseEpoch int64
+	Deadline   *time.Time
+}
+
+// GetRunLease reads a run's lease epoch and deadline.
+func GetRunLease(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (RunLease, error) {
+	var l RunLease
+	err := db.QueryRow(ctx, `SELECT lease_epoch, deadline_at FROM kagzi.runs WHERE namespace = $1 AND run_id = $2`,
+		namespace, runID).Scan(&l.LeaseEpoch, &l.Deadline)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return l, ErrNotFound
+	}
+	return l, err
+}

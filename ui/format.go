@@ -1,0 +1,206 @@
+package ui
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kagzi/kagzi"
+)
+
+// funcs are the templates' helpers.
+var funcs = template.FuncMap{
+	"ts":      ts,
+	"tsp":     func(t *time.Time) string { return tsPtr(t) },
+	"ago":     ago,
+	"agop":    func(t *time.Time) string { return agoPtr(t) },
+	"dur":     dur,
+	"short":   short,
+	"path":    url.PathEscape,
+	"query":   url.QueryEscape,
+	"lower":   strings.ToLower,
+	"join":    strings.Join,
+	"count":   count,
+	"num":     num,
+	"sizeOf":  func(b []byte) string { return size(len(b)) },
+	"jsonStr": func(v any) string { b, _ := json.Marshal(v); return string(b) },
+	"took":    took,
+	"qs":      qs,
+	"deref": func(s *string) string {
+		if s == nil {
+			return ""
+		}
+		return *s
+	},
+	"dict": func(kv ...any) map[string]any {
+		m := map[string]any{}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i].(string)] = kv[i+1]
+		}
+		return m
+	},
+}
+
+// qs joins query strings (already encoded: url.Values.Encode) into "?a=1&b=2", ""
+// when all are empty. It returns a template.URL: html/template would escape the
+// "=" and "&" of a query string inserted in an href.
+func qs(parts ...string) template.URL {
+	var keep []string
+	for _, p := range parts {
+		if p != "" {
+			keep = append(keep, p)
+		}
+	}
+	if len(keep) == 0 {
+		return ""
+	}
+	return template.URL("?" + strings.Join(keep, "&")) //nolint:gosec // encoded query strings only
+}
+
+// took is how long a finished run took from its start to its end.
+func took(r kagzi.RunInfo) string {
+	if r.FinishedAt == nil {
+		return ""
+	}
+	return dur(r.FinishedAt.Sub(r.CreatedAt))
+}
+
+// ts formats a time in UTC to the second.
+func ts(t time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	return t.UTC().Format("2006-01-02 15:04:05Z")
+}
+
+func tsPtr(t *time.Time) string {
+	if t == nil {
+		return "—"
+	}
+	return ts(*t)
+}
+
+// ago says how long ago (or, for a future time, in how long) t is.
+func ago(t time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	d := time.Since(t)
+	if d < 0 {
+		return "in " + dur(-d)
+	}
+	return dur(d) + " ago"
+}
+
+func agoPtr(t *time.Time) string {
+	if t == nil {
+		return "—"
+	}
+	return ago(*t)
+}
+
+// dur formats a duration with two significant units at most: "850ms", "4.2s",
+// "3m 12s", "5h 02m", "3d 4h".
+func dur(d time.Duration) string {
+	switch {
+	case d < time.Millisecond:
+		return fmt.Sprintf("%dµs", d.Microseconds())
+	case d < time.Second:
+		return fmt.Sprintf("%dms", d.Milliseconds())
+	case d < time.Minute:
+		return fmt.Sprintf("%.1fs", d.Seconds())
+	case d < time.Hour:
+		return fmt.Sprintf("%dm %02ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh %02dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd %dh", int(d.Hours())/24, int(d.Hours())%24)
+}
+
+// short is the last 12 characters of a run id: UUIDv7s of one period share their
+// beginning.
+func short(id string) string {
+	if len(id) > 12 {
+		return "…" + id[len(id)-12:]
+	}
+	return id
+}
+
+// num formats an integer with thousands separators.
+func num(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := strings.HasPrefix(s, "-")
+	s = strings.TrimPrefix(s, "-")
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && (len(s)-i)%3 == 0 {
+			b.WriteByte(',')
+		}
+		b.WriteRune(r)
+	}
+	if neg {
+		return "-" + b.String()
+	}
+	return b.String()
+}
+
+// capped is a count read from a bounded range: AtLeast when the range was cut.
+type capped struct {
+	N       int64
+	AtLeast bool
+}
+
+// count formats a capped count: "1,204" or "≥ 5,000".
+func count(c capped) string {
+	if c.AtLeast {
+		return "≥ " + num(c.N)
+	}
+	return num(c.N)
+}
+
+func size(n int) string {
+	switch {
+	case n < 1024:
+		return fmt.Sprintf("%d B", n)
+	case n < 1<<20:
+		return fmt.Sprintf("%.1f KiB", float64(n)/1024)
+	}
+	return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20))
+}
+
+// maxShownPayload is the most of a payload a page shows.
+const maxShownPayload = 64 << 10
+
+// payload is a payload as a page shows it: indented JSON, cut at maxShownPayload, or
+// only its size when payloads are hidden.
+type payload struct {
+	Text   string
+	Size   string
+	Hidden bool
+	Empty  bool
+}
+
+func (c *console) payload(b []byte) payload {
+	if len(b) == 0 || string(b) == "null" {
+		return payload{Empty: true}
+	}
+	p := payload{Size: size(len(b)), Hidden: c.opts.HidePayloads}
+	if p.Hidden {
+		return p
+	}
+	var out bytes.Buffer
+	if err := json.Indent(&out, b, "", "  "); err != nil {
+		out.Reset()
+		out.Write(b)
+	}
+	p.Text = out.String()
+	if len(p.Text) > maxShownPayload {
+		p.Text = p.Text[:maxShownPayload] + "\n… (cut: " + p.Size + " in all)"
+	}
+	return p
+}

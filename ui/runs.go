@@ -1,0 +1,200 @@
+package ui
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kagzi/kagzi"
+)
+
+// filterField is one field of the runs filter: its form input and how it sets a
+// kagzi.RunFilter. The form, the query string, the bulk confirmation and its hidden
+// fields are all built from runFilterFields, so a filter RunFilter gains (a workflow
+// id prefix, an error code, attributes) is one entry here.
+type filterField struct {
+	Name  string // query parameter
+	Label string
+	Kind  string // "text", "statuses" (checkboxes), "time" (datetime-local, UTC)
+	Hint  string
+	set   func(f *kagzi.RunFilter, values []string) error
+}
+
+var runStatuses = []kagzi.RunStatus{kagzi.StatusPending, kagzi.StatusRunning, kagzi.StatusSleeping,
+	kagzi.StatusCompleted, kagzi.StatusFailed, kagzi.StatusCancelled}
+
+var runFilterFields = []filterField{
+	{Name: "status", Label: "Status", Kind: "statuses", set: func(f *kagzi.RunFilter, v []string) error {
+		for _, s := range v {
+			if !slices.Contains(runStatuses, kagzi.RunStatus(s)) {
+				return fmt.Errorf("%w: unknown status %q", kagzi.ErrInvalidArgument, s)
+			}
+			f.Statuses = append(f.Statuses, kagzi.RunStatus(s))
+		}
+		return nil
+	}},
+	{Name: "type", Label: "Workflow type", Kind: "text", set: func(f *kagzi.RunFilter, v []string) error {
+		f.WorkflowType = v[0]
+		return nil
+	}},
+	{Name: "workflow_id", Label: "Workflow id", Kind: "text", Hint: "exact", set: func(f *kagzi.RunFilter, v []string) error {
+		f.WorkflowID = v[0]
+		return nil
+	}},
+	{Name: "schedule", Label: "Schedule", Kind: "text", set: func(f *kagzi.RunFilter, v []string) error {
+		f.ScheduleID = v[0]
+		return nil
+	}},
+	{Name: "parent", Label: "Parent run", Kind: "text", Hint: "run id", set: func(f *kagzi.RunFilter, v []string) error {
+		f.ParentRunID = v[0]
+		return nil
+	}},
+	{Name: "created_after", Label: "Created after", Kind: "time", Hint: "UTC", set: func(f *kagzi.RunFilter, v []string) error {
+		t, err := parseFormTime(v[0])
+		f.CreatedAfter = t
+		return err
+	}},
+	{Name: "created_before", Label: "Created before", Kind: "time", Hint: "UTC", set: func(f *kagzi.RunFilter, v []string) error {
+		t, err := parseFormTime(v[0])
+		f.CreatedBefore = t
+		return err
+	}},
+}
+
+// parseFormTime reads a datetime-local value (or RFC 3339) as UTC.
+func parseFormTime(s string) (time.Time, error) {
+	for _, layout := range []string{time.RFC3339, "2006-01-02T15:04:05", "2006-01-02T15:04", "2006-01-02"} {
+		if t, err := time.ParseInLocation(layout, s, time.UTC); err == nil {
+			return t, nil
+		}
+	}
+	return time.Time{}, fmt.Errorf("%w: %q is not a time (want 2006-01-02T15:04, UTC)", kagzi.ErrInvalidArgument, s)
+}
+
+// runFilter is a filter as the request gives it: the RunFilter, and the values of
+// its fields for the form and the links.
+type runFilter struct {
+	kagzi.RunFilter
+	Values url.Values // only the filter's fields
+	Empty  bool
+}
+
+// parseRunFilter reads the filter fields of a request's form.
+func parseRunFilter(r *http.Request) (runFilter, error) {
+	f := runFilter{Values: url.Values{}, Empty: true}
+	_ = r.ParseForm()
+	for _, fld := range runFilterFields {
+		var vals []string
+		for _, v := range r.Form[fld.Name] {
+			if v = strings.TrimSpace(v); v != "" {
+				vals = append(vals, v)
+			}
+		}
+		if len(vals) == 0 {
+			continue
+		}
+		if err := fld.set(&f.RunFilter, vals); err != nil {
+			return f, err
+		}
+		f.Values[fld.Name] = vals
+		f.Empty = false
+	}
+	return f, nil
+}
+
+// Describe says in words what the filter selects, for the bulk pages and the audit.
+func (f runFilter) Describe() string {
+	if f.Empty {
+		return "every run"
+	}
+	var parts []string
+	for _, fld := range runFilterFields {
+		if v := f.Values[fld.Name]; len(v) > 0 {
+			parts = append(parts, strings.ToLower(fld.Label)+" "+strings.Join(v, " or "))
+		}
+	}
+	return "runs with " + strings.Join(parts, ", ")
+}
+
+// formField is a filter field with its current values, for the form.
+type formField struct {
+	filterField
+	Value    string
+	Checked  map[string]bool
+	Statuses []kagzi.RunStatus
+}
+
+func (f runFilter) Form() []formField {
+	out := make([]formField, 0, len(runFilterFields))
+	for _, fld := range runFilterFields {
+		ff := formField{filterField: fld, Value: f.Values.Get(fld.Name), Checked: map[string]bool{}}
+		if fld.Kind == "statuses" {
+			ff.Statuses = runStatuses
+			for _, v := range f.Values[fld.Name] {
+				ff.Checked[v] = true
+			}
+		}
+		out = append(out, ff)
+	}
+	return out
+}
+
+// Query is the filter as a query string.
+func (f runFilter) Query() string { return f.Values.Encode() }
+
+// Hidden lists the filter's values as name/value pairs, for a form's hidden fields.
+func (f runFilter) Hidden() [][2]string {
+	var out [][2]string
+	for _, fld := range runFilterFields {
+		for _, v := range f.Values[fld.Name] {
+			out = append(out, [2]string{fld.Name, v})
+		}
+	}
+	return out
+}
+
+type runsData struct {
+	Filter     runFilter
+	Runs       []kagzi.RunInfo
+	Next       string // the query of the next page; "" on the last
+	First      bool
+	BulkCancel bool
+	BulkRerun  bool
+	Error      string
+}
+
+// runsPageSize is how many runs a page of the runs list holds.
+const runsPageSize = 50
+
+func (c *console) runs(q *req) (string, any, error) {
+	d := &runsData{BulkCancel: c.can(q, ActionBulkCancel), BulkRerun: c.can(q, ActionBulkRerun)}
+	f, err := parseRunFilter(q.r)
+	d.Filter = f
+	if err != nil {
+		d.Error = err.Error()
+		return "Runs", d, nil
+	}
+	f.PageSize, f.PageToken = runsPageSize, q.r.FormValue("page")
+	d.First = f.PageToken == ""
+	page, err := q.client.ListRuns(q.r.Context(), f.RunFilter)
+	if err != nil {
+		if isBadInput(err) {
+			d.Error = err.Error()
+			return "Runs", d, nil
+		}
+		return "", nil, err
+	}
+	d.Runs = page.Runs
+	if page.NextPageToken != "" {
+		v := url.Values{}
+		for k, vals := range f.Values {
+			v[k] = vals
+		}
+		v.Set("page", page.NextPageToken)
+		d.Next = v.Encode()
+	}
+	return "Runs", d, nil
+}

@@ -1,0 +1,193 @@
+package ui
+
+import (
+	"fmt"
+	"html/template"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/kagzi/kagzi"
+)
+
+// bar is one span of a run's timeline.
+type bar struct {
+	start, end time.Time
+	class      string
+	title      string
+	href       string // a link (a child run), relative to the page's base
+}
+
+// lane is one row of the timeline: the run, a step, or a child.
+type lane struct {
+	label string
+	note  string // the duration, or what it waits for
+	bars  []bar
+}
+
+// timeline draws a run's lanes as SVG bars on one time axis, from the run's
+// creation to its end (or now).
+func timeline(run *kagzi.RunInfo, steps []kagzi.StepInfo, children []kagzi.RunInfo, base string, now time.Time) template.HTML {
+	lanes := runLanes(run, steps, children, base, now)
+	t0, t1 := run.CreatedAt, now
+	if run.FinishedAt != nil {
+		t1 = *run.FinishedAt
+	}
+	for _, l := range lanes {
+		for _, b := range l.bars {
+			if b.end.After(t1) {
+				t1 = b.end
+			}
+			if b.start.Before(t0) {
+				t0 = b.start
+			}
+		}
+	}
+	span := max(t1.Sub(t0), time.Millisecond)
+	const w, labelW, noteW, laneH, top = 960.0, 190.0, 110.0, 22.0, 24.0
+	plotW := w - labelW - noteW
+	h := top + laneH*float64(len(lanes)) + 8
+	s := newSVG(w, h, "timeline", "timeline of the run's steps, attempts, sleeps, signal waits and children")
+	x := func(t time.Time) float64 { return labelW + plotW*float64(t.Sub(t0))/float64(span) }
+	for i := 0; i <= 4; i++ {
+		xi := labelW + plotW*float64(i)/4
+		s.line(xi, top-6, xi, h-4, "grid")
+		s.text(xi, 12, "middle", "axis", "+"+dur(span*time.Duration(i)/4))
+	}
+	for i, l := range lanes {
+		y := top + laneH*float64(i)
+		s.text(labelW-8, y+15, "end", "lane", clip(l.label, 28))
+		for _, b := range l.bars {
+			draw := func() { s.rect(x(b.start), y+4, x(b.end)-x(b.start), laneH-8, "bar "+b.class, b.title) }
+			if b.href != "" {
+				s.link(b.href, draw)
+			} else {
+				draw()
+			}
+		}
+		s.text(w-noteW+8, y+15, "start", "note", l.note)
+	}
+	return s.html()
+}
+
+func clip(s string, n int) string {
+	if len([]rune(s)) <= n {
+		return s
+	}
+	return string([]rune(s)[:n-1]) + "…"
+}
+
+// runLanes are the lanes of a run: the run itself, then its steps in the order
+// they were recorded, each child under the step that started it.
+func runLanes(run *kagzi.RunInfo, steps []kagzi.StepInfo, children []kagzi.RunInfo, base string, now time.Time) []lane {
+	end, open := now, true
+	if run.FinishedAt != nil {
+		end, open = *run.FinishedAt, false
+	}
+	runLane := lane{label: "run " + strings.ToLower(string(run.Status)), note: dur(end.Sub(run.CreatedAt)),
+		bars: []bar{{start: run.CreatedAt, end: end, class: "run " + strings.ToLower(string(run.Status)),
+			title: fmt.Sprintf("run %s: %s, %s", run.Status, ts(run.CreatedAt), spanText(run.CreatedAt, end, open))}}}
+	lanes := []lane{runLane}
+	byStep := map[string][]kagzi.RunInfo{}
+	for _, ch := range children {
+		byStep[ch.ParentStepKey] = append(byStep[ch.ParentStepKey], ch)
+	}
+	for _, st := range steps {
+		lanes = append(lanes, stepLane(st, now))
+		for _, ch := range byStep[st.Key] {
+			lanes = append(lanes, childLane(ch, base, now))
+		}
+		delete(byStep, st.Key)
+	}
+	for _, rest := range byStep { // children whose start step is not recorded (yet)
+		for _, ch := range rest {
+			lanes = append(lanes, childLane(ch, base, now))
+		}
+	}
+	return lanes
+}
+
+func spanText(a, b time.Time, open bool) string {
+	if open {
+		return dur(b.Sub(a)) + " so far"
+	}
+	return dur(b.Sub(a))
+}
+
+// stepLane draws a step by kind: every attempt of a step, a sleep until its wake
+// time, a signal wait until it was received (or timed out), a mark for the others.
+func stepLane(st kagzi.StepInfo, now time.Time) lane {
+	l := lane{label: st.Key}
+	switch st.Kind {
+	case kagzi.KindSleep:
+		wake := now
+		if st.WakeAt != nil {
+			wake = *st.WakeAt
+		}
+		open := wake.After(now)
+		l.bars = []bar{{start: st.CreatedAt, end: minTime(wake, now), class: "sleep",
+			title: fmt.Sprintf("sleep %s until %s", st.Key, ts(wake))}}
+		l.note = dur(wake.Sub(st.CreatedAt))
+		if open {
+			l.note = "wakes in " + dur(wake.Sub(now))
+		}
+	case kagzi.KindSignal:
+		end, open := st.UpdatedAt, st.Status == kagzi.StepWaiting
+		if open {
+			end = now
+		}
+		l.bars = []bar{{start: st.CreatedAt, end: end, class: "signal " + strings.ToLower(string(st.Status)),
+			title: fmt.Sprintf("signal wait %s: %s, %s", st.Name, st.Status, spanText(st.CreatedAt, end, open))}}
+		l.note = spanText(st.CreatedAt, end, open)
+		if open {
+			l.note = "waiting"
+		}
+	case kagzi.KindStep:
+		l.bars, l.note = attemptBars(st)
+	default: // child starts and results, events, patches: a mark
+		l.bars = []bar{{start: st.CreatedAt, end: st.CreatedAt.Add(time.Microsecond), class: "mark",
+			title: fmt.Sprintf("%s %s at %s", strings.ToLower(string(st.Kind)), st.Key, ts(st.CreatedAt))}}
+		l.note = strings.ToLower(string(st.Kind))
+	}
+	return l
+}
+
+func attemptBars(st kagzi.StepInfo) ([]bar, string) {
+	if len(st.Attempts) == 0 {
+		return []bar{{start: st.CreatedAt, end: st.UpdatedAt, class: "step " + strings.ToLower(string(st.Status)),
+			title: fmt.Sprintf("step %s: %s", st.Key, st.Status)}}, string(st.Status)
+	}
+	var bars []bar
+	var total time.Duration
+	for _, a := range st.Attempts {
+		title := fmt.Sprintf("%s attempt %d: %s, %s", st.Key, a.Number, a.Status, dur(a.FinishedAt.Sub(a.StartedAt)))
+		if a.Error != nil {
+			title += " — " + a.Error.String()
+		}
+		bars = append(bars, bar{start: a.StartedAt, end: a.FinishedAt, class: "attempt " + strings.ToLower(string(a.Status)), title: title})
+		total += a.FinishedAt.Sub(a.StartedAt)
+	}
+	note := dur(total)
+	if len(st.Attempts) > 1 {
+		note += fmt.Sprintf(" ×%d", len(st.Attempts))
+	}
+	return bars, note
+}
+
+func childLane(ch kagzi.RunInfo, base string, now time.Time) lane {
+	end, open := now, true
+	if ch.FinishedAt != nil {
+		end, open = *ch.FinishedAt, false
+	}
+	return lane{label: "↳ child " + ch.WorkflowType, note: spanText(ch.CreatedAt, end, open),
+		bars: []bar{{start: ch.CreatedAt, end: end, class: "child " + strings.ToLower(string(ch.Status)),
+			href:  base + "runs/" + url.PathEscape(ch.RunID),
+			title: fmt.Sprintf("child run %s (%s): %s, %s", ch.RunID, ch.WorkflowType, ch.Status, spanText(ch.CreatedAt, end, open))}}}
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
