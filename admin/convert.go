@@ -95,7 +95,28 @@ func workflowPB(r *kagzi.RunInfo) *adminpb.Workflow {
 		UpdatedAt: ts(r.UpdatedAt), WorkerId: r.LockedBy, CancelRequested: r.CancelRequested,
 		ScheduleId: optString(r.ScheduleID), ScheduleTick: tsp(r.ScheduleTick),
 		Attributes: attributesPB(r.Attributes), Deadline: tsp(r.Deadline), ParentRunId: optString(r.ParentRunID),
+		Priority: int32(r.Priority), ConcurrencyKey: optString(r.ConcurrencyKey), DebounceKey: optString(r.DebounceKey),
+		Hold: holdPB(r.Hold),
 	}
+}
+
+func holdPB(h *kagzi.Hold) *adminpb.FlowHold {
+	if h == nil {
+		return nil
+	}
+	return &adminpb.FlowHold{Limit: h.Limit, Until: tsp(h.Until)}
+}
+
+func limitsPB(namespace string, l *kagzi.Limits) *adminpb.FlowLimits {
+	pl := &adminpb.FlowLimits{Namespace: namespace, WorkflowType: l.WorkflowType, Concurrency: int32(l.Concurrency),
+		KeyConcurrency: int32(l.KeyConcurrency), Rate: int32(l.Rate), KeyRate: int32(l.KeyRate), UpdatedAt: ts(l.UpdatedAt)}
+	if l.RatePeriod > 0 {
+		pl.RatePeriod = durationpb.New(l.RatePeriod)
+	}
+	if l.KeyRatePeriod > 0 {
+		pl.KeyRatePeriod = durationpb.New(l.KeyRatePeriod)
+	}
+	return pl
 }
 
 // attributesPB is a run's attributes as a Struct; nil when it has none. They were

@@ -14,7 +14,7 @@ import (
 )
 
 // features lists what every server offers, as GetServerInfo reports it.
-var features = []string{"workflows", "workflows.attributes", "steps", "workers", "schedules", "health", "grpc.health.v1", "reflection"}
+var features = []string{"workflows", "workflows.attributes", "steps", "workers", "schedules", "flow", "health", "grpc.health.v1", "reflection"}
 
 var runStatusOf = func() map[adminpb.WorkflowStatus]kagzi.RunStatus {
 	m := map[adminpb.WorkflowStatus]kagzi.RunStatus{}
@@ -254,6 +254,36 @@ func (s *Server) ListWorkers(ctx context.Context, req *adminpb.ListWorkersReques
 	resp := &adminpb.ListWorkersResponse{Page: pageInfo(encodePageToken(rpc, c.Namespace(), page.NextPageToken))}
 	for i := range page.Workers {
 		resp.Workers = append(resp.Workers, workerPB(&page.Workers[i]))
+	}
+	return resp, nil
+}
+
+// GetFlowLimits reads the flow-control limits of a workflow type of the namespace.
+func (s *Server) GetFlowLimits(ctx context.Context, req *adminpb.GetFlowLimitsRequest) (*adminpb.GetFlowLimitsResponse, error) {
+	c, err := s.client(ctx, req.GetNamespace())
+	if err != nil {
+		return nil, err
+	}
+	l, err := c.GetLimits(ctx, req.GetWorkflowType())
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return &adminpb.GetFlowLimitsResponse{Limits: limitsPB(c.Namespace(), l)}, nil
+}
+
+// ListFlowLimits lists the flow-control limits of the namespace's workflow types.
+func (s *Server) ListFlowLimits(ctx context.Context, req *adminpb.ListFlowLimitsRequest) (*adminpb.ListFlowLimitsResponse, error) {
+	c, err := s.client(ctx, req.GetNamespace())
+	if err != nil {
+		return nil, err
+	}
+	all, err := c.ListLimits(ctx)
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	resp := &adminpb.ListFlowLimitsResponse{}
+	for i := range all {
+		resp.Limits = append(resp.Limits, limitsPB(c.Namespace(), &all[i]))
 	}
 	return resp, nil
 }

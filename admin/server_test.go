@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -649,3 +650,55 @@ func TestAServerOverAnUnmigratedDatabaseReportsNotServingAndFailedPrecondition(t
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+func TestFlowLimitsAreReadableAndAHeldRunShowsItsHold(t *testing.T) {
+	f := newFixture(t)
+	ctx := testCtx(t)
+	c := admin(t, f.addr, token)
+	if _, err := f.a.SetLimits(ctx, kagzi.Limits{WorkflowType: "later", Concurrency: 3, Rate: 1, RatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	// The hour's window is full: the pending run of the type is held by the rate limit.
+	if _, err := f.pool.Exec(ctx, `SELECT kagzi.flow_rate_room($1, 'later', '', 1, 3600000),
+		kagzi.flow_rate_add($1, 'later', '', 3600000, 1)`, nsA); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.GetFlowLimits(ctx, &adminpb.GetFlowLimitsRequest{Namespace: nsA, WorkflowType: "later"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := got.Limits; l.Concurrency != 3 || l.Rate != 1 || l.RatePeriod.AsDuration() != time.Hour || l.KeyRatePeriod != nil ||
+		l.Namespace != nsA || l.UpdatedAt == nil {
+		t.Fatalf("GetFlowLimits = %v", l)
+	}
+	list, err := c.ListFlowLimits(ctx, &adminpb.ListFlowLimitsRequest{Namespace: nsA})
+	if err != nil || len(list.Limits) != 1 || list.Limits[0].WorkflowType != "later" {
+		t.Fatalf("ListFlowLimits = %v, %v", list, err)
+	}
+	if other, err := c.ListFlowLimits(ctx, &adminpb.ListFlowLimitsRequest{Namespace: nsB}); err != nil || len(other.Limits) != 0 {
+		t.Fatalf("team-b's limits = %v, %v; want none", other, err)
+	}
+	run, err := c.GetWorkflow(ctx, &adminpb.GetWorkflowRequest{Namespace: nsA,
+		Selector: &adminpb.GetWorkflowRequest_RunId{RunId: f.pending}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := run.Workflow.Hold; h == nil || h.Limit != "rate" || h.Until == nil || time.Until(h.Until.AsTime()) < 50*time.Minute {
+		t.Fatalf("held run's hold = %v, want the rate limit until about an hour from now", h)
+	}
+	for name, tc := range map[string]struct {
+		err  error
+		want codes.Code
+	}{
+		"no limits":    {err2(c.GetFlowLimits(ctx, &adminpb.GetFlowLimitsRequest{Namespace: nsA, WorkflowType: "greet"})), codes.NotFound},
+		"no namespace": {err2(c.ListFlowLimits(ctx, &adminpb.ListFlowLimitsRequest{})), codes.InvalidArgument},
+		"no type":      {err2(c.GetFlowLimits(ctx, &adminpb.GetFlowLimitsRequest{Namespace: nsA})), codes.InvalidArgument},
+		"other team":   {err2(admin(t, f.addr, tokenB).ListFlowLimits(ctx, &adminpb.ListFlowLimitsRequest{Namespace: nsA})), codes.PermissionDenied},
+	} {
+		if status.Code(tc.err) != tc.want {
+			t.Errorf("%s: got %v, want %v", name, tc.err, tc.want)
+		}
+	}
+}
+
+func err2[T any](_ T, err error) error { return err }

@@ -1402,7 +1402,7 @@ type GetServerInfoResponse struct {
 	LatestSchemaVersion int64 `protobuf:"varint,4,opt,name=latest_schema_version,json=latestSchemaVersion,proto3" json:"latest_schema_version,omitempty"`
 	// What this server offers, e.g. "workflows", "workflows.attributes" (run
 	// attributes and the ListWorkflows filters beside them), "steps", "workers",
-	// "schedules", "health", "reflection", "grpc.health.v1", "auth.bearer", "auth.mtls".
+	// "schedules", "flow" (flow-control limits and holds), "health", "reflection", "grpc.health.v1", "auth.bearer", "auth.mtls".
 	SupportedFeatures []string `protobuf:"bytes,5,rep,name=supported_features,json=supportedFeatures,proto3" json:"supported_features,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
@@ -1477,7 +1477,7 @@ var File_kagzi_v1_admin_proto protoreflect.FileDescriptor
 
 const file_kagzi_v1_admin_proto_rawDesc = "" +
 	"\n" +
-	"\x14kagzi/v1/admin.proto\x12\bkagzi.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15kagzi/v1/common.proto\x1a\x13kagzi/v1/step.proto\x1a\x15kagzi/v1/worker.proto\x1a\x17kagzi/v1/workflow.proto\x1a kagzi/v1/workflow_schedule.proto\"z\n" +
+	"\x14kagzi/v1/admin.proto\x12\bkagzi.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15kagzi/v1/common.proto\x1a\x13kagzi/v1/flow.proto\x1a\x13kagzi/v1/step.proto\x1a\x15kagzi/v1/worker.proto\x1a\x17kagzi/v1/workflow.proto\x1a kagzi/v1/workflow_schedule.proto\"z\n" +
 	"\x12GetWorkflowRequest\x12\x1c\n" +
 	"\tnamespace\x18\x01 \x01(\tR\tnamespace\x12\x17\n" +
 	"\x06run_id\x18\x02 \x01(\tH\x00R\x05runId\x12!\n" +
@@ -1599,7 +1599,7 @@ const file_kagzi_v1_admin_proto_rawDesc = "" +
 	"apiVersion\x12%\n" +
 	"\x0eschema_version\x18\x03 \x01(\x03R\rschemaVersion\x122\n" +
 	"\x15latest_schema_version\x18\x04 \x01(\x03R\x13latestSchemaVersion\x12-\n" +
-	"\x12supported_features\x18\x05 \x03(\tR\x11supportedFeatures2\xb0\x06\n" +
+	"\x12supported_features\x18\x05 \x03(\tR\x11supportedFeatures2\xd7\a\n" +
 	"\fAdminService\x12J\n" +
 	"\vGetWorkflow\x12\x1c.kagzi.v1.GetWorkflowRequest\x1a\x1d.kagzi.v1.GetWorkflowResponse\x12P\n" +
 	"\rListWorkflows\x12\x1e.kagzi.v1.ListWorkflowsRequest\x1a\x1f.kagzi.v1.ListWorkflowsResponse\x12>\n" +
@@ -1608,7 +1608,9 @@ const file_kagzi_v1_admin_proto_rawDesc = "" +
 	"\tGetWorker\x12\x1a.kagzi.v1.GetWorkerRequest\x1a\x1b.kagzi.v1.GetWorkerResponse\x12J\n" +
 	"\vListWorkers\x12\x1c.kagzi.v1.ListWorkersRequest\x1a\x1d.kagzi.v1.ListWorkersResponse\x12b\n" +
 	"\x13GetWorkflowSchedule\x12$.kagzi.v1.GetWorkflowScheduleRequest\x1a%.kagzi.v1.GetWorkflowScheduleResponse\x12h\n" +
-	"\x15ListWorkflowSchedules\x12&.kagzi.v1.ListWorkflowSchedulesRequest\x1a'.kagzi.v1.ListWorkflowSchedulesResponse\x12J\n" +
+	"\x15ListWorkflowSchedules\x12&.kagzi.v1.ListWorkflowSchedulesRequest\x1a'.kagzi.v1.ListWorkflowSchedulesResponse\x12P\n" +
+	"\rGetFlowLimits\x12\x1e.kagzi.v1.GetFlowLimitsRequest\x1a\x1f.kagzi.v1.GetFlowLimitsResponse\x12S\n" +
+	"\x0eListFlowLimits\x12\x1f.kagzi.v1.ListFlowLimitsRequest\x1a .kagzi.v1.ListFlowLimitsResponse\x12J\n" +
 	"\vHealthCheck\x12\x1c.kagzi.v1.HealthCheckRequest\x1a\x1d.kagzi.v1.HealthCheckResponse\x12P\n" +
 	"\rGetServerInfo\x12\x1e.kagzi.v1.GetServerInfoRequest\x1a\x1f.kagzi.v1.GetServerInfoResponseB.Z,github.com/kagzi/kagzi/admin/adminpb;adminpbb\x06proto3"
 
@@ -1659,6 +1661,10 @@ var file_kagzi_v1_admin_proto_goTypes = []any{
 	(*Worker)(nil),                         // 29: kagzi.v1.Worker
 	(WorkerStatus)(0),                      // 30: kagzi.v1.WorkerStatus
 	(*WorkflowSchedule)(nil),               // 31: kagzi.v1.WorkflowSchedule
+	(*GetFlowLimitsRequest)(nil),           // 32: kagzi.v1.GetFlowLimitsRequest
+	(*ListFlowLimitsRequest)(nil),          // 33: kagzi.v1.ListFlowLimitsRequest
+	(*GetFlowLimitsResponse)(nil),          // 34: kagzi.v1.GetFlowLimitsResponse
+	(*ListFlowLimitsResponse)(nil),         // 35: kagzi.v1.ListFlowLimitsResponse
 }
 var file_kagzi_v1_admin_proto_depIdxs = []int32{
 	22, // 0: kagzi.v1.GetWorkflowResponse.workflow:type_name -> kagzi.v1.Workflow
@@ -1695,20 +1701,24 @@ var file_kagzi_v1_admin_proto_depIdxs = []int32{
 	11, // 31: kagzi.v1.AdminService.ListWorkers:input_type -> kagzi.v1.ListWorkersRequest
 	13, // 32: kagzi.v1.AdminService.GetWorkflowSchedule:input_type -> kagzi.v1.GetWorkflowScheduleRequest
 	15, // 33: kagzi.v1.AdminService.ListWorkflowSchedules:input_type -> kagzi.v1.ListWorkflowSchedulesRequest
-	17, // 34: kagzi.v1.AdminService.HealthCheck:input_type -> kagzi.v1.HealthCheckRequest
-	20, // 35: kagzi.v1.AdminService.GetServerInfo:input_type -> kagzi.v1.GetServerInfoRequest
-	2,  // 36: kagzi.v1.AdminService.GetWorkflow:output_type -> kagzi.v1.GetWorkflowResponse
-	4,  // 37: kagzi.v1.AdminService.ListWorkflows:output_type -> kagzi.v1.ListWorkflowsResponse
-	6,  // 38: kagzi.v1.AdminService.GetStep:output_type -> kagzi.v1.GetStepResponse
-	8,  // 39: kagzi.v1.AdminService.ListSteps:output_type -> kagzi.v1.ListStepsResponse
-	10, // 40: kagzi.v1.AdminService.GetWorker:output_type -> kagzi.v1.GetWorkerResponse
-	12, // 41: kagzi.v1.AdminService.ListWorkers:output_type -> kagzi.v1.ListWorkersResponse
-	14, // 42: kagzi.v1.AdminService.GetWorkflowSchedule:output_type -> kagzi.v1.GetWorkflowScheduleResponse
-	16, // 43: kagzi.v1.AdminService.ListWorkflowSchedules:output_type -> kagzi.v1.ListWorkflowSchedulesResponse
-	18, // 44: kagzi.v1.AdminService.HealthCheck:output_type -> kagzi.v1.HealthCheckResponse
-	21, // 45: kagzi.v1.AdminService.GetServerInfo:output_type -> kagzi.v1.GetServerInfoResponse
-	36, // [36:46] is the sub-list for method output_type
-	26, // [26:36] is the sub-list for method input_type
+	32, // 34: kagzi.v1.AdminService.GetFlowLimits:input_type -> kagzi.v1.GetFlowLimitsRequest
+	33, // 35: kagzi.v1.AdminService.ListFlowLimits:input_type -> kagzi.v1.ListFlowLimitsRequest
+	17, // 36: kagzi.v1.AdminService.HealthCheck:input_type -> kagzi.v1.HealthCheckRequest
+	20, // 37: kagzi.v1.AdminService.GetServerInfo:input_type -> kagzi.v1.GetServerInfoRequest
+	2,  // 38: kagzi.v1.AdminService.GetWorkflow:output_type -> kagzi.v1.GetWorkflowResponse
+	4,  // 39: kagzi.v1.AdminService.ListWorkflows:output_type -> kagzi.v1.ListWorkflowsResponse
+	6,  // 40: kagzi.v1.AdminService.GetStep:output_type -> kagzi.v1.GetStepResponse
+	8,  // 41: kagzi.v1.AdminService.ListSteps:output_type -> kagzi.v1.ListStepsResponse
+	10, // 42: kagzi.v1.AdminService.GetWorker:output_type -> kagzi.v1.GetWorkerResponse
+	12, // 43: kagzi.v1.AdminService.ListWorkers:output_type -> kagzi.v1.ListWorkersResponse
+	14, // 44: kagzi.v1.AdminService.GetWorkflowSchedule:output_type -> kagzi.v1.GetWorkflowScheduleResponse
+	16, // 45: kagzi.v1.AdminService.ListWorkflowSchedules:output_type -> kagzi.v1.ListWorkflowSchedulesResponse
+	34, // 46: kagzi.v1.AdminService.GetFlowLimits:output_type -> kagzi.v1.GetFlowLimitsResponse
+	35, // 47: kagzi.v1.AdminService.ListFlowLimits:output_type -> kagzi.v1.ListFlowLimitsResponse
+	18, // 48: kagzi.v1.AdminService.HealthCheck:output_type -> kagzi.v1.HealthCheckResponse
+	21, // 49: kagzi.v1.AdminService.GetServerInfo:output_type -> kagzi.v1.GetServerInfoResponse
+	38, // [38:50] is the sub-list for method output_type
+	26, // [26:38] is the sub-list for method input_type
 	26, // [26:26] is the sub-list for extension type_name
 	26, // [26:26] is the sub-list for extension extendee
 	0,  // [0:26] is the sub-list for field type_name
@@ -1720,6 +1730,7 @@ func file_kagzi_v1_admin_proto_init() {
 		return
 	}
 	file_kagzi_v1_common_proto_init()
+	file_kagzi_v1_flow_proto_init()
 	file_kagzi_v1_step_proto_init()
 	file_kagzi_v1_worker_proto_init()
 	file_kagzi_v1_workflow_proto_init()

@@ -27,6 +27,8 @@ const (
 	AdminService_ListWorkers_FullMethodName           = "/kagzi.v1.AdminService/ListWorkers"
 	AdminService_GetWorkflowSchedule_FullMethodName   = "/kagzi.v1.AdminService/GetWorkflowSchedule"
 	AdminService_ListWorkflowSchedules_FullMethodName = "/kagzi.v1.AdminService/ListWorkflowSchedules"
+	AdminService_GetFlowLimits_FullMethodName         = "/kagzi.v1.AdminService/GetFlowLimits"
+	AdminService_ListFlowLimits_FullMethodName        = "/kagzi.v1.AdminService/ListFlowLimits"
 	AdminService_HealthCheck_FullMethodName           = "/kagzi.v1.AdminService/HealthCheck"
 	AdminService_GetServerInfo_FullMethodName         = "/kagzi.v1.AdminService/GetServerInfo"
 )
@@ -64,6 +66,12 @@ type AdminServiceClient interface {
 	GetWorkflowSchedule(ctx context.Context, in *GetWorkflowScheduleRequest, opts ...grpc.CallOption) (*GetWorkflowScheduleResponse, error)
 	// ListWorkflowSchedules lists cron schedules.
 	ListWorkflowSchedules(ctx context.Context, in *ListWorkflowSchedulesRequest, opts ...grpc.CallOption) (*ListWorkflowSchedulesResponse, error)
+	// GetFlowLimits reads the flow-control limits of a workflow type (NOT_FOUND when
+	// it has none). Limits are set with kagzi.Client.SetLimits or `kagzi limits set`,
+	// not here.
+	GetFlowLimits(ctx context.Context, in *GetFlowLimitsRequest, opts ...grpc.CallOption) (*GetFlowLimitsResponse, error)
+	// ListFlowLimits lists the limits of every workflow type of the namespace.
+	ListFlowLimits(ctx context.Context, in *ListFlowLimitsRequest, opts ...grpc.CallOption) (*ListFlowLimitsResponse, error)
 	// HealthCheck reports the database, the schema and the namespace's work that no
 	// live worker can take.
 	HealthCheck(ctx context.Context, in *HealthCheckRequest, opts ...grpc.CallOption) (*HealthCheckResponse, error)
@@ -159,6 +167,26 @@ func (c *adminServiceClient) ListWorkflowSchedules(ctx context.Context, in *List
 	return out, nil
 }
 
+func (c *adminServiceClient) GetFlowLimits(ctx context.Context, in *GetFlowLimitsRequest, opts ...grpc.CallOption) (*GetFlowLimitsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(GetFlowLimitsResponse)
+	err := c.cc.Invoke(ctx, AdminService_GetFlowLimits_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *adminServiceClient) ListFlowLimits(ctx context.Context, in *ListFlowLimitsRequest, opts ...grpc.CallOption) (*ListFlowLimitsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListFlowLimitsResponse)
+	err := c.cc.Invoke(ctx, AdminService_ListFlowLimits_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 func (c *adminServiceClient) HealthCheck(ctx context.Context, in *HealthCheckRequest, opts ...grpc.CallOption) (*HealthCheckResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(HealthCheckResponse)
@@ -212,6 +240,12 @@ type AdminServiceServer interface {
 	GetWorkflowSchedule(context.Context, *GetWorkflowScheduleRequest) (*GetWorkflowScheduleResponse, error)
 	// ListWorkflowSchedules lists cron schedules.
 	ListWorkflowSchedules(context.Context, *ListWorkflowSchedulesRequest) (*ListWorkflowSchedulesResponse, error)
+	// GetFlowLimits reads the flow-control limits of a workflow type (NOT_FOUND when
+	// it has none). Limits are set with kagzi.Client.SetLimits or `kagzi limits set`,
+	// not here.
+	GetFlowLimits(context.Context, *GetFlowLimitsRequest) (*GetFlowLimitsResponse, error)
+	// ListFlowLimits lists the limits of every workflow type of the namespace.
+	ListFlowLimits(context.Context, *ListFlowLimitsRequest) (*ListFlowLimitsResponse, error)
 	// HealthCheck reports the database, the schema and the namespace's work that no
 	// live worker can take.
 	HealthCheck(context.Context, *HealthCheckRequest) (*HealthCheckResponse, error)
@@ -250,6 +284,12 @@ func (UnimplementedAdminServiceServer) GetWorkflowSchedule(context.Context, *Get
 }
 func (UnimplementedAdminServiceServer) ListWorkflowSchedules(context.Context, *ListWorkflowSchedulesRequest) (*ListWorkflowSchedulesResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListWorkflowSchedules not implemented")
+}
+func (UnimplementedAdminServiceServer) GetFlowLimits(context.Context, *GetFlowLimitsRequest) (*GetFlowLimitsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method GetFlowLimits not implemented")
+}
+func (UnimplementedAdminServiceServer) ListFlowLimits(context.Context, *ListFlowLimitsRequest) (*ListFlowLimitsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListFlowLimits not implemented")
 }
 func (UnimplementedAdminServiceServer) HealthCheck(context.Context, *HealthCheckRequest) (*HealthCheckResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method HealthCheck not implemented")
@@ -422,6 +462,42 @@ func _AdminService_ListWorkflowSchedules_Handler(srv interface{}, ctx context.Co
 	return interceptor(ctx, in, info, handler)
 }
 
+func _AdminService_GetFlowLimits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(GetFlowLimitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).GetFlowLimits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_GetFlowLimits_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).GetFlowLimits(ctx, req.(*GetFlowLimitsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _AdminService_ListFlowLimits_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListFlowLimitsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(AdminServiceServer).ListFlowLimits(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: AdminService_ListFlowLimits_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(AdminServiceServer).ListFlowLimits(ctx, req.(*ListFlowLimitsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 func _AdminService_HealthCheck_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(HealthCheckRequest)
 	if err := dec(in); err != nil {
@@ -496,6 +572,14 @@ var AdminService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListWorkflowSchedules",
 			Handler:    _AdminService_ListWorkflowSchedules_Handler,
+		},
+		{
+			MethodName: "GetFlowLimits",
+			Handler:    _AdminService_GetFlowLimits_Handler,
+		},
+		{
+			MethodName: "ListFlowLimits",
+			Handler:    _AdminService_ListFlowLimits_Handler,
 		},
 		{
 			MethodName: "HealthCheck",

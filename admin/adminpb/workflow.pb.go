@@ -134,7 +134,14 @@ type Workflow struct {
 	// When the run fails with DEADLINE_EXCEEDED unless it finished; unset: no deadline.
 	Deadline *timestamppb.Timestamp `protobuf:"bytes,20,opt,name=deadline,proto3" json:"deadline,omitempty"`
 	// The run that started this one as a child, if one did.
-	ParentRunId   *string `protobuf:"bytes,21,opt,name=parent_run_id,json=parentRunId,proto3,oneof" json:"parent_run_id,omitempty"`
+	ParentRunId *string `protobuf:"bytes,21,opt,name=parent_run_id,json=parentRunId,proto3,oneof" json:"parent_run_id,omitempty"`
+	// Flow control (kagzi.WithPriority, WithConcurrencyKey, WithDebounce): the run's
+	// priority (0..3600), concurrency key and debounce key.
+	Priority       int32   `protobuf:"varint,22,opt,name=priority,proto3" json:"priority,omitempty"`
+	ConcurrencyKey *string `protobuf:"bytes,23,opt,name=concurrency_key,json=concurrencyKey,proto3,oneof" json:"concurrency_key,omitempty"`
+	DebounceKey    *string `protobuf:"bytes,24,opt,name=debounce_key,json=debounceKey,proto3,oneof" json:"debounce_key,omitempty"`
+	// Set by GetWorkflow for a PENDING run that a flow-control limit holds back.
+	Hold          *FlowHold `protobuf:"bytes,25,opt,name=hold,proto3" json:"hold,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -316,11 +323,39 @@ func (x *Workflow) GetParentRunId() string {
 	return ""
 }
 
+func (x *Workflow) GetPriority() int32 {
+	if x != nil {
+		return x.Priority
+	}
+	return 0
+}
+
+func (x *Workflow) GetConcurrencyKey() string {
+	if x != nil && x.ConcurrencyKey != nil {
+		return *x.ConcurrencyKey
+	}
+	return ""
+}
+
+func (x *Workflow) GetDebounceKey() string {
+	if x != nil && x.DebounceKey != nil {
+		return *x.DebounceKey
+	}
+	return ""
+}
+
+func (x *Workflow) GetHold() *FlowHold {
+	if x != nil {
+		return x.Hold
+	}
+	return nil
+}
+
 var File_kagzi_v1_workflow_proto protoreflect.FileDescriptor
 
 const file_kagzi_v1_workflow_proto_rawDesc = "" +
 	"\n" +
-	"\x17kagzi/v1/workflow.proto\x12\bkagzi.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15kagzi/v1/common.proto\"\xea\a\n" +
+	"\x17kagzi/v1/workflow.proto\x12\bkagzi.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15kagzi/v1/common.proto\x1a\x13kagzi/v1/flow.proto\"\xa9\t\n" +
 	"\bWorkflow\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
 	"\vworkflow_id\x18\x02 \x01(\tR\n" +
@@ -351,9 +386,15 @@ const file_kagzi_v1_workflow_proto_rawDesc = "" +
 	"attributes\x18\x13 \x01(\v2\x17.google.protobuf.StructR\n" +
 	"attributes\x126\n" +
 	"\bdeadline\x18\x14 \x01(\v2\x1a.google.protobuf.TimestampR\bdeadline\x12'\n" +
-	"\rparent_run_id\x18\x15 \x01(\tH\x01R\vparentRunId\x88\x01\x01B\x0e\n" +
+	"\rparent_run_id\x18\x15 \x01(\tH\x01R\vparentRunId\x88\x01\x01\x12\x1a\n" +
+	"\bpriority\x18\x16 \x01(\x05R\bpriority\x12,\n" +
+	"\x0fconcurrency_key\x18\x17 \x01(\tH\x02R\x0econcurrencyKey\x88\x01\x01\x12&\n" +
+	"\fdebounce_key\x18\x18 \x01(\tH\x03R\vdebounceKey\x88\x01\x01\x12&\n" +
+	"\x04hold\x18\x19 \x01(\v2\x12.kagzi.v1.FlowHoldR\x04holdB\x0e\n" +
 	"\f_schedule_idB\x10\n" +
-	"\x0e_parent_run_id*\xe3\x01\n" +
+	"\x0e_parent_run_idB\x12\n" +
+	"\x10_concurrency_keyB\x0f\n" +
+	"\r_debounce_key*\xe3\x01\n" +
 	"\x0eWorkflowStatus\x12\x1f\n" +
 	"\x1bWORKFLOW_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17WORKFLOW_STATUS_PENDING\x10\x01\x12\x1b\n" +
@@ -384,6 +425,7 @@ var file_kagzi_v1_workflow_proto_goTypes = []any{
 	(*ErrorDetail)(nil),           // 3: kagzi.v1.ErrorDetail
 	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
 	(*structpb.Struct)(nil),       // 5: google.protobuf.Struct
+	(*FlowHold)(nil),              // 6: kagzi.v1.FlowHold
 }
 var file_kagzi_v1_workflow_proto_depIdxs = []int32{
 	0,  // 0: kagzi.v1.Workflow.status:type_name -> kagzi.v1.WorkflowStatus
@@ -398,11 +440,12 @@ var file_kagzi_v1_workflow_proto_depIdxs = []int32{
 	4,  // 9: kagzi.v1.Workflow.schedule_tick:type_name -> google.protobuf.Timestamp
 	5,  // 10: kagzi.v1.Workflow.attributes:type_name -> google.protobuf.Struct
 	4,  // 11: kagzi.v1.Workflow.deadline:type_name -> google.protobuf.Timestamp
-	12, // [12:12] is the sub-list for method output_type
-	12, // [12:12] is the sub-list for method input_type
-	12, // [12:12] is the sub-list for extension type_name
-	12, // [12:12] is the sub-list for extension extendee
-	0,  // [0:12] is the sub-list for field type_name
+	6,  // 12: kagzi.v1.Workflow.hold:type_name -> kagzi.v1.FlowHold
+	13, // [13:13] is the sub-list for method output_type
+	13, // [13:13] is the sub-list for method input_type
+	13, // [13:13] is the sub-list for extension type_name
+	13, // [13:13] is the sub-list for extension extendee
+	0,  // [0:13] is the sub-list for field type_name
 }
 
 func init() { file_kagzi_v1_workflow_proto_init() }
@@ -411,6 +454,7 @@ func file_kagzi_v1_workflow_proto_init() {
 		return
 	}
 	file_kagzi_v1_common_proto_init()
+	file_kagzi_v1_flow_proto_init()
 	file_kagzi_v1_workflow_proto_msgTypes[0].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
