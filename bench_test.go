@@ -317,3 +317,72 @@ func TestAStartByNameWithoutAVersionCostsOneRoundTrip(t *testing.T) {
 		t.Fatalf("StartByName took %d round trips, want 1 (the newest version is looked up by the insert)", n)
 	}
 }
+
+// BenchmarkHistoryDepth measures what a run's history costs as it grows: the overhead
+// of a new step after depth steps (the time of 100 steps, less their bodies' nothing,
+// over 100) and the resume of a run that slept after depth steps (from the last step
+// before the sleep to the first after it, less the sleep: the claim, the load of the
+// recorded steps and the replay of the depth steps). Run it with -benchtime 1x:
+//
+//	go test -run '^$' -bench HistoryDepth -benchtime 1x .
+func BenchmarkHistoryDepth(b *testing.B) {
+	for _, depth := range []int{10, 1000, 10000} {
+		b.Run(fmt.Sprintf("depth=%d", depth), func(b *testing.B) {
+			c, _, _ := benchEnv(b)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			const more, sleep = 100, 300 * time.Millisecond
+			var marks [4]time.Time // before the 100 steps, after them, before the sleep, after it
+			mark := func(i int) func(context.Context) (int, error) {
+				return func(context.Context) (int, error) { marks[i] = time.Now(); return 0, nil }
+			}
+			wf := kagzi.Define("deep", func(ctx *kagzi.Context, _ int) (int, error) {
+				for range depth {
+					if _, err := kagzi.Step(ctx, "s", func(context.Context) (int, error) { return 1, nil }); err != nil {
+						return 0, err
+					}
+				}
+				if _, err := kagzi.Step(ctx, "mark-0", mark(0)); err != nil {
+					return 0, err
+				}
+				for range more {
+					if _, err := kagzi.Step(ctx, "t", func(context.Context) (int, error) { return 1, nil }); err != nil {
+						return 0, err
+					}
+				}
+				if _, err := kagzi.Step(ctx, "mark-1", mark(1)); err != nil {
+					return 0, err
+				}
+				if _, err := kagzi.Step(ctx, "mark-2", mark(2)); err != nil {
+					return 0, err
+				}
+				if err := ctx.Sleep("nap", sleep); err != nil { // longer than MaxInProcessSleep: the run is released
+					return 0, err
+				}
+				_, err := kagzi.Step(ctx, "mark-3", mark(3))
+				return depth, err
+			})
+			w, err := kagzi.NewWorker(c, kagzi.WorkerConfig{MaxInProcessSleep: 10 * time.Millisecond}, wf)
+			if err != nil {
+				b.Fatal(err)
+			}
+			go w.Run(ctx)
+			var perStep, resume time.Duration
+			b.ResetTimer()
+			for range b.N {
+				run, err := kagzi.Start(ctx, c, wf, 0)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if _, err := run.Wait(ctx); err != nil {
+					b.Fatal(err)
+				}
+				perStep += marks[1].Sub(marks[0]) / (more + 1)
+				resume += marks[3].Sub(marks[2]) - sleep
+			}
+			b.StopTimer()
+			b.ReportMetric(float64(perStep.Microseconds())/float64(b.N), "µs/step")
+			b.ReportMetric(float64(resume.Microseconds())/1000/float64(b.N), "ms/resume")
+		})
+	}
+}

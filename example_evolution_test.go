@@ -246,3 +246,47 @@ func ExampleClient_Fork() {
 	// "booked Porto for 420" | quotes made: 1
 	// true book#1
 }
+
+// A workflow that runs for ever continues as new every so many iterations, so that its
+// history (and the cost of resuming it) stays small.
+func ExampleContinueAsNew() {
+	client, cleanup := exampleSetup()
+	defer cleanup()
+	ctx := context.Background()
+	type Tally struct{ Seen, Goal int }
+	tally := kagzi.Define("tally", func(ctx *kagzi.Context, t Tally) (int, error) {
+		for i := 0; i < 2 && t.Seen < t.Goal; i++ { // two items per run
+			n, err := kagzi.Step(ctx, "count", func(context.Context) (int, error) { return t.Seen + 1, nil })
+			if err != nil {
+				return 0, err
+			}
+			t.Seen = n
+		}
+		if t.Seen < t.Goal {
+			return 0, kagzi.ContinueAsNew(ctx, t)
+		}
+		return t.Seen, nil
+	})
+	w, err := kagzi.NewWorker(client, kagzi.WorkerConfig{}, tally)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { stop(); <-done }()
+
+	run, err := kagzi.Start(ctx, client, tally, Tally{Goal: 5}, kagzi.WithID("tally-1"))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	total, err := run.Wait(ctx) // follows the chain of runs to the last one
+	fmt.Println(total, err)
+	first, _ := client.GetRun(ctx, run.RunID)
+	fmt.Println(first.Status, first.ContinuedAsRunID != "")
+	// Output:
+	// 5 <nil>
+	// COMPLETED true
+}

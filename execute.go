@@ -41,6 +41,8 @@ func (w *Worker) execute(x *execution) {
 		x.rt.endExecution(x, e.hookOutcome(), e.detailBytes())
 	case endFinish:
 		w.end(x, e)
+	case endContinue:
+		w.continueRun(x, e)
 	}
 }
 

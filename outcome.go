@@ -59,6 +59,7 @@ const (
 	endHandBack                   // the worker is shutting down: hand the run back
 	endRetry                      // the workflow failed and its policy retries it after retryIn
 	endFinish                     // the run ends with status
+	endContinue                   // the run continues as new with output as the next run's input
 )
 
 // decide returns how an execution that stopped ends.
@@ -93,6 +94,9 @@ func decide(s stopped) ending {
 		return failed(*s.nondeterminism)
 	case exitCancelled:
 		return ending{kind: endFinish, status: StatusCancelled}
+	}
+	if can, ok := s.res.err.(*continueAsNew); ok && can.root {
+		return ending{kind: endContinue, output: can.input}
 	}
 	if s.res.err != nil {
 		return failedFunction(s)

@@ -83,6 +83,11 @@ type RunInfo struct {
 	Priority       int    `json:"priority,omitempty"`
 	ConcurrencyKey string `json:"concurrency_key,omitempty"`
 	DebounceKey    string `json:"debounce_key,omitempty"`
+	// ContinuedFromRunID names the run this one continued (see ContinueAsNew);
+	// ContinuedAsRunID, on a run that ended COMPLETED by continuing as new, names the
+	// run that took over its workflow id.
+	ContinuedFromRunID string `json:"continued_from_run_id,omitempty"`
+	ContinuedAsRunID   string `json:"continued_as_run_id,omitempty"`
 	// Hold, filled by GetRun for a PENDING run that could be claimed now, tells the
 	// flow-control limit that holds it back (see SetLimits); nil when none does.
 	Hold *Hold `json:"hold,omitempty"`
@@ -127,6 +132,12 @@ func runInfo(r store.Run) RunInfo {
 	}
 	if r.ForkedFromStep != nil {
 		info.ForkedFromStep = *r.ForkedFromStep
+	}
+	if r.ContinuedFromRunID != nil {
+		info.ContinuedFromRunID = r.ContinuedFromRunID.String()
+	}
+	if r.ContinuedAsRunID != nil {
+		info.ContinuedAsRunID = r.ContinuedAsRunID.String()
 	}
 	info.Priority = r.Priority
 	if r.FlowKey != nil {

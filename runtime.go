@@ -64,6 +64,11 @@ func (w *writer) finish(ctx context.Context, f store.FinishWrite) (RunStatus, er
 	return store.FinishRun(ctx, w.ends, f)
 }
 
+func (w *writer) continueRun(ctx context.Context, c store.ContinueWrite) (RunStatus, error) {
+	c.Client = w.client
+	return store.ContinueRun(ctx, w.pool, c)
+}
+
 func (w *writer) retryRun(ctx context.Context, f store.Fence, detail []byte, delay time.Duration) error {
 	return store.RetryRun(ctx, w.pool, f, detail, delay)
 }

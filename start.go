@@ -415,13 +415,21 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 	}
 	c := r.client
 	sub := c.notifier.Subscribe(store.DoneTopic(id))
-	defer sub.Close()
+	defer func() { sub.Close() }() // the subscription of the run waited for last
 	poll := c.waitPoll
 	for {
 		c.awaitEnds(ctx) // before each look: an end after it notifies this client
 		run, err := store.GetRun(ctx, c.pool, c.ns, id)
 		if err != nil {
 			return zero, wrapStoreErr("kagzi: wait for run "+r.RunID, err)
+		}
+		if run.Status == StatusCompleted && run.ContinuedAsRunID != nil {
+			// It continued as new: wait for the run that took over its workflow id.
+			sub.Close()
+			id, r = *run.ContinuedAsRunID, &Run[Out]{RunID: run.ContinuedAsRunID.String(), client: c}
+			sub = c.notifier.Subscribe(store.DoneTopic(id))
+			poll = c.waitPoll
+			continue
 		}
 		switch run.Status {
 		case StatusCompleted:

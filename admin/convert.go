@@ -96,7 +96,8 @@ func workflowPB(r *kagzi.RunInfo) *adminpb.Workflow {
 		ScheduleId: optString(r.ScheduleID), ScheduleTick: tsp(r.ScheduleTick),
 		Attributes: attributesPB(r.Attributes), Deadline: tsp(r.Deadline), ParentRunId: optString(r.ParentRunID),
 		Priority: int32(r.Priority), ConcurrencyKey: optString(r.ConcurrencyKey), DebounceKey: optString(r.DebounceKey),
-		Hold: holdPB(r.Hold),
+		Hold: holdPB(r.Hold), ContinuedFromRunId: optString(r.ContinuedFromRunID),
+		ContinuedAsRunId: optString(r.ContinuedAsRunID),
 	}
 }
 

@@ -141,9 +141,13 @@ type Workflow struct {
 	ConcurrencyKey *string `protobuf:"bytes,23,opt,name=concurrency_key,json=concurrencyKey,proto3,oneof" json:"concurrency_key,omitempty"`
 	DebounceKey    *string `protobuf:"bytes,24,opt,name=debounce_key,json=debounceKey,proto3,oneof" json:"debounce_key,omitempty"`
 	// Set by GetWorkflow for a PENDING run that a flow-control limit holds back.
-	Hold          *FlowHold `protobuf:"bytes,25,opt,name=hold,proto3" json:"hold,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Hold *FlowHold `protobuf:"bytes,25,opt,name=hold,proto3" json:"hold,omitempty"`
+	// The run this one continued (kagzi.ContinueAsNew), and, on a run that continued
+	// as new, the run that took over its workflow id.
+	ContinuedFromRunId *string `protobuf:"bytes,26,opt,name=continued_from_run_id,json=continuedFromRunId,proto3,oneof" json:"continued_from_run_id,omitempty"`
+	ContinuedAsRunId   *string `protobuf:"bytes,27,opt,name=continued_as_run_id,json=continuedAsRunId,proto3,oneof" json:"continued_as_run_id,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *Workflow) Reset() {
@@ -351,11 +355,26 @@ func (x *Workflow) GetHold() *FlowHold {
 	return nil
 }
 
+func (x *Workflow) GetContinuedFromRunId() string {
+	if x != nil && x.ContinuedFromRunId != nil {
+		return *x.ContinuedFromRunId
+	}
+	return ""
+}
+
+func (x *Workflow) GetContinuedAsRunId() string {
+	if x != nil && x.ContinuedAsRunId != nil {
+		return *x.ContinuedAsRunId
+	}
+	return ""
+}
+
 var File_kagzi_v1_workflow_proto protoreflect.FileDescriptor
 
 const file_kagzi_v1_workflow_proto_rawDesc = "" +
 	"\n" +
-	"\x17kagzi/v1/workflow.proto\x12\bkagzi.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15kagzi/v1/common.proto\x1a\x13kagzi/v1/flow.proto\"\xa9\t\n" +
+	"\x17kagzi/v1/workflow.proto\x12\bkagzi.v1\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x15kagzi/v1/common.proto\x1a\x13kagzi/v1/flow.proto\"\xc7\n" +
+	"\n" +
 	"\bWorkflow\x12\x15\n" +
 	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12\x1f\n" +
 	"\vworkflow_id\x18\x02 \x01(\tR\n" +
@@ -390,11 +409,15 @@ const file_kagzi_v1_workflow_proto_rawDesc = "" +
 	"\bpriority\x18\x16 \x01(\x05R\bpriority\x12,\n" +
 	"\x0fconcurrency_key\x18\x17 \x01(\tH\x02R\x0econcurrencyKey\x88\x01\x01\x12&\n" +
 	"\fdebounce_key\x18\x18 \x01(\tH\x03R\vdebounceKey\x88\x01\x01\x12&\n" +
-	"\x04hold\x18\x19 \x01(\v2\x12.kagzi.v1.FlowHoldR\x04holdB\x0e\n" +
+	"\x04hold\x18\x19 \x01(\v2\x12.kagzi.v1.FlowHoldR\x04hold\x126\n" +
+	"\x15continued_from_run_id\x18\x1a \x01(\tH\x04R\x12continuedFromRunId\x88\x01\x01\x122\n" +
+	"\x13continued_as_run_id\x18\x1b \x01(\tH\x05R\x10continuedAsRunId\x88\x01\x01B\x0e\n" +
 	"\f_schedule_idB\x10\n" +
 	"\x0e_parent_run_idB\x12\n" +
 	"\x10_concurrency_keyB\x0f\n" +
-	"\r_debounce_key*\xe3\x01\n" +
+	"\r_debounce_keyB\x18\n" +
+	"\x16_continued_from_run_idB\x16\n" +
+	"\x14_continued_as_run_id*\xe3\x01\n" +
 	"\x0eWorkflowStatus\x12\x1f\n" +
 	"\x1bWORKFLOW_STATUS_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17WORKFLOW_STATUS_PENDING\x10\x01\x12\x1b\n" +

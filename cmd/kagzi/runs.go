@@ -141,6 +141,12 @@ func (a *app) printRun(run *kagzi.RunInfo) {
 	kv.row("Created:", when(run.CreatedAt))
 	kv.row("Started:", whenp(run.StartedAt))
 	kv.row("Finished:", whenp(run.FinishedAt))
+	if run.ContinuedFromRunID != "" {
+		kv.row("Continued from:", run.ContinuedFromRunID)
+	}
+	if run.ContinuedAsRunID != "" {
+		kv.row("Continued as:", run.ContinuedAsRunID+" (the run that took over its workflow id)")
+	}
 	if run.Priority != 0 {
 		kv.row("Priority:", fmt.Sprint(run.Priority))
 	}

@@ -66,10 +66,18 @@ type RunOutcome struct {
 	Error  []byte
 }
 
-// GetRunOutcome reads a run's status and result.
+// GetRunOutcome reads a run's status and result: those of the last run of its chain
+// when it continued as new (see ContinueRun).
 func GetRunOutcome(ctx context.Context, db DBTX, runID uuid.UUID) (RunOutcome, error) {
 	var o RunOutcome
-	err := db.QueryRow(ctx, `SELECT status, output, error FROM kagzi.runs WHERE run_id = $1`, runID).
+	err := db.QueryRow(ctx, `
+		WITH RECURSIVE chain AS (
+			SELECT run_id, status, output, error, continued_as_run_id, 1 AS n FROM kagzi.runs WHERE run_id = $1
+			UNION ALL
+			SELECT r.run_id, r.status, r.output, r.error, r.continued_as_run_id, c.n + 1
+			FROM chain c JOIN kagzi.runs r ON r.run_id = c.continued_as_run_id
+		)
+		SELECT status, output, error FROM chain ORDER BY n DESC LIMIT 1`, runID).
 		Scan(&o.Status, &o.Output, &o.Error)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return o, ErrNotFound

@@ -110,12 +110,17 @@ type Run struct {
 	Priority    int
 	FlowKey     *string
 	DebounceKey *string
+	// ContinuedFromRunID and ContinuedAsRunID link the runs of a workflow id that
+	// continued as new (see ContinueRun).
+	ContinuedFromRunID *uuid.UUID
+	ContinuedAsRunID   *uuid.UUID
 }
 
 const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input, output, error,
 	attempt, available_at, locked_by, lease_epoch, cancel_requested, deadline_at, created_at,
 	started_at, finished_at, updated_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
-	version, forked_from_run_id, forked_from_step, takeovers, attributes, priority, flow_key, debounce_key`
+	version, forked_from_run_id, forked_from_step, takeovers, attributes, priority, flow_key, debounce_key,
+	continued_from_run_id, continued_as_run_id`
 
 // newestByWorkflowIDSQL selects (runColumns and a rank) the run of a workflow id that
 // a lookup by id means: its active run, else, where finished (a condition) holds, its
@@ -144,7 +149,7 @@ func scanRun(row pgx.Row, extra ...any) (Run, error) {
 		&r.CancelRequested, &r.Deadline, &r.CreatedAt, &r.StartedAt, &r.FinishedAt, &r.UpdatedAt,
 		&r.ScheduleID, &r.ScheduleTick, &r.ParentRunID, &r.ParentStepKey,
 		&r.Version, &r.ForkedFromRunID, &r.ForkedFromStep, &r.Takeovers, &r.Attributes, &r.Priority, &r.FlowKey,
-		&r.DebounceKey}, extra...)...)
+		&r.DebounceKey, &r.ContinuedFromRunID, &r.ContinuedAsRunID}, extra...)...)
 	return r, err
 }
 

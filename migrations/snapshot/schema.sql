@@ -533,6 +533,8 @@ CREATE TABLE kagzi.runs (
     holds_type_slot boolean DEFAULT false NOT NULL,
     debounce_key text,
     debounce_until timestamp with time zone,
+    continued_from_run_id uuid,
+    continued_as_run_id uuid,
     CONSTRAINT runs_namespace_valid CHECK (((namespace <> ''::text) AND (length(namespace) <= 255))),
     CONSTRAINT runs_priority_check CHECK (((priority >= 0) AND (priority <= 3600))),
     CONSTRAINT runs_status_valid CHECK ((status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text, 'COMPLETED'::text, 'FAILED'::text, 'CANCELLED'::text]))),

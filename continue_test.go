@@ -1,0 +1,183 @@
+package kagzi_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/kagzi/kagzi"
+)
+
+// counter counts to its Target, continuing as new every Every iterations; each run
+// records one step per iteration.
+type counterState struct {
+	N, Target, Every int
+}
+
+var countingWorkflow = kagzi.Define("counting", func(ctx *kagzi.Context, s counterState) (int, error) {
+	for i := 0; i < s.Every && s.N < s.Target; i++ {
+		n, err := kagzi.Step(ctx, "inc", func(context.Context) (int, error) { return s.N + 1, nil })
+		if err != nil {
+			return 0, err
+		}
+		s.N = n
+	}
+	if s.N < s.Target {
+		return 0, kagzi.ContinueAsNew(ctx, s)
+	}
+	return s.N, nil
+})
+
+func TestContinueAsNewEndsTheRunAndStartsAFreshOneWithTheSameWorkflowIDAndWaitFollows(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	runWorker(t, e.client, fastWorker(), countingWorkflow)
+	run, err := kagzi.Start(ctx, e.client, countingWorkflow, counterState{Target: 10, Every: 3}, kagzi.WithID("counter-1"),
+		kagzi.WithPriority(5), kagzi.WithAttributes(map[string]any{"team": "a"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := run.Wait(ctx)
+	if err != nil || out != 10 {
+		t.Fatalf("Wait on the first run = %d, %v; want the last run's result 10", out, err)
+	}
+	// Four runs: 3+3+3+1 iterations, linked both ways, each with a fresh history.
+	var chain []*kagzi.RunInfo
+	for id := run.RunID; id != ""; {
+		info, err := e.client.GetRun(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		chain = append(chain, info)
+		id = info.ContinuedAsRunID
+	}
+	if len(chain) != 4 {
+		t.Fatalf("%d runs in the chain, want 4", len(chain))
+	}
+	for i, info := range chain {
+		if info.WorkflowID != "counter-1" || info.Status != kagzi.StatusCompleted || info.Priority != 5 ||
+			info.Attributes["team"] != "a" {
+			t.Errorf("run %d: %+v", i, info)
+		}
+		if i > 0 && info.ContinuedFromRunID != chain[i-1].RunID {
+			t.Errorf("run %d continued from %q, want %s", i, info.ContinuedFromRunID, chain[i-1].RunID)
+		}
+		if i < 3 && len(info.Output) != 0 {
+			t.Errorf("run %d continued as new but has output %s", i, info.Output)
+		}
+		steps := stepsOf(t, e.client, info.RunID)
+		if want := min(3, 10-3*i); len(steps) != want {
+			t.Errorf("run %d recorded %d steps, want a fresh history of %d", i, len(steps), want)
+		}
+	}
+	var last counterState
+	if err := json.Unmarshal(chain[3].Input, &last); err != nil || last != (counterState{N: 9, Target: 10, Every: 3}) ||
+		string(chain[3].Output) != "10" {
+		t.Errorf("last run: input %s (%v) output %s; want the state the third run continued with", chain[3].Input, err, chain[3].Output)
+	}
+	// A handle by workflow id reads the active (else newest) run: the last one.
+	h, err := kagzi.RunOfWorkflow[int](ctx, e.client, "counter-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := h.Wait(ctx); err != nil || got != 10 || h.RunID != chain[3].RunID {
+		t.Fatalf("RunOfWorkflow: %s = %d, %v", h.RunID, got, err)
+	}
+}
+
+var signalLoop = kagzi.Define("signal-loop", func(ctx *kagzi.Context, seen []string) ([]string, error) {
+	v, err := kagzi.WaitSignal[string](ctx, "item", time.Minute)
+	if err != nil {
+		return nil, err
+	}
+	seen = append(seen, v)
+	if v != "last" {
+		return nil, kagzi.ContinueAsNew(ctx, seen)
+	}
+	return seen, nil
+})
+
+func TestSignalsNotYetTakenMoveToTheRunThatContinues(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	run, err := kagzi.Start(ctx, e.client, signalLoop, []string{}, kagzi.WithID("inbox"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Every signal is sent before any worker runs: the first run takes one, and the
+	// others must reach the runs that continue it.
+	for _, v := range []string{"a", "b", "c", "last"} {
+		if err := e.client.SignalWorkflow(ctx, "inbox", "item", v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runWorker(t, e.client, fastWorker(), signalLoop)
+	out, err := run.Wait(ctx)
+	if err != nil || fmt.Sprint(out) != "[a b c last]" {
+		t.Fatalf("Wait = %v, %v; want every signal, in order, across four runs", out, err)
+	}
+}
+
+var continuingChild = kagzi.Define("continuing-child", func(ctx *kagzi.Context, n int) (int, error) {
+	if n < 3 {
+		return 0, kagzi.ContinueAsNew(ctx, n+1)
+	}
+	return n * 100, nil
+})
+
+var parentOfContinuing = kagzi.Define("parent-of-continuing", func(ctx *kagzi.Context, _ int) (int, error) {
+	child, err := kagzi.StartChild(ctx, "child", continuingChild, 0)
+	if err != nil {
+		return 0, err
+	}
+	return child.Get()
+})
+
+func TestAChildThatContinuesAsNewGivesItsParentTheLastRunsResult(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	runWorker(t, e.client, fastWorker(), continuingChild, parentOfContinuing)
+	run, err := kagzi.Start(ctx, e.client, parentOfContinuing, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run.Wait(ctx); err != nil || out != 300 {
+		t.Fatalf("parent = %d, %v; want the child chain's last result 300", out, err)
+	}
+}
+
+func TestContinueAsNewRefusesBadInputAndIsAnOrdinaryErrorFromABranch(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	badInput := kagzi.Define("bad-continue", func(ctx *kagzi.Context, _ int) (int, error) {
+		err := kagzi.ContinueAsNew(ctx, func() {}) // a func does not encode
+		if !errors.Is(err, kagzi.ErrInvalidArgument) {
+			return 0, fmt.Errorf("ContinueAsNew with a func input: %v", err)
+		}
+		// From a branch, it is an ordinary error: the branch fails, the run does not continue.
+		_, err = kagzi.Go(ctx, "branch", func(b *kagzi.Context) (int, error) {
+			return 0, kagzi.ContinueAsNew(b, 1)
+		}).Get()
+		if err == nil {
+			return 0, errors.New("the branch's ContinueAsNew was not returned as an error")
+		}
+		return 7, nil
+	})
+	if err := kagzi.ContinueAsNew[int](nil, 1); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Fatalf("ContinueAsNew with a nil Context: %v", err)
+	}
+	runWorker(t, e.client, fastWorker(), badInput)
+	run, err := kagzi.Start(ctx, e.client, badInput, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run.Wait(ctx); err != nil || out != 7 {
+		t.Fatalf("run = %d, %v", out, err)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs`); n != 1 {
+		t.Fatalf("%d runs; a refused or branch ContinueAsNew started one", n)
+	}
+}
