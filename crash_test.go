@@ -92,7 +92,7 @@ func runCrashWorker() int {
 	w, err := kagzi.NewWorker(client, cfg, crashyWorkflow(pool, block),
 		chaoticWorkflow(pool), stallingWorkflow(pool), fanOutWorkflow(pool, block),
 		freezingWorkflow(pool), poisonWorkflow(pool), steadyWorkflow,
-		ledgeredWorkflow(pool, "limited"), ledgeredWorkflow(pool, "rated"))
+		ledgeredWorkflow(pool, "limited"), ledgeredWorkflow(pool, "rated"), sagaCrashWorkflow(pool, block))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1

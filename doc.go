@@ -109,6 +109,21 @@ returns a [*WorkflowError] from Wait (errors.Is [ErrWorkflowFailed]). A database
 cannot be reached gives an [*UnavailableError] (errors.Is [ErrUnavailable]); starting again
 with the same WithID is safe.
 
+A [Saga] undoes what a failing workflow did: [Saga.Add] registers a compensation after
+each step that needs one, and [Saga.Compensate] runs them in reverse order, each as a
+memoized step ("compensate/<name>") with its own retry policy, and returns a [*SagaError]
+for the workflow to fail with. A compensation that fails for good fails the run with
+[CodeCompensationFailed] ([ErrCompensationFailed]); a cancelled run does not compensate.
+
+	saga := kagzi.NewSaga(ctx)
+	flight, err := kagzi.Step(ctx, "book-flight", bookFlight)
+	if err != nil {
+		return Trip{}, saga.Compensate(err)
+	}
+	if err := saga.Add("cancel-flight", cancelFlight(flight), kagzi.WithRetry(kagzi.Forever())); err != nil {
+		return Trip{}, err
+	}
+
 # Workers
 
 A [Worker] claims and executes runs of the workflow types it registered. [Worker.Run]

@@ -130,7 +130,9 @@ func (d ErrorDetail) String() string {
 }
 
 // WorkflowError is the error a caller gets for a run that ended FAILED. It wraps
-// ErrWorkflowFailed (and ErrNonRetryable when the detail says so).
+// ErrWorkflowFailed (and ErrNonRetryable when the detail says so, and the sentinel of
+// its code: ErrDeadlineExceeded, ErrNonDeterministic, ErrRecoveryExhausted,
+// ErrCompensationFailed).
 type WorkflowError struct {
 	RunID      string
 	WorkflowID string
@@ -156,6 +158,9 @@ func (e *WorkflowError) Unwrap() []error {
 	}
 	if e.Detail.Code == CodeRecoveryExhausted {
 		errs = append(errs, ErrRecoveryExhausted)
+	}
+	if e.Detail.Code == CodeCompensationFailed {
+		errs = append(errs, ErrCompensationFailed)
 	}
 	return errs
 }
