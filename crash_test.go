@@ -24,6 +24,7 @@ const (
 	crashFreezeEnv      = "KAGZI_TEST_CRASH_FREEZE"        // "1": the process stops itself after its first claim (see freezingWorkflow)
 	crashMaxTakeoverEnv = "KAGZI_TEST_CRASH_MAX_TAKEOVERS" // WorkerConfig.MaxTakeovers
 	crashSlotsEnv       = "KAGZI_TEST_CRASH_SLOTS"         // WorkerConfig.MaxConcurrent (default 20)
+	crashDefaultsEnv    = "KAGZI_TEST_CRASH_DEFAULTS"      // "1": the default lease, heartbeat and reap interval
 )
 
 // crashy records every execution of every step body in the effects table, so the
@@ -87,6 +88,9 @@ func runCrashWorker() int {
 	}
 	if n, err := strconv.Atoi(os.Getenv(crashSlotsEnv)); err == nil {
 		cfg.MaxConcurrent = n
+	}
+	if os.Getenv(crashDefaultsEnv) == "1" {
+		cfg.LeaseDuration, cfg.HeartbeatInterval, cfg.PollInterval = 0, 0, 0
 	}
 	block := os.Getenv(crashBlockEnv) == "1"
 	w, err := kagzi.NewWorker(client, cfg, crashyWorkflow(pool, block),

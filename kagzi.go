@@ -133,11 +133,15 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	// for the client's life.
 	c.starts = committer.New(pool, 256)
 	go c.starts.Run(context.Background(), 2)
-	c.notifier = notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
-		return pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
-	}, store.Channel, cfg.Logger)
+	c.notifier = notifier.New(c.connectDirect, store.Channel, cfg.Logger)
 	c.hooks = cfg.Hooks
 	return c, nil
+}
+
+// connectDirect opens a connection of its own (not the pool's) with the pool's
+// configuration: the LISTEN connection, and each worker's liveness connection.
+func (c *Client) connectDirect(ctx context.Context) (*pgx.Conn, error) {
+	return pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
 }
 
 // Close closes the client's LISTEN connection, which otherwise stays open for

@@ -48,6 +48,13 @@ type WorkerConfig struct {
 	// Clock tells the scheduler the time. Default time.Now; tests inject their own
 	// (with an injected clock the scheduler looks for due ticks every 100ms).
 	Clock func() time.Time
+	// ReapInterval is how often the worker looks for workers of its namespace whose
+	// process died (their liveness lock was released with their connection) and makes
+	// their runs claimable at once, instead of when their leases pass; the worker holds
+	// its own liveness lock on one more connection (see docs/workers-in-production.md).
+	// Default DefaultReapInterval; negative: no liveness lock and no reaping (leases
+	// alone govern, as behind a pooler that cannot hold session locks).
+	ReapInterval time.Duration
 	// DefaultRetry is the retry policy of the worker's steps and runs whose workflow
 	// and step name none. Default: the library's DefaultRetry.
 	DefaultRetry Retry
@@ -205,7 +212,12 @@ func (cfg *WorkerConfig) resolve(client *Client) error {
 	if cfg.MaxTakeovers == 0 {
 		cfg.MaxTakeovers = DefaultMaxTakeovers
 	}
+	if cfg.ReapInterval == 0 {
+		cfg.ReapInterval = DefaultReapInterval
+	}
 	switch {
+	case cfg.ReapInterval > 0 && cfg.ReapInterval < 10*time.Millisecond:
+		return invalidArgument("ReapInterval %v is below 10ms", cfg.ReapInterval)
 	case cfg.MaxConcurrent < 0:
 		return invalidArgument("negative MaxConcurrent %d", cfg.MaxConcurrent)
 	case cfg.LeaseDuration < 100*time.Millisecond:
@@ -277,6 +289,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	bg.start(context.Background(), service{"heartbeat", w.heartbeat})
 	bg.start(context.Background(), service{"prune", w.prune})
 	bg.start(context.Background(), service{"deadlines", w.failOverdue})
+	if w.cfg.ReapInterval > 0 {
+		bg.start(context.Background(), service{"liveness", w.liveness})
+	}
 	if !w.cfg.DisableScheduler {
 		bg.start(ctx, service{"scheduler", w.runScheduler})
 	}

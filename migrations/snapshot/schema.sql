@@ -644,6 +644,7 @@ CREATE TABLE kagzi.workers (
     last_heartbeat_at timestamp with time zone DEFAULT now() NOT NULL,
     stopped_at timestamp with time zone,
     workflow_versions text[] DEFAULT '{}'::text[] NOT NULL,
+    liveness_key bigint,
     CONSTRAINT workers_status_valid CHECK ((status = ANY (ARRAY['ONLINE'::text, 'DRAINING'::text, 'OFFLINE'::text])))
 );
 

@@ -1,0 +1,63 @@
+package store
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// LockLiveness takes the session-level advisory lock a live worker holds on conn (a
+// connection of its own, not a pool's): it returns false when another session holds
+// key.
+func LockLiveness(ctx context.Context, conn *pgx.Conn, key int64) (bool, error) {
+	var ok bool
+	err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock($1)`, key).Scan(&ok)
+	return ok, err
+}
+
+// SetLivenessKey records the key of the worker's liveness lock (0: none, when the
+// worker lost the connection that holds it: leases alone govern its runs then). A
+// worker a reaper marked OFFLINE while it could not hold its lock is ONLINE again
+// with its key.
+func SetLivenessKey(ctx context.Context, db DBTX, namespace, workerID string, key int64) error {
+	_, err := db.Exec(ctx, `UPDATE kagzi.workers SET liveness_key = nullif($3::bigint, 0),
+			status = CASE WHEN status = 'OFFLINE' AND $3::bigint <> 0 THEN 'ONLINE' ELSE status END,
+			stopped_at = CASE WHEN status = 'OFFLINE' AND $3::bigint <> 0 THEN NULL ELSE stopped_at END
+		WHERE namespace = $1 AND worker_id = $2`, namespace, workerID, key)
+	return err
+}
+
+// reapDeadWorkersSQL finds the namespace's workers that record a liveness key whose
+// lock no session holds any more (their process died, or lost its connection), marks
+// them OFFLINE, makes their RUNNING runs claimable now, and notifies those runs' types.
+// An advisory lock on a bigint key k shows in pg_locks as classid = k >> 32 and
+// objid = k & 0xffffffff, with objsubid 1 (keys are positive: see the worker).
+const reapDeadWorkersSQL = `
+WITH held AS (
+	SELECT (l.classid::bigint << 32) | l.objid::bigint AS key
+	FROM pg_locks l
+	WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+	  AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+), dead AS (
+	UPDATE kagzi.workers w SET status = 'OFFLINE', stopped_at = now()
+	WHERE w.namespace = $1 AND w.status <> 'OFFLINE' AND w.liveness_key IS NOT NULL
+	  AND NOT EXISTS (SELECT 1 FROM held h WHERE h.key = w.liveness_key)
+	RETURNING w.worker_id
+), freed AS (
+	UPDATE kagzi.runs r SET available_at = now(), updated_at = now()
+	FROM dead d
+	WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = d.worker_id AND r.available_at > now()
+	RETURNING r.workflow_type
+)
+SELECT (SELECT count(*) FROM dead), (SELECT count(*) FROM freed),
+	(SELECT count(pg_notify('` + Channel + `', 'w|' || octet_length($1::text) || ':' || $1 || '|' || t.workflow_type
+		|| '|' || (extract(epoch FROM now()) * 1000)::bigint))
+	 FROM (SELECT DISTINCT workflow_type FROM freed) t)`
+
+// ReapDeadWorkers marks the namespace's dead workers OFFLINE and makes their runs
+// claimable at once (see reapDeadWorkersSQL). It returns how many workers and runs.
+func ReapDeadWorkers(ctx context.Context, db DBTX, namespace string) (workers, runs int, err error) {
+	var notified int
+	err = db.QueryRow(ctx, reapDeadWorkersSQL, namespace).Scan(&workers, &runs, &notified)
+	return workers, runs, err
+}
