@@ -25,6 +25,7 @@ const (
 	crashMaxTakeoverEnv = "KAGZI_TEST_CRASH_MAX_TAKEOVERS" // WorkerConfig.MaxTakeovers
 	crashSlotsEnv       = "KAGZI_TEST_CRASH_SLOTS"         // WorkerConfig.MaxConcurrent (default 20)
 	crashDefaultsEnv    = "KAGZI_TEST_CRASH_DEFAULTS"      // "1": the default lease, heartbeat and reap interval
+	crashStartEnv       = "KAGZI_TEST_CRASH_START"         // N: the process starts N crashy runs itself (eagerly claimed)
 )
 
 // crashy records every execution of every step body in the effects table, so the
@@ -100,6 +101,16 @@ func runCrashWorker() int {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
+	}
+	if n, err := strconv.Atoi(os.Getenv(crashStartEnv)); err == nil {
+		go func() {
+			time.Sleep(300 * time.Millisecond) // the worker claims, and takes eager starts
+			for i := range n {
+				if _, err := kagzi.Start(ctx, client, crashyWorkflow(pool, block), i); err != nil {
+					fmt.Fprintln(os.Stderr, err)
+				}
+			}
+		}()
 	}
 	if err := w.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)

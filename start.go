@@ -263,9 +263,24 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 		defer c.startsInFlight.Add(-1)
 	}
 	n.CheckWorker = o.byName && !o.requireWorker && !c.warnedNoWorker(workflowType)
+	// A worker of this process may claim the run in the insert itself (eager.go).
+	var eager *Worker
+	if tx == nil && link == nil && n.Debounce == nil && n.FlowKey == "" && n.StartAt.IsZero() {
+		if eager = c.eagerWorker(workflowType); eager != nil {
+			n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: eager.versionOf(workflowType)}
+		}
+	}
+	began := time.Now()
 	ctx, hooked := c.hookStartBegin(ctx, &n)
 	r, inserted, noWorker, err := store.InsertRunChecked(ctx, db, n)
 	c.hookStartEnd(ctx, hooked, r, inserted, err)
+	claimed := err == nil && inserted && eager != nil && r.Status == StatusRunning
+	switch {
+	case claimed:
+		eager.startEager(r, n.Carrier, began)
+	case eager != nil:
+		eager.releaseReservation()
+	}
 	if err != nil {
 		err = dbError("kagzi: start "+workflowType, err)
 		var u *UnavailableError
@@ -280,7 +295,7 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	if noWorker {
 		c.warnNoWorker(workflowType, o.version)
 	}
-	if inserted && n.NotifyLater {
+	if inserted && n.NotifyLater && !claimed {
 		c.sender.Send(store.WakeTopic(r.Namespace, r.WorkflowType) + "|" + strconv.FormatInt(r.AvailableAt.UnixMilli(), 10))
 		if r.Deadline != nil {
 			c.sender.Send(store.DeadlineTopic(r.Namespace) + "|" + strconv.FormatInt(r.Deadline.UnixMilli(), 10))

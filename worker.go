@@ -48,6 +48,13 @@ type WorkerConfig struct {
 	// Clock tells the scheduler the time. Default time.Now; tests inject their own
 	// (with an injected clock the scheduler looks for due ticks every 100ms).
 	Clock func() time.Time
+	// DisableEagerStart makes the worker decline eager starts. By default a Start in
+	// this worker's process, of a type it executes, when it has a free slot, inserts
+	// the run already claimed for it, and the worker executes it at once, without the
+	// notification and the claim in between (the run is leased and fenced as any other;
+	// see docs/workers-in-production.md). Declined, such runs wait PENDING for a claim
+	// by any worker, as they do when no slot is free.
+	DisableEagerStart bool
 	// ReapInterval is how often the worker looks for workers of its namespace whose
 	// process died (their liveness lock was released with their connection) and makes
 	// their runs claimable at once, instead of when their leases pass; the worker holds
@@ -118,6 +125,10 @@ type Worker struct {
 	// finishing counts the runs of active whose workflow function has returned and
 	// whose end is being written: they no longer take a slot (see releaseSlot).
 	finishing int
+	// reserved counts the slots reserved for eager starts in flight (see eager.go),
+	// and accepting tells whether the worker takes them (it claims: not draining).
+	reserved  int
+	accepting bool
 	// finishingHolders are those of them that hold a flow-control place (a type slot,
 	// a concurrency key's place): the claim does not count them against the limits.
 	finishingHolders map[uuid.UUID]struct{}
@@ -302,7 +313,13 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.claimer = store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
 		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}}
 	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
+	w.mu.Lock()
+	w.accepting = true
+	w.mu.Unlock()
 	err := w.loop(ctx, sub)
+	w.mu.Lock()
+	w.accepting = false
+	w.mu.Unlock()
 	w.setStatus(WorkerDraining)
 	w.drain()
 	w.setStatus(WorkerOffline)
@@ -354,7 +371,7 @@ const closedPoolProbe = 250 * time.Millisecond
 func (w *Worker) freeSlots() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.cfg.MaxConcurrent - (len(w.active) - w.finishing)
+	return w.cfg.MaxConcurrent - (len(w.active) - w.finishing) - w.reserved
 }
 
 // finishingPlaces lists the runs of finishingHolders, for the claim.
@@ -466,7 +483,7 @@ func (w *Worker) drain() {
 	var grace <-chan time.Time
 	for {
 		w.mu.Lock()
-		n := len(w.active)
+		n := len(w.active) + w.reserved // an eager start in flight starts, or is handed back
 		w.mu.Unlock()
 		if n == 0 {
 			break

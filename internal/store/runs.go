@@ -198,6 +198,18 @@ type NewRun struct {
 	FlowKey  string
 	// Debounce, when set, makes the start one of a debounce key's: see insertDebounced.
 	Debounce *Debounce
+	// Eager, when set, names a worker of the starting process with a slot reserved
+	// for the run: the insert claims the run for it (RUNNING, lease epoch 1) when the
+	// run may start at once (see insertRun's eager), and notifies no other worker.
+	Eager *Eager
+}
+
+// Eager is the worker an eager start claims its run for: its id, its lease, and the
+// version it registered for the run's type.
+type Eager struct {
+	WorkerID string
+	Lease    time.Duration
+	Version  string
 }
 
 // Debounce collapses the starts of one key (in a namespace) within a window into one
@@ -227,23 +239,37 @@ const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, r
 // statement returns nothing: InsertRun then runs it again.
 var insertRun = named(`
 WITH prev AS (`+newestByWorkflowIDSQL("@namespace", "@workflow_id", "@reuse_never AND id_reuse_never")+`
+), eager AS (
+	-- An eager start (see Eager) inserts the run claimed, when its version is the
+	-- worker's, it starts now, and flow control has nothing to say about it (no
+	-- concurrency key, no limits on its type).
+	SELECT @eager_worker::text IS NOT NULL AND @start_at::timestamptz IS NULL AND @flow_key::text = ''
+		AND coalesce(@version::text, CASE WHEN @newest_version THEN (`+newestVersionSQL+`) END) IS NOT DISTINCT FROM @eager_version::text
+		AND NOT EXISTS (SELECT 1 FROM kagzi.flow_limits l WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type)
+		AS ok
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
 		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
-		version, forked_from_run_id, forked_from_step, trace_carrier, attributes, priority, flow_key)
-	SELECT @run_id, @namespace, @workflow_id, @workflow_type, 'PENDING', @input,
-		least(coalesce(@start_at, now() - @priority * interval '1 second'), @deadline), @reuse_never, @deadline, nullif(@schedule_id::text, ''),
+		version, forked_from_run_id, forked_from_step, trace_carrier, attributes, priority, flow_key,
+		locked_by, lease_epoch, started_at)
+	SELECT @run_id, @namespace, @workflow_id, @workflow_type, CASE WHEN e.ok THEN 'RUNNING' ELSE 'PENDING' END, @input,
+		CASE WHEN e.ok THEN now() + @eager_lease_ms * interval '1 millisecond'
+			ELSE least(coalesce(@start_at, now() - @priority * interval '1 second'), @deadline) END,
+		@reuse_never, @deadline, nullif(@schedule_id::text, ''),
 		@schedule_tick::timestamptz, @parent_run_id::uuid, nullif(@parent_step_key::text, ''),
-		coalesce(@version::text, CASE WHEN @newest_version THEN (`+newestVersionSQL+`) END),
+		CASE WHEN e.ok THEN @eager_version::text
+			ELSE coalesce(@version::text, CASE WHEN @newest_version THEN (`+newestVersionSQL+`) END) END,
 		@forked_from_run_id::uuid, nullif(@forked_from_step::text, ''), @carrier::jsonb, @attributes::jsonb,
-		@priority, nullif(@flow_key::text, '')
+		@priority, nullif(@flow_key::text, ''),
+		CASE WHEN e.ok THEN @eager_worker::text END, CASE WHEN e.ok THEN 1 ELSE 0 END, CASE WHEN e.ok THEN now() END
+	FROM eager e
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
 	RETURNING `+runColumns+`
 ), listed AS (
 	`+runsCreatedSQL+` FROM ins
 )
-SELECT ins.*, true, CASE WHEN @notify_later THEN '' ELSE pg_notify('`+Channel+`',
+SELECT ins.*, true, CASE WHEN @notify_later OR ins.status = 'RUNNING' THEN '' ELSE pg_notify('`+Channel+`',
 	'w|' || octet_length(ins.namespace) || ':' || ins.namespace || '|' || ins.workflow_type || '|'
 	|| (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
 	|| coalesce(`+notifyDeadlineSQL("ins.namespace", "ins.deadline_at")+`, '') END,
@@ -277,7 +303,25 @@ SELECT `+runColumns+`, false, '', false FROM prev`,
 	arg("attributes", "jsonb", func(n *NewRun) []byte { return n.Attributes }),
 	arg("check_worker", "boolean", func(n *NewRun) bool { return n.CheckWorker }),
 	arg("priority", "integer", func(n *NewRun) int { return n.Priority }),
-	arg("flow_key", "text", func(n *NewRun) string { return n.FlowKey }))
+	arg("flow_key", "text", func(n *NewRun) string { return n.FlowKey }),
+	arg("eager_worker", "text", func(n *NewRun) *string {
+		if n.Eager == nil {
+			return nil
+		}
+		return &n.Eager.WorkerID
+	}),
+	arg("eager_version", "text", func(n *NewRun) string {
+		if n.Eager == nil {
+			return ""
+		}
+		return n.Eager.Version
+	}),
+	arg("eager_lease_ms", "bigint", func(n *NewRun) int64 {
+		if n.Eager == nil {
+			return 0
+		}
+		return n.Eager.Lease.Milliseconds()
+	}))
 
 // notifyDeadlineSQL notifies DeadlineTopic of the namespace when deadline is not
 // null (it is NULL, as text, otherwise).

@@ -1,0 +1,84 @@
+package kagzi
+
+import (
+	"time"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// Eager start. When the starting process runs a worker of the run's type with a free
+// slot, Start reserves the slot, and its insert claims the run for that worker (as a
+// claim would: RUNNING, lease epoch 1, a lease from now) when the run may start at
+// once; the worker then executes it without a notification and a claim in between.
+// Nothing else changes: the run is leased and fenced like any claimed run, a crash
+// before its first step is an ordinary takeover, and a run that cannot start eagerly
+// (a StartTx, a delayed start, a concurrency key or debounce, a type with limits, a
+// version the worker did not register) is inserted PENDING as before.
+
+// eagerWorker returns a running worker of the client that executes the type, accepts
+// eager starts, and reserved a slot for the run; nil when none did.
+func (c *Client) eagerWorker(workflowType string) *Worker {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for w := range c.workers {
+		if !w.cfg.DisableEagerStart && w.defs[workflowType] != nil && w.reserveSlot() {
+			return w
+		}
+	}
+	return nil
+}
+
+// versionOf returns the version the worker registered for a type of its own.
+func (w *Worker) versionOf(workflowType string) string {
+	for i, t := range w.types {
+		if t == workflowType {
+			return w.versions[i]
+		}
+	}
+	return ""
+}
+
+// reserveSlot reserves a free slot for an eager start, while the worker claims.
+func (w *Worker) reserveSlot() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.accepting || w.cfg.MaxConcurrent-(len(w.active)-w.finishing)-w.reserved <= 0 {
+		return false
+	}
+	w.reserved++
+	return true
+}
+
+// releaseReservation gives back a slot reserved for a start that was not claimed.
+func (w *Worker) releaseReservation() {
+	w.mu.Lock()
+	w.reserved--
+	w.mu.Unlock()
+	select {
+	case w.slotFree <- struct{}{}:
+	default:
+	}
+}
+
+// startEager executes a run its start claimed for the worker, in the slot reserved
+// for it. A worker that stopped claiming meanwhile hands the run back instead.
+func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time) {
+	run := store.ClaimedRun{
+		Fence:     store.Fence{RunID: r.RunID, Epoch: r.LeaseEpoch},
+		Namespace: r.Namespace, WorkflowID: r.WorkflowID, WorkflowType: r.WorkflowType, Input: r.Input,
+		Attempt: r.Attempt, CancelRequested: r.CancelRequested, Deadline: r.Deadline, CreatedAt: r.CreatedAt,
+		DBNow: r.CreatedAt, Steps: map[string]store.StepRecord{}, AvailableAt: r.CreatedAt, Carrier: carrier,
+	}
+	if r.Version != nil {
+		run.Version = *r.Version
+	}
+	w.mu.Lock()
+	w.reserved--
+	if !w.accepting {
+		w.handBack = append(w.handBack, run.Fence)
+		w.mu.Unlock()
+		return
+	}
+	w.mu.Unlock()
+	w.start(run, sent, time.Now())
+}

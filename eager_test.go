@@ -1,0 +1,171 @@
+package kagzi_test
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kagzi/kagzi"
+)
+
+var echo = kagzi.Define("echo", func(ctx *kagzi.Context, n int) (int, error) {
+	return kagzi.Step(ctx, "echo", func(context.Context) (int, error) { return n, nil })
+})
+
+func TestAStartInAProcessWhoseWorkerHasAFreeSlotIsClaimedByTheStartItself(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	pool, rt := tracedPool(t, e.url)
+	c := newClient(t, pool, "")
+	cfg := fastWorker()
+	cfg.ID = "eager-worker"
+	runWorker(t, c, cfg, echo)
+	eventually(t, "the worker to claim nothing at its start", func() bool { return rt.count("kagzi.claim(") > 0 })
+	time.Sleep(100 * time.Millisecond)
+	claimsBefore := rt.count("kagzi.claim(")
+	for i := range 5 {
+		run, err := kagzi.Start(ctx, c, echo, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := run.Wait(ctx); err != nil || out != i {
+			t.Fatalf("run %d: %d, %v", i, out, err)
+		}
+		info, err := c.GetRun(ctx, run.RunID)
+		if err != nil || info.Takeovers != 0 || info.Attempt != 1 || info.StartedAt == nil {
+			t.Fatalf("run %+v, %v", info, err)
+		}
+	}
+	if n := rt.count("kagzi.claim(") - claimsBefore; n != 0 {
+		t.Fatalf("%d claims for 5 runs started in the worker's process, want none: each start claims its run", n)
+	}
+}
+
+func TestStartsThatMayNotBeginAtOnceAreNotClaimedByTheStart(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	blocked := blockingWorkflow("eager-blocked", release)
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 1
+	runWorker(t, e.client, cfg, blocked, echo)
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "echo", Rate: 1000, RatePeriod: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	// The only slot is taken: a start cannot reserve it.
+	busy, err := kagzi.Start(ctx, e.client, blocked, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the slot to be taken", func() bool { return runStatus(t, e.client, busy.RunID) == kagzi.StatusRunning })
+	second, err := kagzi.Start(ctx, e.client, blocked, "y")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := runStatus(t, e.client, second.RunID); s != kagzi.StatusPending {
+		t.Fatalf("a start with no free slot left its run %s, want PENDING", s)
+	}
+	close(release)
+	if _, err := second.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A start in the caller's transaction, a type with limits, a delayed start, a
+	// concurrency key: PENDING for a claim, which applies flow control and times.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inTx, err := kagzi.StartTx(ctx, tx, e.client, blocked, "tx")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var status string
+	if err := tx.QueryRow(ctx, `SELECT status FROM kagzi.runs WHERE run_id = $1`, inTx.RunID).Scan(&status); err != nil || status != "PENDING" {
+		t.Fatalf("a run started in the caller's transaction is %q (%v) before its commit, want PENDING", status, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := inTx.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	limited, err := kagzi.Start(ctx, e.client, echo, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	beforeDelayed := time.Now()
+	delayed, err := kagzi.Start(ctx, e.client, blocked, "later", kagzi.WithDelay(200*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyed, err := kagzi.Start(ctx, e.client, blocked, "keyed", kagzi.WithConcurrencyKey("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, run := range map[string]string{"limited type": limited.RunID, "delayed": delayed.RunID, "keyed": keyed.RunID} {
+		eventually(t, name+" run to complete", func() bool { return runStatus(t, e.client, run) == kagzi.StatusCompleted })
+	}
+	var early int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE run_id = $1 AND started_at < $2`, delayed.RunID,
+		beforeDelayed.Add(200*time.Millisecond)).
+		Scan(&early); err != nil || early != 0 {
+		t.Fatalf("the delayed run began before its time (%d, %v)", early, err)
+	}
+	var counted int
+	if err := e.pool.QueryRow(ctx, `SELECT coalesce(sum(s), 0) FROM kagzi.flow_rates, unnest(slots) s WHERE workflow_type = 'echo'`).
+		Scan(&counted); err != nil || counted != 1 {
+		t.Fatalf("the limited type's rate window counted %d starts (%v), want 1: its run went through a claim", counted, err)
+	}
+}
+
+func TestAnEagerlyClaimedRunOfAProcessKilledBeforeItsFirstStepIsTakenOver(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects (run_id text, step text, pid int)`); err != nil {
+		t.Fatal(err)
+	}
+	// The process starts its runs itself (claimed by the start), and hangs in each.
+	dying := startWorkerProcessEnv(t, e.url, crashBlockEnv+"=1", crashStartEnv+"=3")
+	eventually(t, "the runs to hang in the process that started them", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = 'block'`) == 3
+	})
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE lease_epoch = 1 AND locked_by IS NOT NULL`); n != 3 {
+		t.Fatalf("%d runs held at epoch 1 by the process that started them, want 3", n)
+	}
+	_ = dying.Process.Signal(syscall.SIGKILL)
+	_ = dying.Wait()
+	startWorkerProcess(t, e.url, false)
+	eventually(t, "the runs to complete in the other process", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'COMPLETED'`) == 3
+	})
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE takeovers = 1 AND lease_epoch = 2`); n != 3 {
+		t.Fatalf("%d runs taken over once, want 3", n)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = 'one'`); n != 3 {
+		t.Fatalf("step one ran %d times for 3 runs: a recorded step ran again", n)
+	}
+}
+
+func TestAWorkerWithEagerStartsDisabledClaimsTheRunsOfItsProcess(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	pool, rt := tracedPool(t, e.url)
+	c := newClient(t, pool, "")
+	cfg := fastWorker()
+	cfg.DisableEagerStart = true
+	runWorker(t, c, cfg, echo)
+	eventually(t, "the worker's first claim", func() bool { return rt.count("kagzi.claim(") > 0 })
+	time.Sleep(100 * time.Millisecond)
+	before := rt.count("kagzi.claim(")
+	run, err := kagzi.Start(ctx, c, echo, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run.Wait(ctx); err != nil || out != 7 {
+		t.Fatalf("%d, %v", out, err)
+	}
+	if rt.count("kagzi.claim(") == before {
+		t.Fatal("no claim: the start claimed its run although the worker declines eager starts")
+	}
+}
