@@ -4,8 +4,8 @@
 -- docs/flow-control.md.
 
 -- A run's priority (0 by default; higher is claimed first), its concurrency key, whether
--- it holds a slot of its type's concurrency limit (set by the claim of a limited type,
--- cleared whenever the run stops running), and its debounce key with the latest time its
+-- it holds a slot of its type's concurrency limit while RUNNING (set by each claim:
+-- true under a type's concurrency limit), and its debounce key with the latest time its
 -- start may be pushed to.
 ALTER TABLE kagzi.runs
     ADD COLUMN priority smallint NOT NULL DEFAULT 0 CHECK (priority BETWEEN 0 AND 3600),
@@ -37,8 +37,10 @@ CREATE INDEX runs_key_due ON kagzi.runs (namespace, workflow_type, available_at)
 CREATE INDEX runs_key_holders ON kagzi.runs (namespace, workflow_type, flow_key)
     WHERE flow_key IS NOT NULL AND started_at IS NOT NULL AND status IN ('PENDING', 'RUNNING', 'SLEEPING');
 
--- The holders of each limited type's concurrency slots.
-CREATE INDEX runs_type_holders ON kagzi.runs (namespace, workflow_type) WHERE holds_type_slot;
+-- The holders of each limited type's concurrency slots: runs claimed under the limit
+-- and still RUNNING (a run that stops running leaves the index with the row version
+-- that stops it; its flag is not cleared, nor read, until a claim sets it again).
+CREATE INDEX runs_type_holders ON kagzi.runs (namespace, workflow_type) WHERE holds_type_slot AND status = 'RUNNING';
 
 -- One pending run per debounce key of a type: later starts of the key update it.
 CREATE UNIQUE INDEX runs_debounce ON kagzi.runs (namespace, workflow_type, debounce_key)
@@ -364,7 +366,7 @@ BEGIN
             -- A holder whose lease passed (its worker died) no longer counts: its slot
             -- is free, and the claim that takes the run over holds it again.
             SELECT count(*) INTO held FROM kagzi.runs r
-            WHERE r.namespace = p_ns AND r.workflow_type = p_types[i] AND r.holds_type_slot
+            WHERE r.namespace = p_ns AND r.workflow_type = p_types[i] AND r.holds_type_slot AND r.status = 'RUNNING'
               AND r.available_at > now() AND r.run_id <> ALL (fin);
             allow[i] := greatest(least(allow[i], lims[i].concurrency - held), 0);
         END IF;
@@ -555,22 +557,7 @@ CREATE TRIGGER runs_changed AFTER UPDATE OF status, cancel_requested ON kagzi.ru
           OR OLD.cancel_requested IS DISTINCT FROM NEW.cancel_requested)
     EXECUTE FUNCTION kagzi.run_changed();
 
--- A run gives its type slot back whenever it stops running, whichever statement stops it.
--- +goose StatementBegin
-CREATE FUNCTION kagzi.run_gives_slot_back() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.holds_type_slot := false;
-    RETURN NEW;
-END $$;
--- +goose StatementEnd
-CREATE TRIGGER runs_give_slot_back BEFORE UPDATE OF status ON kagzi.runs
-    FOR EACH ROW
-    WHEN (OLD.holds_type_slot AND NEW.status <> 'RUNNING')
-    EXECUTE FUNCTION kagzi.run_gives_slot_back();
-
 -- +goose Down
-DROP TRIGGER runs_give_slot_back ON kagzi.runs;
-DROP FUNCTION kagzi.run_gives_slot_back;
 DROP TRIGGER runs_changed ON kagzi.runs;
 CREATE TRIGGER runs_changed AFTER UPDATE OF status, cancel_requested ON kagzi.runs
     FOR EACH ROW

@@ -82,7 +82,7 @@ BEGIN
             -- A holder whose lease passed (its worker died) no longer counts: its slot
             -- is free, and the claim that takes the run over holds it again.
             SELECT count(*) INTO held FROM kagzi.runs r
-            WHERE r.namespace = p_ns AND r.workflow_type = p_types[i] AND r.holds_type_slot
+            WHERE r.namespace = p_ns AND r.workflow_type = p_types[i] AND r.holds_type_slot AND r.status = 'RUNNING'
               AND r.available_at > now() AND r.run_id <> ALL (fin);
             allow[i] := greatest(least(allow[i], lims[i].concurrency - held), 0);
         END IF;
@@ -416,14 +416,6 @@ BEGIN
     RETURN NEW;
 END $$;
 
-CREATE FUNCTION kagzi.run_gives_slot_back() RETURNS trigger
-    LANGUAGE plpgsql
-    AS $$
-BEGIN
-    NEW.holds_type_slot := false;
-    RETURN NEW;
-END $$;
-
 CREATE TABLE kagzi.console_audit (
     id bigint NOT NULL,
     namespace text NOT NULL,
@@ -726,7 +718,7 @@ CREATE INDEX runs_key_queue ON kagzi.runs USING btree (namespace, workflow_type,
 
 CREATE UNIQUE INDEX runs_one_active_per_workflow_id ON kagzi.runs USING btree (namespace, workflow_id) WHERE (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text]));
 
-CREATE INDEX runs_type_holders ON kagzi.runs USING btree (namespace, workflow_type) WHERE holds_type_slot;
+CREATE INDEX runs_type_holders ON kagzi.runs USING btree (namespace, workflow_type) WHERE (holds_type_slot AND (status = 'RUNNING'::text));
 
 CREATE INDEX schedules_due ON kagzi.schedules USING btree (namespace, next_fire_at) WHERE (NOT paused);
 
@@ -739,8 +731,6 @@ CREATE INDEX signals_pending ON kagzi.signals USING btree (run_id, name, id) WHE
 CREATE INDEX workers_live ON kagzi.workers USING btree (namespace, last_heartbeat_at) WHERE (status <> 'OFFLINE'::text);
 
 CREATE TRIGGER runs_changed AFTER UPDATE OF status, cancel_requested ON kagzi.runs FOR EACH ROW WHEN ((((old.status IS DISTINCT FROM new.status) AND ((new.parent_run_id IS NOT NULL) OR (new.status = ANY (ARRAY['CANCELLED'::text, 'FAILED'::text])) OR ((old.status = 'RUNNING'::text) AND (old.holds_type_slot OR (new.flow_key IS NOT NULL))))) OR (old.cancel_requested IS DISTINCT FROM new.cancel_requested))) EXECUTE FUNCTION kagzi.run_changed();
-
-CREATE TRIGGER runs_give_slot_back BEFORE UPDATE OF status ON kagzi.runs FOR EACH ROW WHEN ((old.holds_type_slot AND (new.status <> 'RUNNING'::text))) EXECUTE FUNCTION kagzi.run_gives_slot_back();
 
 ALTER TABLE ONLY kagzi.events
     ADD CONSTRAINT events_run_id_fkey FOREIGN KEY (run_id) REFERENCES kagzi.runs(run_id) ON DELETE CASCADE;
