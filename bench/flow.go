@@ -212,6 +212,13 @@ func (r *kagziRunner) fairness(ctx context.Context, backlog bool) (wait, result 
 	}
 	stop := runWorker(ctx, w)
 	defer stop()
+	// B's runs are started by a client of their own (same namespace), as by another
+	// process: they go through the claim, never claimed by their start (eager start).
+	starter, err := kagzi.NewClient(r.pool, kagzi.Config{Namespace: ns, Logger: r.logger})
+	if err != nil {
+		return nil, nil, err
+	}
+	r.clients = append(r.clients, starter)
 	time.Sleep(500 * time.Millisecond) // the worker is up, and busy with A's backlog
 	var waits, results durations
 	var wg sync.WaitGroup
@@ -222,7 +229,7 @@ func (r *kagziRunner) fairness(ctx context.Context, backlog bool) (wait, result 
 		go func() {
 			defer wg.Done()
 			t0 := time.Now()
-			run, err := kagzi.Start(ctx, c, wf, int64(i), kagzi.WithConcurrencyKey("tenant-b"))
+			run, err := kagzi.Start(ctx, starter, wf, int64(i), kagzi.WithConcurrencyKey("tenant-b"))
 			if err == nil {
 				_, err = run.Wait(ctx)
 			}
