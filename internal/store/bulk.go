@@ -40,11 +40,7 @@ WITH target AS (
 	ORDER BY run_id
 	FOR UPDATE SKIP LOCKED
 ), upd AS (
-	UPDATE kagzi.runs r SET
-		status = CASE WHEN t.status IN ('PENDING', 'SLEEPING') THEN 'CANCELLED' ELSE r.status END,
-		finished_at = CASE WHEN t.status IN ('PENDING', 'SLEEPING') THEN now() ELSE r.finished_at END,
-		cancel_requested = true,
-		updated_at = now()
+	UPDATE kagzi.runs r SET ` + cancelSetSQL + `
 	FROM target t
 	WHERE r.run_id = t.run_id AND t.status IN ('PENDING', 'SLEEPING', 'RUNNING')
 	RETURNING r.run_id, r.namespace, r.status
@@ -98,10 +94,7 @@ WITH target AS (
 ), cleared AS (
 	DELETE FROM kagzi.steps s USING eligible e WHERE s.run_id = e.run_id AND s.status <> 'COMPLETED'
 ), upd AS (
-	UPDATE kagzi.runs r SET status = 'PENDING', attempt = r.attempt + 1, error = NULL,
-		cancel_requested = false, deadline_at = NULL, finished_at = NULL, locked_by = NULL,
-		started_at = CASE WHEN r.flow_key IS NULL THEN r.started_at END, -- a keyed run queues in its key again
-		available_at = now(), updated_at = now()
+	UPDATE kagzi.runs r SET ` + rerunSetSQL + `
 	FROM eligible e
 	WHERE r.run_id = e.run_id
 	RETURNING r.run_id, r.namespace, r.workflow_type, r.available_at

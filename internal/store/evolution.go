@@ -22,6 +22,14 @@ const newestVersionSQL = `SELECT workflow_versions[array_position(workflow_types
 // become active again.
 var ErrActiveRunExists = errors.New("another active run holds the workflow id")
 
+// rerunSetSQL is what a rerun (RerunRun, RerunRuns) sets on a run r: PENDING and
+// claimable now, its attempt bumped, its error, cancel flag and deadline cleared; a run
+// of a concurrency key queues in its key again (started_at cleared).
+const rerunSetSQL = `status = 'PENDING', attempt = r.attempt + 1, error = NULL,
+	cancel_requested = false, deadline_at = NULL, finished_at = NULL, locked_by = NULL,
+	started_at = CASE WHEN r.flow_key IS NULL THEN r.started_at END,
+	available_at = now(), updated_at = now()`
+
 // RerunRun makes a FAILED or CANCELLED run PENDING again, claimable now, with its
 // attempt bumped, its error, cancel flag and deadline cleared, and its steps that did
 // not complete (failed, retrying, waiting) deleted so they run again; completed steps
@@ -35,10 +43,7 @@ func RerunRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (
 			DELETE FROM kagzi.steps s USING target t
 			WHERE s.run_id = t.run_id AND t.status IN ('FAILED', 'CANCELLED') AND s.status <> 'COMPLETED'
 		), upd AS (
-			UPDATE kagzi.runs r SET status = 'PENDING', attempt = r.attempt + 1, error = NULL,
-				cancel_requested = false, deadline_at = NULL, finished_at = NULL, locked_by = NULL,
-				started_at = CASE WHEN r.flow_key IS NULL THEN r.started_at END, -- a keyed run queues in its key again
-				available_at = now(), updated_at = now()
+			UPDATE kagzi.runs r SET `+rerunSetSQL+`
 			FROM target t
 			WHERE r.run_id = t.run_id AND t.status IN ('FAILED', 'CANCELLED')
 			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at

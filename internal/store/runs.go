@@ -437,6 +437,13 @@ func GetRunByWorkflowID(ctx context.Context, db DBTX, namespace, workflowID stri
 	return r, err
 }
 
+// cancelSetSQL is what a cancel (CancelRun, CancelRuns) sets on a run r whose status
+// before was t.status: a PENDING or SLEEPING run ends CANCELLED at once, a RUNNING one
+// gets cancel_requested (its worker ends it).
+const cancelSetSQL = `status = CASE WHEN t.status IN ('PENDING', 'SLEEPING') THEN 'CANCELLED' ELSE r.status END,
+	finished_at = CASE WHEN t.status IN ('PENDING', 'SLEEPING') THEN now() ELSE r.finished_at END,
+	cancel_requested = true, updated_at = now()`
+
 // cancelRunSQL cancels a run. A PENDING or SLEEPING run ends CANCELLED at once; a
 // RUNNING one gets cancel_requested, its worker is notified, and the worker ends it
 // CANCELLED (a completion racing with the cancel loses: CompleteRun checks the flag).
@@ -445,11 +452,7 @@ const cancelRunSQL = `
 WITH target AS (
 	SELECT run_id, status FROM kagzi.runs WHERE namespace = $1 AND run_id = $2 FOR UPDATE
 ), upd AS (
-	UPDATE kagzi.runs r SET
-		status = CASE WHEN t.status IN ('PENDING', 'SLEEPING') THEN 'CANCELLED' ELSE r.status END,
-		finished_at = CASE WHEN t.status IN ('PENDING', 'SLEEPING') THEN now() ELSE r.finished_at END,
-		cancel_requested = true,
-		updated_at = now()
+	UPDATE kagzi.runs r SET ` + cancelSetSQL + `
 	FROM target t
 	WHERE r.run_id = t.run_id AND t.status IN ('PENDING', 'SLEEPING', 'RUNNING')
 	RETURNING r.run_id, r.namespace, r.status
