@@ -489,3 +489,44 @@ func TestRaisingALimitAtRuntimeAdmitsMoreRunsAndASleepingRunGivesItsSlotBack(t *
 	close(release)
 	eventually(t, "the runs to complete", func() bool { return countStatus(t, e, "batch", kagzi.StatusCompleted) == 4 })
 }
+
+func TestARerunOfAKeyedRunQueuesInItsKeyAgain(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	failing := kagzi.Define("keyed-fails", func(ctx *kagzi.Context, in string) (string, error) {
+		if in == "fail" {
+			return "", kagzi.NonRetryable(errors.New("no"))
+		}
+		return kagzi.WaitSignal[string](ctx, "go", time.Hour)
+	})
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "keyed-fails", KeyConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, e.client, fastWorker(), failing)
+	failed, err := kagzi.Start(ctx, e.client, failing, "fail", kagzi.WithConcurrencyKey("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := failed.Wait(ctx); err == nil {
+		t.Fatal("the failing run completed")
+	}
+	holder, err := kagzi.Start(ctx, e.client, failing, "wait", kagzi.WithConcurrencyKey("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the key's holder to wait", func() bool { return runStatus(t, e.client, holder.RunID) == kagzi.StatusSleeping })
+	if err := e.client.Rerun(ctx, failed.RunID); err != nil {
+		t.Fatal(err)
+	}
+	// The rerun is the key's second run while the holder waits: it is held, not run.
+	eventually(t, "the rerun to be held by its key", func() bool {
+		info, err := e.client.GetRun(ctx, failed.RunID)
+		return err == nil && info.Hold != nil && info.Hold.Limit == "key-concurrency"
+	})
+	if err := e.client.Signal(ctx, holder.RunID, "go", "x"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the rerun to run once the holder finished", func() bool {
+		return runStatus(t, e.client, failed.RunID) == kagzi.StatusFailed && runStatus(t, e.client, holder.RunID) == kagzi.StatusCompleted
+	})
+}

@@ -109,8 +109,8 @@ func runInfo(r store.Run) RunInfo {
 		FinishedAt: r.FinishedAt, UpdatedAt: r.UpdatedAt, ScheduleTick: r.ScheduleTick, Deadline: r.Deadline,
 		Attributes: decodeAttributes(r.Attributes),
 	}
-	if r.StartedAt == nil {
-		info.Attempt = 0 // never executed
+	if r.LeaseEpoch == 0 {
+		info.Attempt = 0 // never executed (never claimed)
 	}
 	if r.ScheduleID != nil {
 		info.ScheduleID = *r.ScheduleID
