@@ -15,13 +15,13 @@ import (
 // (a StartTx, a delayed start, a concurrency key or debounce, a type with limits, a
 // version the worker did not register) is inserted PENDING as before.
 
-// eagerWorker returns a running worker of the client that executes the type, accepts
-// eager starts, and reserved a slot for the run; nil when none did.
-func (c *Client) eagerWorker(workflowType string) *Worker {
+// eagerWorker returns a running worker of the client that executes the type at the
+// version, accepts eager starts, and reserved a slot for the run; nil when none did.
+func (c *Client) eagerWorker(workflowType, version string) *Worker {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for w := range c.workers {
-		if !w.cfg.DisableEagerStart && w.defs[workflowType] != nil && w.reserveSlot() {
+		if !w.cfg.DisableEagerStart && w.defs[workflowType] != nil && w.versionOf(workflowType) == version && w.reserveSlot() {
 			return w
 		}
 	}

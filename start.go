@@ -265,9 +265,9 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	n.CheckWorker = o.byName && !o.requireWorker && !c.warnedNoWorker(workflowType)
 	// A worker of this process may claim the run in the insert itself (eager.go).
 	var eager *Worker
-	if tx == nil && link == nil && n.Debounce == nil && n.FlowKey == "" && n.StartAt.IsZero() {
-		if eager = c.eagerWorker(workflowType); eager != nil {
-			n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: eager.versionOf(workflowType)}
+	if tx == nil && link == nil && n.Debounce == nil && n.FlowKey == "" && n.StartAt.IsZero() && n.Version != nil {
+		if eager = c.eagerWorker(workflowType, *n.Version); eager != nil {
+			n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: *n.Version}
 		}
 	}
 	began := time.Now()
