@@ -114,6 +114,9 @@ func listRunsQuery(p ListRunsParams) (setup, sql string, args []any) {
 	}
 	if len(p.WorkflowTypes) == 1 {
 		q.add(r+"workflow_type = %s", p.WorkflowTypes[0])
+		if byOrder { // the page in order from runs_created_by_type
+			q.where += " AND c.workflow_type = $" + strconv.Itoa(len(q.args))
+		}
 	} else if len(p.WorkflowTypes) > 1 {
 		q.add(r+"workflow_type = ANY(%s)", p.WorkflowTypes)
 	}

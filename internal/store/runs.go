@@ -222,10 +222,12 @@ type Debounce struct {
 	MaxWait time.Duration
 }
 
-// runsCreatedSQL, followed by a FROM whose rows have namespace, created_at and run_id,
+// runsCreatedSQL, followed by a FROM whose rows have namespace, created_at, run_id and
+// workflow_type,
 // enters new runs in ListRuns' order (kagzi.runs_created): written
 // once with its run, never updated, so rewrites of the run add nothing to it.
-const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, run_id) SELECT namespace, created_at, run_id`
+const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, run_id, workflow_type)
+	SELECT namespace, created_at, run_id, workflow_type`
 
 // insertRun starts a run in one statement and notifies the workers of its type in the
 // same transaction (unless @notify_later: the caller notifies after the commit, see
@@ -551,7 +553,7 @@ func InsertManyRuns(ctx context.Context, db DBTX, m ManyRuns) error {
 			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now() - $10 * interval '1 second'), $6), $6, $7,
 				carrier, $9::jsonb, $10, nullif($11::text, '')
 			FROM unnest($3::uuid[], $4::jsonb[], $8::jsonb[]) AS t(id, input, carrier)
-			RETURNING namespace, created_at, run_id, available_at
+			RETURNING namespace, created_at, run_id, workflow_type, available_at
 		), listed AS (
 			`+runsCreatedSQL+` FROM ins
 		)

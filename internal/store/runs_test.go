@@ -25,13 +25,19 @@ func TestAPageOfRunsIsReadInOrderFromAnIndexWithoutSortingOrScanningRuns(t *test
 	for index, filters := range map[string][]ListRunsParams{
 		"runs_created_pkey": {
 			{},
-			{Statuses: []vocab.RunStatus{vocab.StatusPending}, WorkflowTypes: []string{"wf"}},
 			{WorkflowTypes: []string{"wf", "other"}},
 			{Statuses: failed, ErrorCode: "card_declined"},
 			{ErrorCode: "no_such_code"},
 			{WorkflowIDPrefix: "0"},
 			{RootOnly: true, Version: &version},
 			{CreatedAfter: &earlier, CreatedBefore: &later, Statuses: failed},
+		},
+		// One type: its runs in order, from runs_created_by_type (which a type with few
+		// runs needs: see TestAPageOfARareTypeReadsItsRunsOnly), or from the pkey when
+		// the type is most runs.
+		"runs_created": {
+			{Statuses: []vocab.RunStatus{vocab.StatusPending}, WorkflowTypes: []string{"wf"}},
+			{WorkflowTypes: []string{"wf"}, ErrorCode: "card_declined"},
 		},
 		"runs_by_schedule": {
 			{ScheduleID: "nightly"},
@@ -56,6 +62,27 @@ func TestAPageOfRunsIsReadInOrderFromAnIndexWithoutSortingOrScanningRuns(t *test
 					}
 				}
 			}
+		}
+	}
+}
+
+func TestAPageOfARareTypeReadsItsRunsOnly(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	listingRuns(t, pool)
+	ctx := context.Background()
+	if err := InsertRuns(ctx, pool, "default", "rare", nil, []uuid.UUID{uuid.Must(uuid.NewV7())}, [][]byte{[]byte(`1`)},
+		make([][]byte, 1), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ANALYZE kagzi.runs_created`); err != nil {
+		t.Fatal(err)
+	}
+	for _, ascending := range []bool{false, true} {
+		plan := explainList(t, pool, ListRunsParams{Namespace: "default", Limit: 50, WorkflowTypes: []string{"rare"},
+			Ascending: ascending})
+		if !strings.Contains(plan, "runs_created_by_type") || strings.Contains(plan, "Sort") || strings.Contains(plan, "Seq Scan") {
+			t.Errorf("a page of a type with one run of thousands: want runs_created_by_type in order:\n%s", plan)
 		}
 	}
 }

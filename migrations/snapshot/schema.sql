@@ -536,7 +536,8 @@ CREATE TABLE kagzi.runs (
 CREATE TABLE kagzi.runs_created (
     namespace text NOT NULL,
     created_at timestamp with time zone NOT NULL,
-    run_id uuid NOT NULL
+    run_id uuid NOT NULL,
+    workflow_type text
 );
 
 CREATE TABLE kagzi.schedules (
@@ -701,6 +702,8 @@ CREATE INDEX runs_by_parent ON kagzi.runs USING btree (parent_run_id, created_at
 CREATE INDEX runs_by_schedule ON kagzi.runs USING btree (namespace, schedule_id, created_at DESC, run_id DESC) WHERE (schedule_id IS NOT NULL);
 
 CREATE INDEX runs_claimable ON kagzi.runs USING btree (namespace, workflow_type, available_at) WHERE ((status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])) AND (available_at IS NOT NULL) AND ((flow_key IS NULL) OR (started_at IS NOT NULL)));
+
+CREATE INDEX runs_created_by_type ON kagzi.runs_created USING btree (namespace, workflow_type, created_at, run_id);
 
 CREATE INDEX runs_deadlines ON kagzi.runs USING btree (namespace, deadline_at) WHERE ((deadline_at IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])));
 
