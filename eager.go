@@ -1,6 +1,7 @@
 package kagzi
 
 import (
+	"context"
 	"time"
 
 	"github.com/kagzi/kagzi/internal/store"
@@ -80,5 +81,9 @@ func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time) {
 		return
 	}
 	w.mu.Unlock()
+	if w.client.hooks != nil {
+		w.client.hooks.Claim(context.Background(), &ClaimEvent{Namespace: w.client.ns, WorkerID: w.cfg.ID,
+			Types: []string{r.WorkflowType}, Requested: 1, Claimed: 1, Eager: true})
+	}
 	w.start(run, sent, time.Now())
 }

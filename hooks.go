@@ -232,6 +232,9 @@ type ClaimEvent struct {
 	Claimed   int
 	Duration  time.Duration
 	Err       error
+	// Eager reports a run claimed by the insert of its own start (eager start): no
+	// claim statement ran, Requested and Claimed are 1 and Duration is zero.
+	Eager bool
 }
 
 // MultiHooks returns Hooks that call each of hooks in turn: Begin methods in order

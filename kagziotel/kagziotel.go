@@ -382,11 +382,14 @@ func (h *Hooks) Signal(ctx context.Context, e *kagzi.SignalEvent) {
 		AttrSignalAction.String(string(e.Action))))
 }
 
-// Claim measures a worker's claim statement and counts the runs it claimed.
+// Claim measures a worker's claim statement and counts the runs it claimed (an
+// eager start's claim counts its run; no statement ran to measure).
 func (h *Hooks) Claim(ctx context.Context, e *kagzi.ClaimEvent) {
 	bg := context.WithoutCancel(ctx)
 	attrs := metric.WithAttributes(AttrNamespace.String(e.Namespace))
-	h.claimDuration.Record(bg, e.Duration.Seconds(), attrs)
+	if !e.Eager {
+		h.claimDuration.Record(bg, e.Duration.Seconds(), attrs)
+	}
 	if e.Claimed > 0 {
 		h.runsClaimed.Add(bg, int64(e.Claimed), attrs)
 	}
