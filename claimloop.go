@@ -55,6 +55,8 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 			l.claimNow = true
 		case <-w.slotFree:
 			l.claimNow = l.more
+		case <-w.floorHit:
+			l.claimNow, l.more = true, true
 		case n := <-sub.C:
 			l.notified(n)
 		}
@@ -109,7 +111,7 @@ func (l *claimLoop) claimed(ctx context.Context, full bool, err error) error {
 		// under load fill their slots.)
 		l.more = false
 		l.askedAt = time.Now()
-		next, err := store.NextWake(ctx, w.client.pool, w.client.ns, w.types, w.versions, w.cfg.ID)
+		next, err := store.NextWake(ctx, w.client.pool, w.claimer)
 		l.wakeAt = time.Time{}
 		if err != nil || next == nil {
 			l.setTimer(time.Time{})
@@ -129,9 +131,17 @@ func (l *claimLoop) notified(n notifier.Notification) {
 	case n.Topic == store.CancelTopic(l.w.client.ns):
 		l.w.cancelRun(n.Extra)
 	case n.Topic == "":
+		// The listener reconnected: notifications may have been missed, among them
+		// runs that became claimable below a floor.
+		l.w.floors.Reset()
 		l.claimNow, l.more = true, true
 	default:
 		ms, err := strconv.ParseInt(n.Extra, 10, 64)
+		if err == nil {
+			// A run of the type claimable from then on (in the database's time,
+			// rounded to the millisecond): the claims read from there at the latest.
+			l.w.floors.Lower(l.w.wakeTypes[n.Topic], time.UnixMilli(ms-1))
+		}
 		if err != nil || time.Until(time.UnixMilli(ms)) <= 5*time.Millisecond {
 			l.claimNow, l.more = true, true
 		} else {

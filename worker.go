@@ -138,8 +138,14 @@ type Worker struct {
 	// rt is what the executions need of the worker (set by Run).
 	rt *runtime
 	// claimer is who claims, with the worker's cursors in the concurrency-key queues
-	// (used by the claim loop alone).
+	// (used by the claim loop alone) and its floors (see floors.go).
 	claimer store.Claimer
+	// floors are where the claims start reading each type's runs (floors.go).
+	floors *store.Floors
+	// wakeTypes maps the wake topic of each of the worker's types to the type.
+	wakeTypes map[string]string
+	// floorHit tells the claim loop that the floors' probe lowered a floor.
+	floorHit chan struct{}
 }
 
 // idleGoroutineTime is how long a worker keeps a goroutine that has no run to execute.
@@ -161,7 +167,8 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 		db: committer.New(client.pool, 256), ends: committer.New(client.pool, maxEndsBatch),
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
 		active: map[uuid.UUID]*execution{}, finishingHolders: map[uuid.UUID]struct{}{},
-		slotFree: make(chan struct{}, 1)}
+		slotFree: make(chan struct{}, 1), floorHit: make(chan struct{}, 1), wakeTypes: map[string]string{},
+		floors: store.NewFloors()}
 	w.ends.GatherWhenBusy(endsGather, endsGatherMin, w.backlog.Load)
 	for _, c := range []*committer.Committer{w.db, w.ends} {
 		c.SetupMergedBatches(store.KeyedPlansSQL)
@@ -273,6 +280,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	topics := []string{store.CancelTopic(w.client.ns)}
 	for _, t := range w.types {
 		topics = append(topics, store.WakeTopic(w.client.ns, t))
+		w.wakeTypes[store.WakeTopic(w.client.ns, t)] = t
 	}
 	sub := w.client.notifier.Subscribe(topics...)
 	defer sub.Close()
@@ -311,7 +319,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer goroutines.Close()
 	w.rt = w.runtime(goroutines)
 	w.claimer = store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
-		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}}
+		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}, Floors: w.floors}
+	bg.start(ctx, service{"floors probe", w.probeFloors})
 	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
 	w.mu.Lock()
 	w.accepting = true

@@ -26,7 +26,7 @@ CREATE TYPE kagzi.claimed_run AS (
 	holds_slot boolean
 );
 
-CREATE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[], p_worker text, p_lease_ms bigint, p_n integer, p_finishing uuid[]) RETURNS SETOF kagzi.claimed_run
+CREATE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[], p_worker text, p_lease_ms bigint, p_n integer, p_finishing uuid[], p_floors timestamp with time zone[]) RETURNS SETOF kagzi.claimed_run
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -45,6 +45,11 @@ DECLARE
     served integer[] := '{}';
     plain_types text[] := '{}';
     plain_versions text[] := '{}';
+    plain_floors timestamptz[] := '{}';
+    plain_asked integer;
+    claimed_types text[];
+    claimed_at timestamptz[];
+    floors timestamptz[] := '{}';
     lim kagzi.flow_limits;
     batch kagzi.claimed_run[];
     ids uuid[];
@@ -113,6 +118,7 @@ BEGIN
         IF lims[i].concurrency IS NULL AND lims[i].rate IS NULL AND cardinality(ks) = 0 THEN
             plain_types := plain_types || p_types[i];
             plain_versions := plain_versions || p_versions[i];
+            plain_floors := plain_floors || p_floors[i];
             allow[i] := 0; -- claimed below with the other plain types
         END IF;
     END LOOP;
@@ -167,15 +173,18 @@ BEGIN
             END LOOP;
         END LOOP;
         IF pass = 1 AND budget > 0 AND cardinality(plain_types) > 0 THEN
-            SELECT array_agg(c.run_id ORDER BY c.available_at), array_agg(c.version ORDER BY c.available_at)
-            INTO ids, versions
+            plain_asked := budget;
+            SELECT array_agg(c.run_id ORDER BY c.available_at), array_agg(c.version ORDER BY c.available_at),
+                array_agg(c.workflow_type), array_agg(c.available_at)
+            INTO ids, versions, claimed_types, claimed_at
             FROM (
-                SELECT c.run_id, c.available_at, t.version
-                FROM unnest(plain_types, plain_versions) AS t(workflow_type, version),
+                SELECT c.run_id, c.available_at, t.version, t.workflow_type
+                FROM unnest(plain_types, plain_versions, plain_floors) AS t(workflow_type, version, floor),
                 LATERAL (
                     SELECT r.run_id, r.available_at FROM kagzi.runs r
                     WHERE r.namespace = p_ns AND r.workflow_type = t.workflow_type
                       AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at <= now()
+                      AND r.available_at >= coalesce(t.floor, '-infinity')
                       AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)
                       AND (r.version IS NULL OR r.version = t.version)
                     ORDER BY r.available_at
@@ -190,6 +199,15 @@ BEGIN
                 GET DIAGNOSTICS n = ROW_COUNT;
                 budget := budget - n;
             END IF;
+            -- The plain types' next floors: fewer runs than asked means each type's
+            -- range up to now was read through; otherwise a type's range was read
+            -- up to its last claimed run. A second back covers starts that commit a
+            -- little after their statement's now().
+            FOR i IN 1 .. cardinality(plain_types) LOOP
+                floors := floors || CASE WHEN coalesce(cardinality(ids), 0) < plain_asked THEN now()
+                    ELSE (SELECT max(a) FROM unnest(claimed_types, claimed_at) AS x(t, a) WHERE x.t = plain_types[i])
+                    END - interval '1 second';
+            END LOOP;
         END IF;
     END LOOP;
     FOR i IN 1 .. nt LOOP
@@ -198,7 +216,15 @@ BEGIN
             PERFORM kagzi.flow_rate_add(p_ns, p_types[i], '', lims[i].rate_period_ms, taken[i]);
         END IF;
         -- The type's next cursor: the last member served, else the last one visited.
-        CONTINUE WHEN key_lists[i] = '';
+        IF key_lists[i] = '' THEN
+            -- A plain type's next floor (none when none was found).
+            n := array_position(plain_types, p_types[i]);
+            IF n IS NOT NULL AND floors[n] IS NOT NULL THEN
+                RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, now(),
+                    floors[n], NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
+            END IF;
+            CONTINUE;
+        END IF;
         ks := string_to_array(key_lists[i], E'\x1f');
         rank := CASE WHEN served[i] > 0 THEN served[i]
             WHEN cardinality(ks) > split[i] THEN 2 * cardinality(ks)

@@ -1,0 +1,199 @@
+package kagzi_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kagzi/kagzi"
+)
+
+// startFloorWorker runs a worker of wf on a client of its own (so that no start of the
+// test's client is claimed by the start itself) and returns it.
+func startFloorWorker(t *testing.T, e *env, cfg kagzi.WorkerConfig, wf kagzi.Definition) *kagzi.Worker {
+	t.Helper()
+	w, err := kagzi.NewWorker(newClient(t, e.pool, ""), cfg, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("worker.Run: %v", err)
+		}
+	})
+	return w
+}
+
+// floorPassed waits until the worker's floor of the type is past at.
+func floorPassed(t *testing.T, w *kagzi.Worker, workflowType string, at time.Time) {
+	t.Helper()
+	eventually(t, "the claim floor to pass the run", func() bool {
+		f, ok := kagzi.ClaimFloor(w, workflowType)
+		return ok && f.After(at)
+	})
+}
+
+func TestAStartCommittedLongAfterItsStatementIsClaimedOnItsNotification(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("floor-late-commit", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	cfg := fastWorker()
+	cfg.PollInterval = time.Hour // neither a poll nor the floors' probe may find the run
+	w := startFloorWorker(t, e, cfg, wf)
+
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	late, err := kagzi.StartTx(ctx, tx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var createdAt time.Time
+	if err := tx.QueryRow(ctx, `SELECT available_at FROM kagzi.runs WHERE run_id = $1`, late.RunID).Scan(&createdAt); err != nil {
+		t.Fatal(err)
+	}
+	// Runs started after it are claimed meanwhile, and the floor passes its start time.
+	time.Sleep(1100 * time.Millisecond)
+	for i := range 3 {
+		r, err := kagzi.Start(ctx, e.client, wf, 10+i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	floorPassed(t, w, "floor-late-commit", createdAt)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := late.Wait(ctx); err != nil || out != 1 {
+		t.Fatalf("the late start: %d, %v", out, err)
+	}
+}
+
+func TestARunSkippedBelowTheClaimFloorIsFoundByTheProbe(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("floor-skipped", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	skipped, err := kagzi.Start(ctx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another transaction holds the run's row while the worker claims: the claims skip
+	// it, and their floor passes it.
+	lock, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Rollback(context.Background())
+	var availableAt time.Time
+	if err := lock.QueryRow(ctx, `SELECT available_at FROM kagzi.runs WHERE run_id = $1 FOR UPDATE`, skipped.RunID).Scan(&availableAt); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastWorker()
+	cfg.PollInterval = 200 * time.Millisecond
+	w := startFloorWorker(t, e, cfg, wf)
+	time.Sleep(1100 * time.Millisecond)
+	other, err := kagzi.Start(ctx, e.client, wf, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	floorPassed(t, w, "floor-skipped", availableAt)
+	// Released without a word: only a look below the floor finds it.
+	if err := lock.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := skipped.Wait(ctx); err != nil || out != 1 {
+		t.Fatalf("the skipped run: %d, %v", out, err)
+	}
+}
+
+// claimBuffers returns how many buffers one claim of the type reads, from the given
+// floor (nil: from the start of the type's runs).
+func claimBuffers(t *testing.T, ctx context.Context, conn *pgx.Conn, workflowType string, floor *time.Time) int {
+	t.Helper()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	var plan []byte
+	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM kagzi.claim('default', ARRAY[$1::text],
+		ARRAY['']::text[], ARRAY['']::text[], 'probe', 10000, 10, '{}', ARRAY[$2::timestamptz])`, workflowType, floor).Scan(&plan); err != nil {
+		t.Fatal(err)
+	}
+	var out []struct {
+		Plan struct {
+			Hit  int `json:"Shared Hit Blocks"`
+			Read int `json:"Shared Read Blocks"`
+		}
+	}
+	if err := json.Unmarshal(plan, &out); err != nil || len(out) != 1 {
+		t.Fatalf("plan %s: %v", plan, err)
+	}
+	return out[0].Plan.Hit + out[0].Plan.Read
+}
+
+func TestAClaimUnderAPinnedXminHorizonReadsFromItsFloorNotEveryRunClaimedSinceThePin(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("floor-pinned", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	// A forgotten transaction that took a transaction id: vacuum can remove nothing
+	// written after it, and no scan can mark such entries dead.
+	pin, err := pgx.Connect(ctx, e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pin.Close(context.Background())
+	if _, err := pin.Exec(ctx, `BEGIN; SELECT txid_current()`); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, newClient(t, e.pool, ""), kagzi.WorkerConfig{MaxConcurrent: 50}, wf)
+	const n = 3000
+	inputs := make([]int, n)
+	for i := range inputs {
+		inputs[i] = i
+	}
+	runs, err := kagzi.StartMany(ctx, e.client, wf, inputs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range runs {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn, err := pgx.Connect(ctx, e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	// The runs above were started and claimed within the last second or so: a floor of
+	// now stands for a floor after them.
+	var now time.Time
+	if err := conn.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		t.Fatal(err)
+	}
+	fromStart := claimBuffers(t, ctx, conn, "floor-pinned", nil)
+	fromFloor := claimBuffers(t, ctx, conn, "floor-pinned", &now)
+	if fromStart < n/10 {
+		t.Fatalf("a claim from the start read %d buffers after %d runs under the pin; the pin did not hold their entries", fromStart, n)
+	}
+	if fromFloor > 100 {
+		t.Fatalf("a claim from its floor read %d buffers (from the start: %d); want at most 100", fromFloor, fromStart)
+	}
+	t.Logf("buffers per claim after %d runs under a pinned horizon: %d from the start, %d from the floor", n, fromStart, fromFloor)
+}
