@@ -386,3 +386,93 @@ func BenchmarkHistoryDepth(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHistoryScale measures what a large history of finished runs costs the live
+// path and the readers: a Start, a claim of one ready run, the newest page of ListRuns
+// (all types, and one type), and one batch of the retention's pruning (500 runs), with
+// 0 and N finished runs (spread over the 30 days of the default retention, five other
+// types, one recorded step each). N comes from KAGZI_BENCH_HISTORY (default 1,000,000):
+//
+//	KAGZI_BENCH_HISTORY=10000000 go test -run '^$' -bench HistoryScale -benchtime 2000x -timeout 2h .
+func BenchmarkHistoryScale(b *testing.B) {
+	for _, finished := range []int{0, envInt("KAGZI_BENCH_HISTORY", 1_000_000)} {
+		b.Run(fmt.Sprintf("finished=%d", finished), func(b *testing.B) {
+			c, pool, _ := benchEnv(b)
+			ctx := context.Background()
+			fillHistory(b, pool, finished)
+			types, versions := []string{"three-steps"}, []string{""}
+			claimer := store.Claimer{Namespace: "default", Types: types, Versions: versions, WorkerID: "bench",
+				Lease: time.Minute, Cursors: map[string]string{}, Floors: store.NewFloors()}
+			b.Run("start", func(b *testing.B) {
+				for range b.N {
+					if _, err := kagzi.Start(ctx, c, threeSteps, 1); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			b.Run("claim", func(b *testing.B) {
+				for range b.N {
+					b.StopTimer()
+					if _, err := kagzi.Start(ctx, c, threeSteps, 1); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+					if got, err := store.ClaimRuns(ctx, pool, claimer, 1); err != nil || len(got) == 0 {
+						b.Fatalf("claimed %d, %v", len(got), err)
+					}
+				}
+			})
+			for _, f := range []kagzi.RunFilter{{}, {WorkflowType: "three-steps"}} {
+				b.Run("list-newest-page"+map[bool]string{true: "-of-a-type"}[f.WorkflowType != ""], func(b *testing.B) {
+					for range b.N {
+						if p, err := c.ListRuns(ctx, f); err != nil || len(p.Runs) == 0 {
+							b.Fatalf("%v, %v", p, err)
+						}
+					}
+				})
+			}
+			if finished == 0 {
+				return
+			}
+			b.Run("prune-batch-of-500", func(b *testing.B) {
+				for range b.N {
+					// The oldest 500 finished runs, with their steps and listing rows.
+					if n, err := store.PruneFinished(ctx, pool, "default", time.Millisecond, 500); err != nil || n == 0 {
+						b.Fatalf("pruned %d, %v", n, err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// fillHistory inserts n finished runs (COMPLETED, created over the last 30 days, of
+// five types) with their listing rows and one recorded step each, a million at a time,
+// and analyzes the tables.
+func fillHistory(b *testing.B, pool *pgxpool.Pool, n int) {
+	b.Helper()
+	ctx := context.Background()
+	for from := 0; from < n; from += 1_000_000 {
+		to := min(from+1_000_000, n)
+		if _, err := pool.Exec(ctx, `
+			WITH ins AS (
+				INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, output,
+					available_at, created_at, started_at, finished_at, version)
+				SELECT gen_random_uuid(), 'default', 'old-' || g, 'old-' || (g % 5), 'COMPLETED', '1', '2',
+					t, t, t, t + interval '3 ms', ''
+				FROM generate_series($1::bigint, $2::bigint) g,
+					LATERAL (SELECT now() - interval '30 days' + (g::float8 / $3) * interval '30 days' AS t) at
+				RETURNING run_id, namespace, workflow_type, created_at
+			), listed AS (
+				INSERT INTO kagzi.runs_created (namespace, created_at, run_id, workflow_type)
+				SELECT namespace, created_at, run_id, workflow_type FROM ins
+			)
+			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, attempts, position)
+			SELECT run_id, 'a', 'a', 'STEP', 'COMPLETED', '2', 1, 0 FROM ins`, from+1, to, n); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE kagzi.runs, kagzi.runs_created, kagzi.steps`); err != nil {
+		b.Fatal(err)
+	}
+}
