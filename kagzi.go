@@ -246,9 +246,11 @@ func (c *Client) Namespace() string { return c.ns }
 // package) to the database of pool. It applies them itself, as goose would (Kagzi
 // does not depend on goose): the goose CLI sees the result as migrated, and Migrate
 // accepts a database the goose CLI migrated. It is safe to call from many processes
-// at once (an advisory lock serialises them, the one goose's provider takes with its
-// Postgres session locker; a caller waits for it as long as ctx allows) and does
-// nothing when the schema is current. Kagzi's tables
+// at once (an advisory lock serialises them, on the key goose's provider locks with
+// its Postgres session locker, taken per migration in the migration's transaction;
+// a caller waits for it as long as ctx allows) and does nothing when the schema is
+// current. It leaves no session state, so pool may go through PgBouncer in
+// transaction mode. Kagzi's tables
 // live in the "kagzi" schema; goose's version table for them is
 // migrations.VersionTable, so it never clashes with the application's own.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
