@@ -41,6 +41,11 @@ type Notifier struct {
 	channel string
 	logger  *slog.Logger
 
+	// listening is held by the listener goroutine: one that starts while the one
+	// before is still telling its keepers of their lost connection waits for it, so
+	// that keepers are only ever called by one goroutine at a time.
+	listening sync.Mutex
+
 	mu      sync.Mutex
 	subs    map[string]map[*Subscription]struct{}
 	keepers []*keeping
@@ -48,6 +53,7 @@ type Notifier struct {
 	stop    context.CancelFunc // nil: no listener
 	lingers *time.Timer        // stops an idle listener
 	wake    context.CancelFunc // interrupts the listener's wait for a notification
+	dirty   bool               // keepers changed since the listener last looked at them
 }
 
 // A Keeper keeps session state on the notifier's connection: the liveness lock of a
@@ -173,6 +179,7 @@ func (n *Notifier) unuse() {
 // interrupt wakes the listener from its wait for a notification, so that it looks
 // at its keepers. n.mu is held.
 func (n *Notifier) interrupt() {
+	n.dirty = true
 	if n.wake != nil {
 		n.wake()
 	}
@@ -249,6 +256,8 @@ func parse(payload string) Notification {
 }
 
 func (n *Notifier) listen(ctx context.Context) {
+	n.listening.Lock()
+	defer n.listening.Unlock()
 	backoff := 100 * time.Millisecond
 	first := true
 	for ctx.Err() == nil {
@@ -304,6 +313,9 @@ func (n *Notifier) serve(ctx context.Context, conn *pgx.Conn) error {
 		}
 		n.mu.Lock()
 		n.wake = cancel
+		if n.dirty { // changed since keep looked: look again at once
+			cancel()
+		}
 		n.mu.Unlock()
 		pn, err := conn.WaitForNotification(wctx)
 		n.mu.Lock()
@@ -333,6 +345,7 @@ func (n *Notifier) serve(ctx context.Context, conn *pgx.Conn) error {
 func (n *Notifier) keep(ctx context.Context, conn *pgx.Conn) (time.Time, error) {
 	n.mu.Lock()
 	keepers := slices.Clone(n.keepers)
+	n.dirty = false
 	n.mu.Unlock()
 	var next time.Time
 	for _, e := range keepers {
