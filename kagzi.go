@@ -102,8 +102,9 @@ type Client struct {
 	waiter    waiterRegistration
 	waitPoll  time.Duration // how long Wait waits for news before its second look (doubling to 5 s)
 	pool      *pgxpool.Pool
-	read      *pgxpool.Pool // Config.ReadPool, or pool
-	direct    *pgx.ConnConfig
+	read      *pgxpool.Pool   // Config.ReadPool, or pool
+	direct    *pgx.ConnConfig // Config.DirectConnConfig; nil: the pool's
+	noDirect  bool            // Config.DisableDirectConn
 	ns        string
 	logger    *slog.Logger
 	retention time.Duration
@@ -173,7 +174,8 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	if cfg.MaxConnections < 0 {
 		return nil, invalidArgument("negative MaxConnections %d", cfg.MaxConnections)
 	}
-	if n := connections(pool, cfg.DisableDirectConn); cfg.MaxConnections > 0 && n > cfg.MaxConnections {
+	if cfg.MaxConnections > 0 && connections(pool, cfg.DisableDirectConn) > cfg.MaxConnections {
+		n := connections(pool, cfg.DisableDirectConn)
 		return nil, invalidArgument("the client needs up to %d connections (the pool's MaxConns %d + %d direct), more than MaxConnections %d: "+
 			"lower the pool's MaxConns (pool_max_conns)", n, pool.Config().MaxConns, n-int(pool.Config().MaxConns), cfg.MaxConnections)
 	}
@@ -190,18 +192,11 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	c.starts = committer.New(pool, 256)
 	go c.starts.Run(context.Background(), 2)
 	if cfg.DisableDirectConn {
+		c.noDirect = true
 		c.notifier = notifier.New(nil, store.Channel, cfg.Logger)
 	} else {
-		c.direct = cfg.DirectConnConfig
-		if c.direct == nil {
-			c.direct = pool.Config().ConnConfig
-		}
-		c.direct = c.direct.Copy()
-		// The listener interrupts its waits for notifications to serve the liveness
-		// locks: a cancelled wait must only set a read deadline, never send a cancel
-		// request, which could cancel the connection's next statement instead.
-		c.direct.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-			return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+		if cfg.DirectConnConfig != nil {
+			c.direct = cfg.DirectConnConfig.Copy()
 		}
 		c.notifier = notifier.New(c.connectDirect, store.Channel, cfg.Logger)
 	}
@@ -225,12 +220,24 @@ func connections(pool *pgxpool.Pool, noDirect bool) int {
 // Config.ReadPool's connections are not counted. A process's share of the server's
 // max_connections is the sum over its clients (clients sharing a pool count its
 // MaxConns once); see docs/deployment.md.
-func (c *Client) Connections() int { return connections(c.pool, c.direct == nil) }
+func (c *Client) Connections() int { return connections(c.pool, c.noDirect) }
 
 // connectDirect opens the client's direct connection (not the pool's): the LISTEN
-// connection, which also holds its workers' liveness locks.
+// connection, which also holds its workers' liveness locks. Its configuration is
+// Config.DirectConnConfig, or the pool's.
 func (c *Client) connectDirect(ctx context.Context) (*pgx.Conn, error) {
-	return pgx.ConnectConfig(ctx, c.direct.Copy())
+	cfg := c.direct
+	if cfg == nil {
+		cfg = c.pool.Config().ConnConfig
+	}
+	cfg = cfg.Copy()
+	// The listener interrupts its waits for notifications to serve the liveness
+	// locks: a cancelled wait must only set a read deadline, never send a cancel
+	// request, which could cancel the connection's next statement instead.
+	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
+	return pgx.ConnectConfig(ctx, cfg)
 }
 
 // Close closes the client's LISTEN connection, which otherwise stays open for
