@@ -159,7 +159,7 @@ func (c *Client) bulk(ctx context.Context, op string, f RunFilter,
 		}
 	}
 	for {
-		page, err := c.ListRuns(ctx, f)
+		page, err := c.listRuns(ctx, c.pool, f)
 		if err != nil {
 			return res, err
 		}

@@ -10,4 +10,5 @@ import (
 // see internal/clientdb.
 func init() {
 	clientdb.Pool = func(c any) *pgxpool.Pool { return c.(*Client).pool }
+	clientdb.ReadPool = func(c any) *pgxpool.Pool { return c.(*Client).read }
 }

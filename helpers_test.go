@@ -25,6 +25,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(crashWorkerEnv) != "" {
 		os.Exit(runCrashWorker())
 	}
+	if os.Getenv(fleetPoolEnv) != "" {
+		os.Exit(runFleetWorker())
+	}
 	os.Exit(m.Run())
 }
 

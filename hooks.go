@@ -536,8 +536,9 @@ type QueueStat struct {
 // how many are ready (the queue's depth), running and waiting, and the age of the
 // oldest ready run. One statement over the unfinished runs; meant for a metrics
 // scrape, not for a hot path.
+// With Config.ReadPool it reads from it (a replica may lag the primary).
 func (c *Client) QueueStats(ctx context.Context) ([]QueueStat, error) {
-	rows, err := store.QueueStats(ctx, c.pool, c.ns)
+	rows, err := store.QueueStats(ctx, c.read, c.ns)
 	if err != nil {
 		return nil, dbError("kagzi: queue stats", err)
 	}

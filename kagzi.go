@@ -12,6 +12,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi/internal/committer"
@@ -53,6 +55,39 @@ type Config struct {
 	// PostgreSQL: compression, encryption. MaxPayloadSize then applies to the encoded
 	// payload. Default none: payloads are stored as JSON. See Codec.
 	Codec Codec
+
+	// DirectConnConfig configures the one connection the client opens outside its
+	// pool: its LISTEN connection, on which its workers also hold their liveness
+	// locks. Both are session state, so this connection must reach PostgreSQL itself
+	// (the primary), not a pooler in transaction mode such as PgBouncer's
+	// pool_mode=transaction, which would take them to whichever server connection it
+	// lends next. Default: the pool's ConnConfig (right when the pool connects to
+	// PostgreSQL directly). See docs/deployment.md.
+	DirectConnConfig *pgx.ConnConfig
+	// DisableDirectConn makes the client open no connection outside its pool, for
+	// deployments where only a pooler is reachable. Nothing LISTENs then: workers
+	// poll (WorkerConfig.PollInterval defaults to 1s instead of 5s), Wait looks at
+	// its run every second at most, schedulers look every few seconds, and workers
+	// hold no liveness lock, so the runs of a process that died wait for their lease
+	// (WorkerConfig.LeaseDuration) instead of being taken over within a ReapInterval.
+	// It cannot be combined with DirectConnConfig.
+	DisableDirectConn bool
+	// ReadPool, when set, serves the client's listings and the console's pages:
+	// ListRuns, ListWorkers, ListSchedules, ListSignals, ListEvents, QueueStats and
+	// the reads of package ui, typically from a streaming replica (hot standby).
+	// They may then lag the primary by the replication delay. Everything that must
+	// read its own writes or the latest state stays on the pool: starts, Wait, GetRun,
+	// GetRunByWorkflowID, ListSteps, GetWorker, GetSchedule, Health, claims, the bulk
+	// operations (which list the runs they change) and every write. Default: the pool.
+	ReadPool *pgxpool.Pool
+	// MaxConnections, when positive, is the most connections the client may open:
+	// its pool's MaxConns plus its direct connection (none with DisableDirectConn).
+	// Workers share the client's connections and add none. NewClient returns
+	// ErrInvalidArgument when the configuration needs more, so that a process
+	// started with too large a pool fails at once instead of meeting "too many
+	// connections" under load. ReadPool's connections, to another server, are not
+	// counted. Default 0: not checked. See docs/deployment.md for the arithmetic.
+	MaxConnections int
 }
 
 // DefaultRetention is how long finished runs are kept unless Config.Retention says otherwise.
@@ -67,6 +102,9 @@ type Client struct {
 	waiter    waiterRegistration
 	waitPoll  time.Duration // how long Wait waits for news before its second look (doubling to 5 s)
 	pool      *pgxpool.Pool
+	read      *pgxpool.Pool   // Config.ReadPool, or pool
+	direct    *pgx.ConnConfig // Config.DirectConnConfig; nil: the pool's
+	noDirect  bool            // Config.DisableDirectConn
 	ns        string
 	logger    *slog.Logger
 	retention time.Duration
@@ -101,7 +139,13 @@ func (c *Client) removeWorker(w *Worker) {
 
 // NewClient returns a client over pool. The pool is the application's own: Kagzi
 // borrows connections from it for its queries, and opens one more connection of its
-// own, outside the pool, to LISTEN for notifications while anything waits for them.
+// own, outside the pool (see Config.DirectConnConfig), to LISTEN for notifications
+// while anything waits for them, on which the client's workers also hold their
+// liveness locks. A client holds at most the pool's MaxConns plus that one
+// connection, whatever its workers and their MaxConcurrent: a run holds no
+// connection while it executes, only for each statement (see Connections).
+//
+// Invalid configuration returns ErrInvalidArgument.
 func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	if pool == nil {
 		return nil, invalidArgument("nil pool")
@@ -124,24 +168,76 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	if cfg.Retention == 0 {
 		cfg.Retention = DefaultRetention
 	}
-	c := &Client{id: uuid.New(), waitPoll: 250 * time.Millisecond, pool: pool, ns: cfg.Namespace,
+	if cfg.DisableDirectConn && cfg.DirectConnConfig != nil {
+		return nil, invalidArgument("DirectConnConfig with DisableDirectConn: give the direct connection's configuration, or say there is none")
+	}
+	if cfg.MaxConnections < 0 {
+		return nil, invalidArgument("negative MaxConnections %d", cfg.MaxConnections)
+	}
+	if cfg.MaxConnections > 0 && connections(pool, cfg.DisableDirectConn) > cfg.MaxConnections {
+		n := connections(pool, cfg.DisableDirectConn)
+		return nil, invalidArgument("the client needs up to %d connections (the pool's MaxConns %d + %d direct), more than MaxConnections %d: "+
+			"lower the pool's MaxConns (pool_max_conns)", n, pool.Config().MaxConns, n-int(pool.Config().MaxConns), cfg.MaxConnections)
+	}
+	c := &Client{id: uuid.New(), waitPoll: 250 * time.Millisecond, pool: pool, read: pool, ns: cfg.Namespace,
 		logger: cfg.Logger, retention: cfg.Retention,
 		payloads: payloads{codec: cfg.Codec, maxBytes: cfg.MaxPayloadSize, logger: cfg.Logger}}
+	if cfg.ReadPool != nil {
+		c.read = cfg.ReadPool
+	}
 	c.sender = notifier.NewSender(pool, store.Channel, cfg.Logger)
 	// Starts that commit on their own share commits when they come together (group
 	// commit, as the workers' step records do). Its two goroutines idle on a channel
 	// for the client's life.
 	c.starts = committer.New(pool, 256)
 	go c.starts.Run(context.Background(), 2)
-	c.notifier = notifier.New(c.connectDirect, store.Channel, cfg.Logger)
+	if cfg.DisableDirectConn {
+		c.noDirect = true
+		c.notifier = notifier.New(nil, store.Channel, cfg.Logger)
+	} else {
+		if cfg.DirectConnConfig != nil {
+			c.direct = cfg.DirectConnConfig.Copy()
+		}
+		c.notifier = notifier.New(c.connectDirect, store.Channel, cfg.Logger)
+	}
 	c.hooks = cfg.Hooks
 	return c, nil
 }
 
-// connectDirect opens a connection of its own (not the pool's) with the pool's
-// configuration: the LISTEN connection, and each worker's liveness connection.
+// connections is what a client over pool may open at most: the pool's MaxConns and
+// its direct connection.
+func connections(pool *pgxpool.Pool, noDirect bool) int {
+	n := int(pool.Config().MaxConns)
+	if !noDirect {
+		n++
+	}
+	return n
+}
+
+// Connections returns the most connections the client opens: its pool's MaxConns,
+// plus 1 for its direct connection (the LISTEN connection, which also holds its
+// workers' liveness locks) unless Config.DisableDirectConn. Its workers add none.
+// Config.ReadPool's connections are not counted. A process's share of the server's
+// max_connections is the sum over its clients (clients sharing a pool count its
+// MaxConns once); see docs/deployment.md.
+func (c *Client) Connections() int { return connections(c.pool, c.noDirect) }
+
+// connectDirect opens the client's direct connection (not the pool's): the LISTEN
+// connection, which also holds its workers' liveness locks. Its configuration is
+// Config.DirectConnConfig, or the pool's.
 func (c *Client) connectDirect(ctx context.Context) (*pgx.Conn, error) {
-	return pgx.ConnectConfig(ctx, c.pool.Config().ConnConfig.Copy())
+	cfg := c.direct
+	if cfg == nil {
+		cfg = c.pool.Config().ConnConfig
+	}
+	cfg = cfg.Copy()
+	// The listener interrupts its waits for notifications to serve the liveness
+	// locks: a cancelled wait must only set a read deadline, never send a cancel
+	// request, which could cancel the connection's next statement instead.
+	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
+	return pgx.ConnectConfig(ctx, cfg)
 }
 
 // Close closes the client's LISTEN connection, which otherwise stays open for
@@ -157,9 +253,11 @@ func (c *Client) Namespace() string { return c.ns }
 // package) to the database of pool. It applies them itself, as goose would (Kagzi
 // does not depend on goose): the goose CLI sees the result as migrated, and Migrate
 // accepts a database the goose CLI migrated. It is safe to call from many processes
-// at once (an advisory lock serialises them, the one goose's provider takes with its
-// Postgres session locker; a caller waits for it as long as ctx allows) and does
-// nothing when the schema is current. Kagzi's tables
+// at once (an advisory lock serialises them, on the key goose's provider locks with
+// its Postgres session locker, taken per migration in the migration's transaction;
+// a caller waits for it as long as ctx allows) and does nothing when the schema is
+// current. It leaves no session state, so pool may go through PgBouncer in
+// transaction mode. Kagzi's tables
 // live in the "kagzi" schema; goose's version table for them is
 // migrations.VersionTable, so it never clashes with the application's own.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {

@@ -335,7 +335,11 @@ func TestAWaitIsWokenByTheRunsEndFromAWorkerOfItsOwnClientOrOfAnother(t *testing
 				<-release
 				return n, nil
 			})
-			runWorker(t, workerClient, fastWorker(), wf)
+			// No liveness lock: the worker's client's direct connection then only
+			// LISTENs, and pg_stat_activity shows LISTEN as its last query below.
+			cfg := fastWorker()
+			cfg.ReapInterval = -1
+			runWorker(t, workerClient, cfg, wf)
 			// Let the clients' LISTEN connections come up first (a Wait on a finished run
 			// opens the waiter's): one that connects during the Wait tells it to look again.
 			first, err := kagzi.Start(ctx, waiter, wf, 0)

@@ -12,98 +12,126 @@ import (
 
 // Dead-process detection. A worker's lease bounds how long its runs wait after its
 // process dies (10 s by default). A process that died can be told from one that is
-// slow: its database sessions end. So a worker holds a session-level advisory lock on
-// a connection of its own (its liveness lock, on a random key it records in the
-// registry), and every ReapInterval it looks, on that same connection, for workers of
-// its namespace whose lock no session holds: it marks them OFFLINE and makes their runs
-// claimable at once (store.ReapDeadWorkers). A stalled process (SIGSTOP, a long GC
-// pause) keeps its connection and its lock: its lease and fencing govern it as before.
-// A process that loses only that connection clears its key as soon as it notices, so
-// that its runs are not taken from it; until then (at most a ReapInterval), they may be.
+// slow: its database sessions end. So a worker holds a session-level advisory lock
+// (its liveness lock, on a random key it records in the registry) on its client's
+// direct connection, the one the client LISTENs on (all the client's workers share
+// it: one connection per client, whatever its workers), and every ReapInterval it
+// looks, on that same connection, for workers of its namespace whose lock no session
+// holds: it marks them OFFLINE and makes their runs claimable at once
+// (store.ReapDeadWorkers). A stalled process (SIGSTOP, a long GC pause) keeps its
+// connection and its lock: its lease and fencing govern it as before. A process that
+// loses only that connection clears its keys as soon as it notices, so that its runs
+// are not taken from it; until then (at most a ReapInterval), they may be.
+//
+// The lock is session state: it needs a real session, not a pooler's transaction
+// (Config.DirectConnConfig). A client without a direct connection
+// (Config.DisableDirectConn) holds no liveness lock: its workers' runs are taken over
+// when their leases pass.
 
 // DefaultReapInterval is WorkerConfig.ReapInterval when none is given.
 const DefaultReapInterval = 500 * time.Millisecond
 
-// liveness holds the worker's liveness lock and reaps dead workers until ctx ends.
-func (w *Worker) liveness(ctx context.Context) {
-	key := rand.Int64N(1<<62) + 1 // positive: see store.ReapDeadWorkers
-	var conn *pgx.Conn
-	var since time.Time // when conn took the lock
-	defer func() {
-		if conn != nil {
-			conn.Close(context.Background())
-		}
-	}()
-	t := time.NewTicker(w.cfg.ReapInterval)
-	defer t.Stop()
-	for {
-		if conn == nil {
-			if conn = w.lockLiveness(ctx, key); conn != nil {
-				since = time.Now()
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		if conn == nil {
-			continue
-		}
-		// After a database restart every worker takes its lock again (each tries every
-		// ReapInterval), some later than others: a worker reaps only once its own lock
-		// is four intervals old.
-		if time.Since(since) < 4*w.cfg.ReapInterval {
-			if err := conn.Ping(ctx); err != nil && ctx.Err() == nil {
-				conn = w.lostLiveness(conn, key, err)
-			}
-			continue
-		}
-		rctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
-		workers, runs, err := store.ReapDeadWorkers(rctx, conn, w.client.ns)
-		cancel()
-		switch {
-		case err != nil && ctx.Err() == nil:
-			conn = w.lostLiveness(conn, key, err)
-		case workers > 0:
-			w.logger.Warn("kagzi: workers whose process died are OFFLINE; their runs are claimable now",
-				"workers", workers, "runs", runs)
-		}
-	}
+// liveness is a worker's liveness lock, kept on the client's direct connection (a
+// notifier.Keeper: its methods run on the listener's goroutine, one at a time).
+type liveness struct {
+	w        *Worker
+	key      int64
+	locked   bool      // the lock is held on the current connection
+	recorded bool      // the registry holds key for the worker
+	since    time.Time // when the lock was taken
 }
 
-// lockLiveness opens the liveness connection, takes the lock and records its key;
-// nil when it cannot (the next tick tries again).
-func (w *Worker) lockLiveness(ctx context.Context, key int64) *pgx.Conn {
+// keepLiveness keeps the worker's liveness lock until release is called.
+func (w *Worker) keepLiveness() (release func()) {
+	l := &liveness{w: w, key: rand.Int64N(1<<62) + 1} // positive: see store.ReapDeadWorkers
+	return w.client.notifier.Keep(l, w.cfg.ReapInterval)
+}
+
+// Open takes the lock on a new connection and records its key.
+func (l *liveness) Open(ctx context.Context, conn *pgx.Conn) error {
+	l.locked, l.recorded = false, false
+	return l.lock(ctx, conn)
+}
+
+// lock takes the lock, unless another session holds the key (then the next tick
+// tries again), and records the key; an error only when conn failed.
+func (l *liveness) lock(ctx context.Context, conn *pgx.Conn) error {
+	w := l.w
 	cctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
 	defer cancel()
-	conn, err := w.client.connectDirect(cctx)
-	if err != nil {
-		w.logger.Debug("kagzi: cannot open the liveness connection yet", "error", err)
-		return nil
+	if !l.locked {
+		ok, err := store.LockLiveness(cctx, conn, l.key)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			w.logger.Debug("kagzi: cannot take the liveness lock yet: another session holds its key")
+			return nil
+		}
+		l.locked, l.since = true, time.Now()
 	}
-	ok, err := store.LockLiveness(cctx, conn, key)
-	if err == nil && ok {
-		err = store.SetLivenessKey(cctx, w.client.pool, w.client.ns, w.cfg.ID, key)
+	if !l.recorded {
+		if err := store.SetLivenessKey(cctx, w.client.pool, w.client.ns, w.cfg.ID, l.key); err != nil {
+			w.logger.Debug("kagzi: cannot record the liveness key yet", "error", err)
+			return nil
+		}
+		l.recorded = true
 	}
-	if err != nil || !ok {
-		w.logger.Debug("kagzi: cannot take the liveness lock yet", "error", err, "taken_by_another", err == nil)
-		conn.Close(context.Background())
-		return nil
-	}
-	return conn
+	return nil
 }
 
-// lostLiveness closes a liveness connection that failed and clears the worker's key,
-// so that no reaper takes its runs while it lives without its lock.
-func (w *Worker) lostLiveness(conn *pgx.Conn, key int64, err error) *pgx.Conn {
-	w.logger.Warn("kagzi: the liveness connection failed; leases alone keep this worker's runs until it is back",
-		"error", err)
-	conn.Close(context.Background())
+// Tick reaps dead workers, once the lock is a few intervals old.
+func (l *liveness) Tick(ctx context.Context, conn *pgx.Conn) error {
+	w := l.w
+	if !l.locked || !l.recorded {
+		return l.lock(ctx, conn)
+	}
+	// After a database restart every worker takes its lock again, some later than
+	// others: a worker reaps only once its own lock is four intervals old.
+	if time.Since(l.since) < 4*w.cfg.ReapInterval {
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+	defer cancel()
+	workers, runs, err := store.ReapDeadWorkers(rctx, conn, w.client.ns)
+	if err != nil {
+		return err
+	}
+	if workers > 0 {
+		w.logger.Warn("kagzi: workers whose process died are OFFLINE; their runs are claimable now",
+			"workers", workers, "runs", runs)
+	}
+	return nil
+}
+
+// Close releases the lock of a worker that stopped (its registry row is OFFLINE).
+func (l *liveness) Close(ctx context.Context, conn *pgx.Conn) {
+	if !l.locked {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, l.w.cfg.HeartbeatInterval)
+	defer cancel()
+	_, _ = conn.Exec(cctx, `SELECT pg_advisory_unlock($1)`, l.key)
+}
+
+// Lost clears the worker's key after its connection failed, so that no reaper takes
+// its runs while it lives without its lock.
+func (l *liveness) Lost(err error) {
+	w := l.w
+	held := l.locked && l.recorded
+	l.locked = false
+	if !l.recorded {
+		return
+	}
+	if held {
+		w.logger.Warn("kagzi: the liveness connection failed; leases alone keep this worker's runs until it is back",
+			"error", err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.HeartbeatInterval)
 	defer cancel()
 	if err := store.SetLivenessKey(ctx, w.client.pool, w.client.ns, w.cfg.ID, 0); err != nil {
 		w.logger.Warn("kagzi: cannot clear the worker's liveness key", "error", err)
+		return // recorded stays true: the next Open records the new lock's key
 	}
-	return nil
+	l.recorded = false
 }

@@ -54,6 +54,7 @@ type EventPage struct {
 
 // ListSignals lists the signals sent to a run of the client's namespace, received or
 // not, in the order they were sent. A run of another namespace is ErrNotFound.
+// With Config.ReadPool it reads from it (a replica may lag the primary).
 func (c *Client) ListSignals(ctx context.Context, runID string, o ListOptions) (*SignalPage, error) {
 	id, err := parseRunID(runID)
 	if err != nil {
@@ -73,7 +74,7 @@ func (c *Client) ListSignals(ctx context.Context, runID string, o ListOptions) (
 			return nil, invalidArgument("malformed page token %q", o.PageToken)
 		}
 	}
-	rows, err := store.ListSignals(ctx, c.pool, c.ns, id, after, limit+1)
+	rows, err := store.ListSignals(ctx, c.read, c.ns, id, after, limit+1)
 	if err != nil {
 		return nil, wrapStoreErr("kagzi: list signals of run "+runID, err)
 	}
@@ -94,6 +95,7 @@ func (c *Client) ListSignals(ctx context.Context, runID string, o ListOptions) (
 
 // ListEvents lists the events a run of the client's namespace published, by key,
 // each with its latest value. A run of another namespace is ErrNotFound.
+// With Config.ReadPool it reads from it (a replica may lag the primary).
 func (c *Client) ListEvents(ctx context.Context, runID string, o ListOptions) (*EventPage, error) {
 	id, err := parseRunID(runID)
 	if err != nil {
@@ -109,7 +111,7 @@ func (c *Client) ListEvents(ctx context.Context, runID string, o ListOptions) (*
 			return nil, err
 		}
 	}
-	rows, err := store.ListEvents(ctx, c.pool, c.ns, id, after, limit+1)
+	rows, err := store.ListEvents(ctx, c.read, c.ns, id, after, limit+1)
 	if err != nil {
 		return nil, wrapStoreErr("kagzi: list events of run "+runID, err)
 	}

@@ -32,6 +32,7 @@ type cluster struct {
 	port   int
 	runAs  string
 	URL    string
+	opts   []string // more server settings, "name=value"
 }
 
 // pgBindir finds a directory holding initdb and pg_ctl, or fails the test saying
@@ -80,11 +81,24 @@ func freePort(t *testing.T) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
-// newCluster initdbs and starts a cluster, stopped and deleted when the test ends.
-func newCluster(t *testing.T) *cluster {
+// newCluster initdbs and starts a cluster, stopped and deleted when the test ends,
+// with the server settings opts ("name=value") besides the usual ones.
+func newCluster(t *testing.T, opts ...string) *cluster {
 	t.Helper()
-	c := &cluster{t: t, bindir: pgBindir(t), port: freePort(t)}
-	dir, err := os.MkdirTemp("", "kagzi-outage-")
+	c := &cluster{t: t, bindir: pgBindir(t), port: freePort(t), opts: opts}
+	c.makeDir()
+	c.run("initdb", "-D", c.data(), "--auth=trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync")
+	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
+	c.Start()
+	t.Cleanup(func() { c.pgctl("stop", "-m", "immediate", "-w") })
+	return c
+}
+
+// makeDir makes the cluster's directory, owned by the user the server runs as.
+func (c *cluster) makeDir() {
+	t := c.t
+	t.Helper()
+	dir, err := os.MkdirTemp("", "kagzi-cluster-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,11 +120,21 @@ func newCluster(t *testing.T) *cluster {
 			t.Fatal("running as root, and there is neither a 'postgres' nor a 'nobody' user to run initdb as")
 		}
 	}
-	c.run("initdb", "-D", c.data(), "--auth=trust", "-U", "postgres", "-E", "UTF8", "--locale=C", "--no-sync")
-	c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", c.port)
-	c.Start()
-	t.Cleanup(func() { c.pgctl("stop", "-m", "immediate", "-w") })
-	return c
+}
+
+// Replica makes a streaming replica of the cluster (pg_basebackup -R, a hot standby)
+// and starts it; it is stopped and deleted when the test ends.
+func (c *cluster) Replica() *cluster {
+	t := c.t
+	t.Helper()
+	r := &cluster{t: t, bindir: c.bindir, port: freePort(t), opts: c.opts}
+	r.makeDir()
+	r.run("pg_basebackup", "-h", "127.0.0.1", "-p", strconv.Itoa(c.port), "-U", "postgres", "-D", r.data(),
+		"-R", "-X", "stream", "--checkpoint=fast", "--no-sync")
+	r.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", r.port)
+	r.Start()
+	t.Cleanup(func() { r.pgctl("stop", "-m", "immediate", "-w") })
+	return r
 }
 
 func (c *cluster) data() string { return filepath.Join(c.dir, "data") }
@@ -147,9 +171,17 @@ func (c *cluster) pgctl(args ...string) {
 // write: with synchronous_commit off, Crash lost the last committed migration.
 func (c *cluster) Start() {
 	c.t.Helper()
-	c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "postgres.log"), "-w", "-t", "60",
-		"-o", fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off", c.port, c.dir),
-		"start")
+	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c full_page_writes=off", c.port, c.dir)
+	for _, o := range c.opts {
+		opts += " -c " + o
+	}
+	c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "postgres.log"), "-w", "-t", "60", "-o", opts, "start")
+}
+
+// Log returns what the server logged so far.
+func (c *cluster) Log() string {
+	b, _ := os.ReadFile(filepath.Join(c.dir, "postgres.log"))
+	return string(b)
 }
 
 // Crash stops the cluster at once, as a crash or a power cut would (no shutdown

@@ -248,14 +248,22 @@ type RunPage struct {
 // added. Every page is read in order from an index, except with Attributes (see
 // RunFilter.Attributes). Runs come without their Input and Output unless
 // IncludePayloads is set.
+//
+// With Config.ReadPool, ListRuns reads from it (a replica may lag the primary).
 func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
+	return c.listRuns(ctx, c.read, f)
+}
+
+// listRuns is ListRuns on db: the bulk operations list the runs they change on the
+// primary.
+func (c *Client) listRuns(ctx context.Context, db store.DBTX, f RunFilter) (*RunPage, error) {
 	p, err := f.params(c.ns)
 	if err != nil {
 		return nil, err
 	}
 	want := p.Limit
 	p.Limit++ // one more tells whether there is a next page
-	runs, err := store.ListRuns(ctx, c.pool, p)
+	runs, err := store.ListRuns(ctx, db, p)
 	if err != nil {
 		return nil, dbError("kagzi: list runs", err)
 	}

@@ -326,6 +326,7 @@ type SchedulePage struct {
 }
 
 // ListSchedules lists the namespace's schedules by id, a page at a time.
+// With Config.ReadPool it reads from it (a replica may lag the primary).
 func (c *Client) ListSchedules(ctx context.Context, f ScheduleFilter) (*SchedulePage, error) {
 	if f.WorkflowType == "" {
 		f.WorkflowType = f.Workflow
@@ -344,7 +345,7 @@ func (c *Client) ListSchedules(ctx context.Context, f ScheduleFilter) (*Schedule
 	}
 	want := p.Limit
 	p.Limit++ // one more tells whether there is a next page
-	rows, err := store.ListSchedules(ctx, c.pool, p)
+	rows, err := store.ListSchedules(ctx, c.read, p)
 	if err != nil {
 		return nil, dbError("kagzi: list schedules", err)
 	}

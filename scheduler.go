@@ -142,6 +142,11 @@ func (s *scheduler) pass(ctx context.Context) (wait time.Duration, blockers []uu
 		return 0, nil, dbError("kagzi: scheduler", err)
 	}
 	limit := scheduleIdleCheck
+	if !s.c.notifier.Connects() {
+		// No NOTIFY tells of a schedule created or changed elsewhere: look as
+		// often as the worker looks for runs.
+		limit = min(limit, s.w.cfg.PollInterval)
+	}
 	if s.injected {
 		limit = scheduleInjectedClockCheck
 	}

@@ -465,10 +465,20 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 			return zero, ctx.Err()
 		case <-sub.C:
 		case <-timer.C:
-			poll = min(poll*2, 5*time.Second)
+			poll = min(poll*2, c.maxWaitPoll())
 		}
 		timer.Stop()
 	}
+}
+
+// maxWaitPoll is the longest a Wait goes between looks at its run: 5 s when the
+// client listens for notifications of run ends, 1 s when it has no direct
+// connection and looking is how it learns of ends in other processes.
+func (c *Client) maxWaitPoll() time.Duration {
+	if c.notifier.Connects() {
+		return 5 * time.Second
+	}
+	return time.Second
 }
 
 func runError(run store.Run) error {

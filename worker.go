@@ -33,7 +33,9 @@ type WorkerConfig struct {
 	HeartbeatInterval time.Duration
 	// PollInterval is how often an idle worker looks for work when no notification
 	// arrives (a fallback: new runs, wake times and leases normally wake it through
-	// LISTEN/NOTIFY and timers). Default 5s.
+	// LISTEN/NOTIFY and timers). Default 5s, or 1s when the client has no direct
+	// connection (Config.DisableDirectConn): polling is then how it learns of runs
+	// started or woken by other processes.
 	PollInterval time.Duration
 	// DrainTimeout is how long Run waits, after its context is done, for running
 	// workflows to finish before handing their runs back. Default 10s.
@@ -58,9 +60,11 @@ type WorkerConfig struct {
 	// ReapInterval is how often the worker looks for workers of its namespace whose
 	// process died (their liveness lock was released with their connection) and makes
 	// their runs claimable at once, instead of when their leases pass; the worker holds
-	// its own liveness lock on one more connection (see docs/workers-in-production.md).
+	// its own liveness lock on its client's direct connection, the one it LISTENs on,
+	// which all the client's workers share (see docs/workers-in-production.md).
 	// Default DefaultReapInterval; negative: no liveness lock and no reaping (leases
-	// alone govern, as behind a pooler that cannot hold session locks).
+	// alone govern). A client without a direct connection (Config.DisableDirectConn)
+	// holds no liveness locks, whatever ReapInterval says.
 	ReapInterval time.Duration
 	// DefaultRetry is the retry policy of the worker's steps and runs whose workflow
 	// and step name none. Default: the library's DefaultRetry.
@@ -211,6 +215,9 @@ func (cfg *WorkerConfig) resolve(client *Client) error {
 	}
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 5 * time.Second
+		if !client.notifier.Connects() {
+			cfg.PollInterval = time.Second
+		}
 	}
 	if cfg.DrainTimeout == 0 {
 		cfg.DrainTimeout = 10 * time.Second
@@ -308,8 +315,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	bg.start(context.Background(), service{"heartbeat", w.heartbeat})
 	bg.start(context.Background(), service{"prune", w.prune})
 	bg.start(context.Background(), service{"deadlines", w.failOverdue})
-	if w.cfg.ReapInterval > 0 {
-		bg.start(context.Background(), service{"liveness", w.liveness})
+	if w.cfg.ReapInterval > 0 && w.client.notifier.Connects() {
+		// Released after the drain, once the registry says OFFLINE.
+		defer w.keepLiveness()()
 	}
 	if !w.cfg.DisableScheduler {
 		bg.start(ctx, service{"scheduler", w.runScheduler})

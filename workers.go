@@ -82,6 +82,7 @@ type WorkerPage struct {
 }
 
 // ListWorkers lists the workers of the client's namespace from the registry.
+// With Config.ReadPool it reads from it (a replica may lag the primary).
 func (c *Client) ListWorkers(ctx context.Context, f WorkerFilter) (*WorkerPage, error) {
 	p := store.ListWorkersParams{Namespace: c.ns, WorkflowType: f.WorkflowType, Limit: f.PageSize}
 	var err error
@@ -105,7 +106,7 @@ func (c *Client) ListWorkers(ctx context.Context, f WorkerFilter) (*WorkerPage, 
 	}
 	want := p.Limit
 	p.Limit++
-	rows, err := store.ListWorkers(ctx, c.pool, p)
+	rows, err := store.ListWorkers(ctx, c.read, p)
 	if err != nil {
 		return nil, dbError("kagzi: list workers", err)
 	}

@@ -52,25 +52,25 @@ type overviewData struct {
 
 func (c *console) overview(q *req) (string, any, error) {
 	ctx := q.r.Context()
-	types, err := store.ConsoleTypes(ctx, q.pool, q.ns, overviewTypes)
+	types, err := store.ConsoleTypes(ctx, q.read, q.ns, overviewTypes)
 	if err != nil {
 		return "", nil, err
 	}
-	acts, err := store.ActivityByType(ctx, q.pool, q.ns, types, perTypeScan)
+	acts, err := store.ActivityByType(ctx, q.read, q.ns, types, perTypeScan)
 	if err != nil {
 		return "", nil, err
 	}
-	stuck, err := store.StuckRuns(ctx, q.pool, q.ns, types, perTypeScan, stuckListed)
+	stuck, err := store.StuckRuns(ctx, q.read, q.ns, types, perTypeScan, stuckListed)
 	if err != nil {
 		return "", nil, err
 	}
-	live, err := store.LiveWorkerTypes(ctx, q.pool, q.ns)
+	live, err := store.LiveWorkerTypes(ctx, q.read, q.ns)
 	if err != nil {
 		return "", nil, err
 	}
 	end := time.Now().Truncate(time.Minute).Add(time.Minute)
 	since := end.Add(-chartMinutes * time.Minute)
-	tp, err := store.Throughput(ctx, q.pool, q.ns, since, throughputScan)
+	tp, err := store.Throughput(ctx, q.read, q.ns, since, throughputScan)
 	if err != nil {
 		return "", nil, err
 	}

@@ -133,7 +133,7 @@ func (c *console) audit(q *req) (string, any, error) {
 			return "", nil, badRequest("malformed page token %q", p)
 		}
 	}
-	entries, err := store.ListAudit(q.r.Context(), q.pool, q.ns, nil, before, listPageSize+1)
+	entries, err := store.ListAudit(q.r.Context(), q.read, q.ns, nil, before, listPageSize+1)
 	if err != nil {
 		return "", nil, err
 	}

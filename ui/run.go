@@ -66,7 +66,7 @@ func (c *console) run(q *req) (string, any, error) {
 	}
 	runID, _ := uuid.Parse(run.RunID)
 	d := &runData{Run: run, Active: !run.Status.Terminal(), Input: c.payload(run.Input), Output: c.payload(run.Output)}
-	if d.Lease, err = store.GetRunLease(ctx, q.pool, q.ns, runID); err != nil {
+	if d.Lease, err = store.GetRunLease(ctx, q.read, q.ns, runID); err != nil {
 		return "", nil, storeErr(err)
 	}
 	if run.Status == kagzi.StatusRunning {
@@ -91,7 +91,7 @@ func (c *console) run(q *req) (string, any, error) {
 	if err := c.runMessages(q, d); err != nil {
 		return "", nil, err
 	}
-	if d.Audit, err = store.ListAudit(ctx, q.pool, q.ns, &runID, 0, runAudit); err != nil {
+	if d.Audit, err = store.ListAudit(ctx, q.read, q.ns, &runID, 0, runAudit); err != nil {
 		return "", nil, err
 	}
 	d.Timeline = timeline(run, steps, d.Children, q.base(), time.Now())

@@ -96,7 +96,8 @@ type req struct {
 	r      *http.Request
 	ns     string
 	client *kagzi.Client
-	pool   *pgxpool.Pool
+	pool   *pgxpool.Pool // the client's pool: the audit's writes
+	read   *pgxpool.Pool // the client's ReadPool (or pool): the pages' reads
 	who    string
 	csrf   string
 	root   string // the relative path from this request's URL to the console's root
@@ -116,6 +117,7 @@ func (c *console) open(w http.ResponseWriter, r *http.Request, a Action) (*req, 
 		return q, err
 	}
 	q.pool = clientdb.Pool(q.client)
+	q.read = clientdb.ReadPool(q.client)
 	who, ok := c.authorize(r, Access{Namespace: q.ns, Action: a})
 	if !ok {
 		return q, fmt.Errorf("%w: %s in namespace %q is not allowed", errForbidden, a, q.ns)

@@ -9,3 +9,8 @@ import "github.com/jackc/pgx/v5/pgxpool"
 // Pool returns the pool of a *kagzi.Client (passed as any: this package cannot
 // import the root package, which imports it).
 var Pool func(client any) *pgxpool.Pool
+
+// ReadPool returns the pool a *kagzi.Client reads its listings from
+// (kagzi.Config.ReadPool, or its pool): the console's page reads go there, its
+// audit writes to Pool.
+var ReadPool func(client any) *pgxpool.Pool

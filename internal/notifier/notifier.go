@@ -1,17 +1,24 @@
-// Package notifier shares one LISTEN connection per process among everything that
-// waits for Kagzi's notifications: workers waiting for new runs, wake times and
-// cancels, and callers waiting for a run's result.
+// Package notifier shares one direct connection per client among everything that
+// waits for Kagzi's notifications (workers waiting for new runs, wake times and
+// cancels, callers waiting for a run's result) and everything that keeps session
+// state on it (the workers' liveness locks, see Keeper).
 //
-// The connection is opened when the first subscriber arrives and closed Linger
-// after the last one leaves (or by Close). It is separate from the application's pool, so it never takes a
-// pool slot. When it breaks, the notifier reconnects with backoff and tells every
-// subscriber (a notification with an empty topic) that notifications may have been
-// missed, so they look at the database again.
+// The connection is opened when the first subscriber or keeper arrives and closed
+// Linger after the last one leaves (or by Close). It is separate from the
+// application's pool, so it never takes a pool slot, and it is a real session (not a
+// pooler's transaction-pooled one), since LISTEN and session locks need one. When it
+// breaks, the notifier reconnects with backoff, tells every subscriber (a
+// notification with an empty topic) that notifications may have been missed, so they
+// look at the database again, and tells every keeper that its session state is gone.
+//
+// A notifier without a connect function (New with nil) never connects: Publish
+// still reaches this process's subscribers, and Keep is refused.
 package notifier
 
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -34,11 +41,43 @@ type Notifier struct {
 	channel string
 	logger  *slog.Logger
 
+	// listening is held by the listener goroutine: one that starts while the one
+	// before is still telling its keepers of their lost connection waits for it, so
+	// that keepers are only ever called by one goroutine at a time.
+	listening sync.Mutex
+
 	mu      sync.Mutex
 	subs    map[string]map[*Subscription]struct{}
-	count   int
+	keepers []*keeping
+	count   int                // subscriptions and keepers
 	stop    context.CancelFunc // nil: no listener
 	lingers *time.Timer        // stops an idle listener
+	wake    context.CancelFunc // interrupts the listener's wait for a notification
+	dirty   bool               // keepers changed since the listener last looked at them
+}
+
+// A Keeper keeps session state on the notifier's connection: the liveness lock of a
+// worker. Its methods are called on the listener's goroutine, one at a time, with the
+// connection (which they must not keep): Open on each connection the keeper meets
+// (once it is kept, and after every reconnection), Tick every interval after that,
+// Close when it is released while the connection is open, Lost when the connection
+// it was opened on is gone (its session state with it). An error from Open or Tick
+// means the connection failed: it is closed, and every keeper learns it by Lost.
+type Keeper interface {
+	Open(ctx context.Context, conn *pgx.Conn) error
+	Tick(ctx context.Context, conn *pgx.Conn) error
+	Close(ctx context.Context, conn *pgx.Conn)
+	Lost(err error)
+}
+
+// keeping is a Keeper kept, and the listener's state of it.
+type keeping struct {
+	k        Keeper
+	every    time.Duration
+	released bool
+	// listener's goroutine only:
+	opened bool
+	next   time.Time
 }
 
 // Linger is how long the LISTEN connection stays open after its last subscriber left,
@@ -55,7 +94,8 @@ type Subscription struct {
 	once   sync.Once
 }
 
-// New returns a notifier that connects with connect and listens on channel.
+// New returns a notifier that connects with connect and listens on channel. With a
+// nil connect it never connects (see the package documentation).
 func New(connect func(context.Context) (*pgx.Conn, error), channel string, logger *slog.Logger) *Notifier {
 	return &Notifier{connect: connect, channel: channel, logger: logger,
 		subs: map[string]map[*Subscription]struct{}{}}
@@ -72,17 +112,77 @@ func (n *Notifier) Subscribe(topics ...string) *Subscription {
 		}
 		n.subs[topic][s] = struct{}{}
 	}
+	n.use()
+	return s
+}
+
+// Connects reports whether the notifier has a connection to share (New was given a
+// connect function).
+func (n *Notifier) Connects() bool { return n.connect != nil }
+
+// Keep keeps k on the connection, opening the connection if it is not open, and
+// calls k.Tick every interval until release is called. It panics on a notifier that
+// never connects.
+func (n *Notifier) Keep(k Keeper, every time.Duration) (release func()) {
+	if n.connect == nil {
+		panic("notifier: Keep on a notifier without a connection")
+	}
+	e := &keeping{k: k, every: every}
+	n.mu.Lock()
+	n.keepers = append(n.keepers, e)
+	n.use()
+	n.interrupt()
+	n.mu.Unlock()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			e.released = true
+			n.interrupt()
+			n.unuse()
+		})
+	}
+}
+
+// use counts one more user of the connection and starts the listener if none runs.
+// n.mu is held.
+func (n *Notifier) use() {
 	n.count++
 	if n.lingers != nil {
 		n.lingers.Stop()
 		n.lingers = nil
 	}
-	if n.stop == nil {
+	if n.stop == nil && n.connect != nil {
 		ctx, cancel := context.WithCancel(context.Background())
 		n.stop = cancel
 		go n.listen(ctx)
 	}
-	return s
+}
+
+// unuse counts one user less; the last one leaves the listener to linger. n.mu is
+// held.
+func (n *Notifier) unuse() {
+	n.count--
+	if n.count == 0 && n.stop != nil {
+		n.lingers = time.AfterFunc(Linger, func() {
+			n.mu.Lock()
+			defer n.mu.Unlock()
+			if n.count == 0 && n.stop != nil {
+				n.stop()
+				n.stop, n.lingers = nil, nil
+			}
+		})
+	}
+}
+
+// interrupt wakes the listener from its wait for a notification, so that it looks
+// at its keepers. n.mu is held.
+func (n *Notifier) interrupt() {
+	n.dirty = true
+	if n.wake != nil {
+		n.wake()
+	}
 }
 
 // Close stops the subscription.
@@ -97,17 +197,7 @@ func (s *Subscription) Close() {
 				delete(n.subs, topic)
 			}
 		}
-		n.count--
-		if n.count == 0 && n.stop != nil {
-			n.lingers = time.AfterFunc(Linger, func() {
-				n.mu.Lock()
-				defer n.mu.Unlock()
-				if n.count == 0 && n.stop != nil {
-					n.stop()
-					n.stop, n.lingers = nil, nil
-				}
-			})
-		}
+		n.unuse()
 	})
 }
 
@@ -166,6 +256,8 @@ func parse(payload string) Notification {
 }
 
 func (n *Notifier) listen(ctx context.Context) {
+	n.listening.Lock()
+	defer n.listening.Unlock()
 	backoff := 100 * time.Millisecond
 	first := true
 	for ctx.Err() == nil {
@@ -196,22 +288,113 @@ func (n *Notifier) listen(ctx context.Context) {
 		first = false
 		// Whatever was sent before LISTEN took effect is lost: everyone looks again.
 		n.dispatch(Notification{}, true)
-		for {
-			pn, err := conn.WaitForNotification(ctx)
-			if err != nil {
-				conn.Close(context.Background())
-				if ctx.Err() == nil {
-					n.logger.Warn("kagzi: notification listener lost its connection", "error", err)
-				}
-				break
-			}
-			if batch, ok := strings.CutPrefix(pn.Payload, "\n"); ok {
-				for payload := range strings.SplitSeq(batch, "\n") {
-					n.dispatch(parse(payload), false)
-				}
+		err = n.serve(ctx, conn)
+		conn.Close(context.Background())
+		if ctx.Err() == nil {
+			n.logger.Warn("kagzi: notification listener lost its connection", "error", err)
+		} else {
+			err = context.Cause(ctx)
+		}
+		n.lost(err)
+	}
+}
+
+// serve waits for notifications on conn and serves the keepers until conn fails or
+// ctx ends.
+func (n *Notifier) serve(ctx context.Context, conn *pgx.Conn) error {
+	for {
+		next, err := n.keep(ctx, conn)
+		if err != nil {
+			return err
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		if !next.IsZero() {
+			wctx, cancel = context.WithDeadline(ctx, next)
+		}
+		n.mu.Lock()
+		n.wake = cancel
+		if n.dirty { // changed since keep looked: look again at once
+			cancel()
+		}
+		n.mu.Unlock()
+		pn, err := conn.WaitForNotification(wctx)
+		n.mu.Lock()
+		n.wake = nil
+		n.mu.Unlock()
+		cancel()
+		if err != nil {
+			// A deadline or an interruption leaves the connection usable (pgconn's
+			// context handler sets a read deadline; it sends no cancel request).
+			if ctx.Err() == nil && wctx.Err() != nil && !conn.IsClosed() {
 				continue
 			}
-			n.dispatch(parse(pn.Payload), false)
+			return err
+		}
+		if batch, ok := strings.CutPrefix(pn.Payload, "\n"); ok {
+			for payload := range strings.SplitSeq(batch, "\n") {
+				n.dispatch(parse(payload), false)
+			}
+			continue
+		}
+		n.dispatch(parse(pn.Payload), false)
+	}
+}
+
+// keep opens the keepers new to conn, closes the released ones and ticks those due.
+// It returns when the next tick is due (zero: no keeper).
+func (n *Notifier) keep(ctx context.Context, conn *pgx.Conn) (time.Time, error) {
+	n.mu.Lock()
+	keepers := slices.Clone(n.keepers)
+	n.dirty = false
+	n.mu.Unlock()
+	var next time.Time
+	for _, e := range keepers {
+		n.mu.Lock()
+		released := e.released
+		n.mu.Unlock()
+		switch {
+		case released:
+			if e.opened {
+				e.k.Close(ctx, conn)
+				e.opened = false
+			}
+			n.mu.Lock()
+			n.keepers = slices.DeleteFunc(n.keepers, func(k *keeping) bool { return k == e })
+			n.mu.Unlock()
+			continue
+		case !e.opened:
+			e.opened = true // Lost is owed from here on, even if Open fails
+			if err := e.k.Open(ctx, conn); err != nil {
+				return time.Time{}, err
+			}
+			e.next = time.Now().Add(e.every)
+		case !time.Now().Before(e.next):
+			if err := e.k.Tick(ctx, conn); err != nil {
+				return time.Time{}, err
+			}
+			e.next = time.Now().Add(e.every)
+		}
+		if next.IsZero() || e.next.Before(next) {
+			next = e.next
+		}
+	}
+	return next, nil
+}
+
+// lost tells the keepers opened on a connection that is gone.
+func (n *Notifier) lost(err error) {
+	n.mu.Lock()
+	keepers := slices.Clone(n.keepers)
+	n.mu.Unlock()
+	for _, e := range keepers {
+		n.mu.Lock()
+		released := e.released
+		n.mu.Unlock()
+		if e.opened {
+			e.opened = false
+			if !released {
+				e.k.Lost(err)
+			}
 		}
 	}
 }

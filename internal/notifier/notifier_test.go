@@ -4,6 +4,8 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -99,4 +101,88 @@ func newNotifier(t *testing.T, connects *atomic.Int32) (*notifier.Notifier, *pgx
 	}
 	t.Cleanup(func() { sender.Close(context.Background()) })
 	return n, sender
+}
+
+// recorder is a Keeper that records what it was told, and the backend of the
+// connections it was opened on.
+type recorder struct {
+	events chan string
+}
+
+func (r *recorder) Open(ctx context.Context, conn *pgx.Conn) error {
+	r.events <- "open " + strconv.FormatUint(uint64(conn.PgConn().PID()), 10)
+	return nil
+}
+func (r *recorder) Tick(ctx context.Context, conn *pgx.Conn) error {
+	r.events <- "tick " + strconv.FormatUint(uint64(conn.PgConn().PID()), 10)
+	return nil
+}
+func (r *recorder) Close(ctx context.Context, conn *pgx.Conn) { r.events <- "close" }
+func (r *recorder) Lost(err error)                            { r.events <- "lost" }
+
+func (r *recorder) next(t *testing.T, want string) string {
+	t.Helper()
+	select {
+	case got := <-r.events:
+		if !strings.HasPrefix(got, want) {
+			t.Fatalf("keeper told %q, want %q", got, want)
+		}
+		return strings.TrimPrefix(got, want)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("keeper not told %q", want)
+	}
+	return ""
+}
+
+func TestKeepersShareTheListenConnectionAndAreToldWhenItIsLostAndBack(t *testing.T) {
+	t.Parallel()
+	var connects atomic.Int32
+	n, sender := newNotifier(t, &connects)
+	ctx := context.Background()
+	sub := n.Subscribe("d|run")
+	defer sub.Close()
+	a, b := &recorder{events: make(chan string, 100)}, &recorder{events: make(chan string, 100)}
+	releaseA := n.Keep(a, 20*time.Millisecond)
+	pid := a.next(t, "open ")
+	releaseB := n.Keep(b, time.Hour)
+	if got := b.next(t, "open "); got != pid {
+		t.Fatalf("the second keeper was opened on backend %s, the first on %s: want one connection", got, pid)
+	}
+	if got := a.next(t, "tick "); got != pid {
+		t.Fatalf("ticked on backend %s, opened on %s", got, pid)
+	}
+	// Notifications still arrive while keepers tick.
+	if _, err := sender.Exec(ctx, `SELECT pg_notify('kagzi', 'd|run|COMPLETED')`); err != nil {
+		t.Fatal(err)
+	}
+	for got := range sub.C {
+		if got.Topic == "d|run" {
+			break
+		}
+	}
+	// The connection is lost: both keepers hear it, then are opened on the next one.
+	if _, err := sender.Exec(ctx, `SELECT pg_terminate_backend($1::int)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []*recorder{a, b} {
+		for got := r.next(t, ""); got != "lost"; got = r.next(t, "") {
+			if !strings.HasPrefix(got, "tick ") {
+				t.Fatalf("keeper told %q before lost", got)
+			}
+		}
+		if got := r.next(t, "open "); got == pid {
+			t.Fatalf("reopened on the terminated backend %s", pid)
+		}
+	}
+	releaseB()
+	b.next(t, "close")
+	releaseA()
+	for got := a.next(t, ""); got != "close"; got = a.next(t, "") {
+		if !strings.HasPrefix(got, "tick ") {
+			t.Fatalf("keeper told %q before close", got)
+		}
+	}
+	if c := connects.Load(); c != 2 {
+		t.Fatalf("%d connections, want 2 (one lost)", c)
+	}
 }

@@ -25,15 +25,21 @@ import (
 	"github.com/kagzi/kagzi/migrations"
 )
 
-// LockID is the key of the session-level advisory lock held while migrating: goose's
+// LockID is the key of the advisory lock held while migrating: goose's
 // lock.DefaultLockID, the key of goose's Postgres session locker, so that Kagzi and a
-// goose provider using that locker never migrate at the same time.
+// goose provider using that locker never migrate at the same time. Kagzi takes it
+// transaction-level (pg_advisory_xact_lock), which conflicts with goose's
+// session-level one on the same key.
 const LockID int64 = 4097083626
 
 // Up applies every pending migration, each in a transaction of its own with its version
-// row (or, for a file marked NO TRANSACTION, statement by statement). Concurrent callers
-// are serialised by the advisory lock LockID, held on one connection for the duration;
-// a caller waits for it as long as ctx allows.
+// row (or, for a file marked NO TRANSACTION, statement by statement). Each
+// transaction first takes the advisory lock LockID transaction-level, then reads
+// which migrations are applied, so concurrent callers (and goose's session locker)
+// apply each migration once, in order; a caller waits for the lock as long as ctx
+// allows. No session state is left behind, so Up works through a pooler in
+// transaction mode (PgBouncer's pool_mode=transaction), except for a NO TRANSACTION
+// file (none of Kagzi's is), which needs the lock session-level on one connection.
 //
 // It first creates the kagzi schema if it is missing, since the version table lives in
 // it, then the version table if it is missing, with goose's version 0 row.
@@ -47,6 +53,12 @@ type migration struct {
 	name    string
 }
 
+// parsed is a migration file's statements.
+type parsed struct {
+	stmts []string
+	useTx bool
+}
+
 // up applies the migrations of fsys (tests pass their own).
 func up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) (err error) {
 	files, err := collect(fsys)
@@ -56,6 +68,87 @@ func up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) (err error) {
 	if err := ensureSchema(ctx, pool); err != nil {
 		return err
 	}
+	if err := ensureVersionTable(ctx, pool); err != nil {
+		return err
+	}
+	pending, err := pendingMigrations(ctx, pool, files)
+	if err != nil {
+		return err
+	}
+	// Parse every file to apply before applying any, as goose does.
+	apply := make(map[int64]parsed, len(pending))
+	for _, m := range pending {
+		p, err := parseFile(fsys, m)
+		if err != nil {
+			return err
+		}
+		apply[m.version] = p
+	}
+	for {
+		done, err := applyNext(ctx, pool, fsys, files, apply)
+		if err != nil || done {
+			return err
+		}
+	}
+}
+
+// parseFile reads and parses the migration m of fsys.
+func parseFile(fsys fs.FS, m migration) (parsed, error) {
+	f, err := fsys.Open(m.name)
+	if err != nil {
+		return parsed{}, err
+	}
+	defer f.Close()
+	stmts, useTx, err := parseUp(f)
+	if err != nil {
+		return parsed{}, fmt.Errorf("migration %s: %w", m.name, err)
+	}
+	return parsed{stmts, useTx}, nil
+}
+
+// applyNext applies the first pending migration, in a transaction that holds the
+// migration lock from before it reads what is applied; done when none is pending.
+func applyNext(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, files []migration, apply map[int64]parsed) (done bool, err error) {
+	var next *migration
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, LockID); err != nil {
+			return fmt.Errorf("take the migration lock: %w", err)
+		}
+		pending, err := pendingMigrations(ctx, tx, files)
+		if err != nil || len(pending) == 0 {
+			return err
+		}
+		next = &pending[0]
+		p, ok := apply[next.version]
+		if !ok { // applied, then migrated down by someone else since we looked
+			if p, err = parseFile(fsys, *next); err != nil {
+				return err
+			}
+			apply[next.version] = p
+		}
+		if !p.useTx {
+			return nil // below, outside a transaction
+		}
+		if err := run(ctx, tx, next.version, p.stmts); err != nil {
+			return fmt.Errorf("migration %s: %w", next.name, err)
+		}
+		return nil
+	})
+	switch {
+	case err != nil:
+		return false, err
+	case next == nil:
+		return true, nil
+	case apply[next.version].useTx:
+		return false, nil
+	}
+	return false, applyWithoutTx(ctx, pool, files, *next, apply[next.version])
+}
+
+// applyWithoutTx applies a NO TRANSACTION migration statement by statement, holding
+// the migration lock session-level on one connection (it cannot be held by a
+// transaction that the statements are outside of).
+func applyWithoutTx(ctx context.Context, pool *pgxpool.Pool, files []migration, m migration, p parsed) (err error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -79,68 +172,36 @@ func up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) (err error) {
 			}
 		}
 	}()
-
-	if err := ensureVersionTable(ctx, conn.Conn()); err != nil {
-		return err
+	pending, err := pendingMigrations(ctx, conn, files)
+	if err != nil || len(pending) == 0 || pending[0].version != m.version {
+		return err // another caller applied it meanwhile: the next applyNext goes on
 	}
-	pending, err := pendingMigrations(ctx, conn.Conn(), files)
-	if err != nil {
-		return err
-	}
-	// Parse every file to apply before applying any, as goose does.
-	type parsed struct {
-		migration
-		stmts []string
-		useTx bool
-	}
-	apply := make([]parsed, 0, len(pending))
-	for _, m := range pending {
-		f, err := fsys.Open(m.name)
-		if err != nil {
-			return err
-		}
-		stmts, useTx, err := parseUp(f)
-		f.Close()
-		if err != nil {
-			return fmt.Errorf("migration %s: %w", m.name, err)
-		}
-		apply = append(apply, parsed{m, stmts, useTx})
-	}
-	for _, m := range apply {
-		if err := applyUp(ctx, conn.Conn(), m.version, m.stmts, m.useTx); err != nil {
-			return fmt.Errorf("migration %s: %w", m.name, err)
-		}
+	if err := run(ctx, conn, m.version, p.stmts); err != nil {
+		return fmt.Errorf("migration %s: %w", m.name, err)
 	}
 	return nil
 }
 
-// applyUp runs the statements of a migration and records its version, in one
-// transaction unless useTx is false.
-func applyUp(ctx context.Context, conn *pgx.Conn, version int64, stmts []string, useTx bool) error {
-	run := func(db interface {
-		Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-	}) error {
-		for _, stmt := range stmts {
-			// No arguments: pgx sends it with the simple protocol, as goose's
-			// database/sql Exec through pgx does.
-			if _, err := db.Exec(ctx, stmt); err != nil {
-				return err
-			}
+// run runs the statements of a migration and records its version.
+func run(ctx context.Context, db interface {
+	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
+}, version int64, stmts []string) error {
+	for _, stmt := range stmts {
+		// No arguments: pgx sends it with the simple protocol, as goose's
+		// database/sql Exec through pgx does.
+		if _, err := db.Exec(ctx, stmt); err != nil {
+			return err
 		}
-		_, err := db.Exec(ctx, `INSERT INTO `+versionTable()+` (version_id, is_applied) VALUES ($1, $2)`, version, true)
-		return err
 	}
-	if !useTx {
-		return run(conn)
-	}
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return run(tx) })
+	_, err := db.Exec(ctx, `INSERT INTO `+versionTable()+` (version_id, is_applied) VALUES ($1, $2)`, version, true)
+	return err
 }
 
 // ensureVersionTable creates goose's version table unless it exists, with the row of
-// version 0 goose inserts with it, in one transaction. A goose process that is not
-// holding the lock (goose checks for pending migrations without it) may create the
+// version 0 goose inserts with it, in one transaction. Another migrator (Kagzi's, or
+// goose's, which checks for pending migrations without the lock) may create the
 // table at the same moment: its duplicate is no error.
-func ensureVersionTable(ctx context.Context, conn *pgx.Conn) error {
+func ensureVersionTable(ctx context.Context, conn *pgxpool.Pool) error {
 	exists := func() (bool, error) {
 		schemaName, table, _ := strings.Cut(migrations.VersionTable, ".")
 		var ok bool
@@ -182,7 +243,9 @@ func ensureVersionTable(ctx context.Context, conn *pgx.Conn) error {
 // (goose deletes the row when it migrates down). A file older than the newest applied
 // version but not applied itself is an error, as it is for goose without
 // -allow-missing: migrations are append-only, so it means the table was edited.
-func pendingMigrations(ctx context.Context, conn *pgx.Conn, files []migration) ([]migration, error) {
+func pendingMigrations(ctx context.Context, conn interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, files []migration) ([]migration, error) {
 	rows, _ := conn.Query(ctx, `SELECT version_id FROM `+versionTable())
 	applied, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {

@@ -1,0 +1,120 @@
+package kagzi_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi"
+)
+
+var replicaGreet = kagzi.Define("replica-greet", func(ctx *kagzi.Context, name string) (string, error) {
+	return kagzi.Step(ctx, "greet", func(context.Context) (string, error) { return "hello " + name, nil })
+})
+
+func TestListingsReadFromTheReadPoolReplicaWhileWritesAndFreshReadsStayOnThePrimary(t *testing.T) {
+	t.Parallel()
+	primary := newCluster(t, "wal_level=replica")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, primary.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := kagzi.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	standby := primary.Replica()
+	replica, err := pgxpool.New(ctx, standby.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer replica.Close()
+	var recovering bool
+	if err := replica.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&recovering); err != nil || !recovering {
+		t.Fatalf("the replica is in recovery: %v, %v; want a hot standby", recovering, err)
+	}
+	client, err := kagzi.NewClient(pool, kagzi.Config{ReadPool: replica, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	runWorker(t, client, fastWorker(), replicaGreet)
+
+	// A run committed on the primary appears in ListRuns once replicated.
+	first, err := kagzi.Start(ctx, client, replicaGreet, "first")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := first.Wait(ctx); err != nil || out != "hello first" {
+		t.Fatalf("Wait = %q, %v", out, err)
+	}
+	eventually(t, "the completed run to be listed from the replica", func() bool {
+		page, err := client.ListRuns(ctx, kagzi.RunFilter{Statuses: []kagzi.RunStatus{kagzi.StatusCompleted}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(page.Runs) == 1 && page.Runs[0].RunID == first.RunID
+	})
+
+	// With the replica's replay paused, a run started now is on the primary only:
+	// GetRun (a fresh read) sees it, ListRuns (the replica) does not, and a bulk
+	// cancel (which lists the runs it changes on the primary) finds it.
+	if _, err := replica.Exec(ctx, `SELECT pg_wal_replay_pause()`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the replay to pause", func() bool {
+		var state string
+		if err := replica.QueryRow(ctx, `SELECT pg_get_wal_replay_pause_state()`).Scan(&state); err != nil {
+			t.Fatal(err)
+		}
+		return state == "paused"
+	})
+	late, err := kagzi.Start(ctx, client, replicaGreet, "late", kagzi.WithStartAt(time.Now().Add(time.Hour)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info, err := client.GetRun(ctx, late.RunID); err != nil || info.Status != kagzi.StatusPending {
+		t.Fatalf("GetRun of the new run on the primary = %+v, %v; want it PENDING", info, err)
+	}
+	page, err := client.ListRuns(ctx, kagzi.RunFilter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(page.Runs) != 1 || page.Runs[0].RunID != first.RunID {
+		t.Fatalf("ListRuns while the replica's replay is paused lists %d runs, want only the replicated one", len(page.Runs))
+	}
+	res, err := client.CancelRuns(ctx, kagzi.RunFilter{Statuses: []kagzi.RunStatus{kagzi.StatusPending}})
+	if err != nil || res.Changed != 1 {
+		t.Fatalf("CancelRuns of the pending runs = %+v, %v; want the new run cancelled (listed on the primary)", res, err)
+	}
+	if _, err := replica.Exec(ctx, `SELECT pg_wal_replay_resume()`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the cancelled run to be listed from the replica", func() bool {
+		page, err := client.ListRuns(ctx, kagzi.RunFilter{Statuses: []kagzi.RunStatus{kagzi.StatusCancelled}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(page.Runs) == 1 && page.Runs[0].RunID == late.RunID
+	})
+	// The other listings read the replica too, and work on a read-only server.
+	if workers, err := client.ListWorkers(ctx, kagzi.WorkerFilter{}); err != nil || len(workers.Workers) != 1 {
+		t.Fatalf("ListWorkers from the replica = %v, %v; want the worker", workers, err)
+	}
+	if _, err := client.ListSchedules(ctx, kagzi.ScheduleFilter{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.ListSignals(ctx, first.RunID, kagzi.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.ListEvents(ctx, first.RunID, kagzi.ListOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.QueueStats(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
