@@ -168,17 +168,27 @@ type roundTrips struct {
 	n   atomic.Int64
 	mu  sync.Mutex
 	sql []string
+	// done holds the queries (not batches) that have ended: their results were read.
+	done []string
 }
+
+type tracedSQL struct{}
 
 func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
 	r.n.Add(1)
 	r.mu.Lock()
 	r.sql = append(r.sql, d.SQL)
 	r.mu.Unlock()
-	return ctx
+	return context.WithValue(ctx, tracedSQL{}, d.SQL)
 }
 
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (r *roundTrips) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryEndData) {
+	if sql, ok := ctx.Value(tracedSQL{}).(string); ok {
+		r.mu.Lock()
+		r.done = append(r.done, sql)
+		r.mu.Unlock()
+	}
+}
 
 func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
 	r.n.Add(1)
@@ -199,8 +209,19 @@ func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEnd
 func (r *roundTrips) count(substr string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	return countContaining(r.sql, substr)
+}
+
+// countDone counts the queries containing substr whose results were read.
+func (r *roundTrips) countDone(substr string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return countContaining(r.done, substr)
+}
+
+func countContaining(sqls []string, substr string) int {
 	n := 0
-	for _, s := range r.sql {
+	for _, s := range sqls {
 		if strings.Contains(s, substr) {
 			n++
 		}

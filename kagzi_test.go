@@ -376,6 +376,9 @@ func TestAWaitIsWokenByTheRunsEndFromAWorkerOfItsOwnClientOrOfAnother(t *testing
 			}
 			reads := func() int { return rt.count("FROM kagzi.runs\n\t\tWHERE namespace = $1 AND run_id = $2") }
 			before := reads()
+			if d := rt.countDone("FROM kagzi.runs\n\t\tWHERE namespace = $1 AND run_id = $2"); d != before {
+				t.Fatalf("%d reads of a run begun, %d done, before the Wait", before, d)
+			}
 			done := make(chan error, 1)
 			go func() {
 				out, err := run.Wait(ctx)
@@ -384,7 +387,8 @@ func TestAWaitIsWokenByTheRunsEndFromAWorkerOfItsOwnClientOrOfAnother(t *testing
 				}
 				done <- err
 			}()
-			for reads() == before { // the Wait has looked once and waits
+			// The Wait has read the run once (a read only begun may see the end) and waits.
+			for rt.countDone("FROM kagzi.runs\n\t\tWHERE namespace = $1 AND run_id = $2") == before {
 				time.Sleep(time.Millisecond)
 			}
 			close(release)
