@@ -37,6 +37,8 @@ type params struct {
 	sqlStats bool // keep the count and time of every statement
 
 	flowModes map[string]bool // the flow workload's parts: flownone, flowtype, flowkeys, flowrate, fair
+
+	vac vacuumParams // the vacuum workload
 }
 
 func newCounter(p params) *counter {
@@ -102,6 +104,7 @@ type runner interface {
 	sleepers(ctx context.Context) (*sleepResult, error)
 	stepCost(ctx context.Context) (*stepResult, error)
 	idle(ctx context.Context) (*idleResult, error)
+	vacuum(ctx context.Context) (*vacuumResult, error)
 	counter() *counter
 	close()
 }
