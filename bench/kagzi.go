@@ -123,6 +123,7 @@ func (r *kagziRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 		return nil, err
 	}
 	wf := kagziSteps(fmt.Sprintf("burn-%d", steps), steps, nil)
+	lsn0, oid := walMark(ctx, r.obs)
 	c0 := time.Now()
 	rt0 := r.rt.load()
 	const batch = 1000
@@ -146,6 +147,7 @@ func (r *kagziRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 	finished, err := waitUntil(ctx, r.obs, 10*time.Millisecond, t0.Add(r.p.burnTimeout), kagziUnfinished, ns)
 	elapsed := time.Since(t0)
 	rt2 := r.rt.load()
+	lsn1, _ := walMark(ctx, r.obs)
 	if err != nil {
 		stop()
 		return nil, err
@@ -159,7 +161,7 @@ func (r *kagziRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 		return nil, fmt.Errorf("kagzi burn-down: %d of %d runs COMPLETED", done, r.p.n)
 	}
 	return &burnResult{n: r.p.n, done: int(done), elapsed: elapsed, created: created, rtInsert: rt1 - rt0, rtRun: rt2 - rt1,
-		how: "StartMany, then one worker"}, nil
+		how: "StartMany, then one worker", lsn0: lsn0, lsn1: lsn1, dbOID: oid}, nil
 }
 
 func (r *kagziRunner) steady(ctx context.Context) (*steadyResult, error) {
@@ -379,7 +381,7 @@ func (r *kagziRunner) vacuum(ctx context.Context) (*vacuumResult, error) {
 	// client, whose worker may claim a run in its start's insert.
 	sc := wc
 	if !vp.eager {
-		sp, err := r.db.pool(ctx, r.p.conns, nil)
+		sp, err := r.db.pool(ctx, r.p.conns, r.rt) // traced: -sql shows the starts too
 		if err != nil {
 			return nil, err
 		}

@@ -235,8 +235,9 @@ func runVariant(ctx context.Context, v variant, p params, wl map[string]bool, re
 			if b.created > 0 {
 				say("  created in %s (%.0f/s)", b.created.Round(time.Millisecond), float64(b.n)/b.created.Seconds())
 			}
-			say("  %d done in %s: %.0f/s, %.2f round trips per run (%d to create, %d to execute) [%s]",
-				b.done, b.elapsed.Round(time.Millisecond), rate, float64(b.rtInsert+b.rtRun)/float64(max(b.done, 1)), b.rtInsert, b.rtRun, b.how)
+			say("  %d done in %s: %.0f/s, %.2f round trips per run (%d to create, %d to execute) [%s]; WAL %s..%s, database oid %d, load %s",
+				b.done, b.elapsed.Round(time.Millisecond), rate, float64(b.rtInsert+b.rtRun)/float64(max(b.done, 1)), b.rtInsert, b.rtRun, b.how,
+				b.lsn0, b.lsn1, b.dbOID, loadavg())
 			reps = append(reps, b)
 			if b.done < b.n {
 				break // timed out: another would too, and take as long

@@ -176,6 +176,7 @@ func (r *riverRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 	if err != nil {
 		return nil, err
 	}
+	lsn0, oid := walMark(ctx, r.obs)
 	c0 := time.Now()
 	rt0 := r.rt.load()
 	const batch = 1000
@@ -197,6 +198,7 @@ func (r *riverRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 	finished, err := waitUntil(ctx, r.obs, 10*time.Millisecond, t0.Add(r.p.burnTimeout), riverUnfinished, q)
 	elapsed := time.Since(t0)
 	rt2 := r.rt.load()
+	lsn1, _ := walMark(ctx, r.obs)
 	stopRiver(c)
 	if err != nil {
 		return nil, err
@@ -209,7 +211,7 @@ func (r *riverRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 		return nil, fmt.Errorf("river burn-down: %d of %d jobs completed", done, r.p.n)
 	}
 	return &burnResult{n: r.p.n, done: int(done), elapsed: elapsed, created: created, rtInsert: rt1 - rt0, rtRun: rt2 - rt1,
-		how: "InsertMany, then one client"}, nil
+		how: "InsertMany, then one client", lsn0: lsn0, lsn1: lsn1, dbOID: oid}, nil
 }
 
 func (r *riverRunner) steady(ctx context.Context) (*steadyResult, error) {

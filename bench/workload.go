@@ -59,6 +59,12 @@ type burnResult struct {
 	rtInsert int64         // round trips to create the runs
 	rtRun    int64         // round trips while executing them
 	how      string
+	// The WAL positions before the runs were created and after the last one finished,
+	// and the database's oid: pg_waldump over that range, keeping the records of that
+	// database (and the commits of their transactions), gives the WAL bytes per run
+	// whatever else the server did meanwhile (docs/scaling.md).
+	lsn0, lsn1 string
+	dbOID      uint32
 }
 
 type steadyResult struct {
