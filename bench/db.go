@@ -259,3 +259,13 @@ func count(ctx context.Context, obs *pgxpool.Pool, query string, args ...any) (i
 	err := obs.QueryRow(ctx, query, args...).Scan(&n)
 	return n, err
 }
+
+// walMark returns the server's current WAL position and the database's oid.
+func walMark(ctx context.Context, obs *pgxpool.Pool) (string, uint32) {
+	var lsn string
+	var oid uint32
+	if err := obs.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text, oid FROM pg_database WHERE datname = current_database()`).Scan(&lsn, &oid); err != nil {
+		return "?", 0
+	}
+	return lsn, oid
+}

@@ -392,3 +392,5 @@ func (r *dbosRunner) idle(ctx context.Context) (*idleResult, error) {
 }
 
 func (r *dbosRunner) counter() *counter { return r.rt }
+
+func (r *dbosRunner) vacuum(context.Context) (*vacuumResult, error) { return nil, errNA }

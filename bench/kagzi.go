@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -120,6 +123,7 @@ func (r *kagziRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 		return nil, err
 	}
 	wf := kagziSteps(fmt.Sprintf("burn-%d", steps), steps, nil)
+	lsn0, oid := walMark(ctx, r.obs)
 	c0 := time.Now()
 	rt0 := r.rt.load()
 	const batch = 1000
@@ -143,6 +147,7 @@ func (r *kagziRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 	finished, err := waitUntil(ctx, r.obs, 10*time.Millisecond, t0.Add(r.p.burnTimeout), kagziUnfinished, ns)
 	elapsed := time.Since(t0)
 	rt2 := r.rt.load()
+	lsn1, _ := walMark(ctx, r.obs)
 	if err != nil {
 		stop()
 		return nil, err
@@ -156,7 +161,7 @@ func (r *kagziRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 		return nil, fmt.Errorf("kagzi burn-down: %d of %d runs COMPLETED", done, r.p.n)
 	}
 	return &burnResult{n: r.p.n, done: int(done), elapsed: elapsed, created: created, rtInsert: rt1 - rt0, rtRun: rt2 - rt1,
-		how: "StartMany, then one worker"}, nil
+		how: "StartMany, then one worker", lsn0: lsn0, lsn1: lsn1, dbOID: oid}, nil
 }
 
 func (r *kagziRunner) steady(ctx context.Context) (*steadyResult, error) {
@@ -335,3 +340,89 @@ func (r *kagziRunner) idle(ctx context.Context) (*idleResult, error) {
 }
 
 func (r *kagziRunner) counter() *counter { return r.rt }
+
+// vacuumHooks reports the ends of the vacuum workload's runs (ExecutionEnd is called
+// after the end was written).
+type vacuumHooks struct {
+	kagzi.NopHooks
+	tr *vacTracker
+}
+
+func (h vacuumHooks) ExecutionEnd(_ context.Context, e *kagzi.ExecutionEvent) {
+	if e.Outcome == kagzi.OutcomeCompleted {
+		h.tr.done(e.RunID, time.Now())
+	}
+}
+
+func (r *kagziRunner) vacuum(ctx context.Context) (*vacuumResult, error) {
+	vp := r.p.vac
+	t0 := time.Now().Add(time.Second)
+	tr := newVacTracker(t0, vp.window)
+	r.nsSeq++
+	ns := fmt.Sprintf("bench-%d", r.nsSeq)
+	wc, err := kagzi.NewClient(r.pool, kagzi.Config{Namespace: ns, Logger: r.logger, Hooks: vacuumHooks{tr: tr}})
+	if err != nil {
+		return nil, err
+	}
+	r.clients = append(r.clients, wc)
+	wf := kagzi.Define("vacuum", func(ctx *kagzi.Context, in int64) (int64, error) {
+		id := ctx.RunID()
+		return kagzi.Step(ctx, "s", func(context.Context) (int64, error) {
+			tr.first(id, time.Now())
+			return in + 1, nil
+		})
+	})
+	w, err := kagzi.NewWorker(wc, r.workerConfig(r.p.slots), wf)
+	if err != nil {
+		return nil, err
+	}
+	// The starts come from a client of their own (an API server, say), which runs no
+	// worker: every run goes through the claim. -vacuum-eager starts from the worker's
+	// client, whose worker may claim a run in its start's insert.
+	sc := wc
+	if !vp.eager {
+		sp, err := r.db.pool(ctx, r.p.conns, r.rt) // traced: -sql shows the starts too
+		if err != nil {
+			return nil, err
+		}
+		defer sp.Close()
+		if sc, err = kagzi.NewClient(sp, kagzi.Config{Namespace: ns, Logger: r.logger}); err != nil {
+			return nil, err
+		}
+		defer sc.Close()
+	}
+	stop := runWorker(ctx, w)
+	defer stop()
+	var seq atomic.Int64
+	tg := &vacuumTarget{
+		name: colKagzi, db: r.db, obs: r.obs, schema: "kagzi", table: "kagzi.runs", index: "kagzi.runs_claimable",
+		start: func(ctx context.Context) (string, error) {
+			run, err := kagzi.Start(ctx, sc, wf, seq.Add(1))
+			if err != nil {
+				return "", err
+			}
+			return run.RunID, nil
+		},
+		// The claim's read of a type without limits or keys (kagzi.claim's plain types).
+		probe: `SELECT r.run_id FROM kagzi.runs r
+			WHERE r.namespace = $1 AND r.workflow_type = 'vacuum'
+			  AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at <= now()
+			  AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)
+			ORDER BY r.available_at LIMIT 100 FOR UPDATE SKIP LOCKED`,
+		probeArgs: func(context.Context) []any { return []any{ns} },
+		nested: func(ctx context.Context, out io.Writer) error {
+			var versions []string
+			if err := r.obs.QueryRow(ctx, `SELECT workflow_versions FROM kagzi.workers WHERE namespace = $1 AND status = 'ONLINE' LIMIT 1`, ns).Scan(&versions); err != nil {
+				return err
+			}
+			// The claim as store.ClaimRuns sends it (generic plan, no seq/bitmap scans),
+			// for at most 10 runs, rolled back.
+			return explainNested(ctx, r.db, out, []string{
+				"SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)",
+			}, `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7, $8)`,
+				ns, []string{"vacuum"}, versions, []string{""}, "vacuum-probe", int64(10000), 10, []string{})
+		},
+	}
+	time.Sleep(time.Until(t0))
+	return runVacuumLoad(ctx, vp, tg, tr, func(f string, a ...any) { fmt.Fprintf(os.Stderr, "[Kagzi] "+f+"\n", a...) })
+}

@@ -45,7 +45,19 @@ func main() {
 		sqlTop    = flag.Int("sql", 0, "print the N statements of each system variant that took the most time (to stderr)")
 		cpuprof   = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 		flowParts = flag.String("flow", "flownone,flowtype,flowkeys,flowrate,fair", "the parts of the flow workload, comma-separated")
+		vac       vacuumParams
 	)
+	flag.IntVar(&vac.rate, "vacuum-rate", 1000, "vacuum workload: runs (jobs) started per second, open loop")
+	flag.StringVar(&vac.pin, "vacuum-kind", "idle", "vacuum workload: what pins the xmin horizon: idle (an idle-in-transaction session holding an XID) or rr (four REPEATABLE READ readers scanning the tables)")
+	flag.DurationVar(&vac.before, "vacuum-before", time.Minute, "vacuum workload: baseline before the pin")
+	flag.DurationVar(&vac.pinFor, "vacuum-pin", 10*time.Minute, "vacuum workload: how long the horizon is pinned")
+	flag.DurationVar(&vac.aft, "vacuum-after", 2*time.Minute, "vacuum workload: how long the load runs on after the pin is released")
+	flag.DurationVar(&vac.window, "vacuum-window", 10*time.Second, "vacuum workload: window of the live figures and database samples")
+	flag.DurationVar(&vac.bucket, "vacuum-bucket", time.Minute, "vacuum workload: the report's rows aggregate the windows of this long")
+	flag.DurationVar(&vac.every, "vacuum-every", 15*time.Second, "vacuum workload: VACUUM the system's tables this often, as autovacuum would (0: never)")
+	flag.DurationVar(&vac.rrScan, "vacuum-rr-scan", 20*time.Second, "vacuum workload: each REPEATABLE READ reader scans the tables this often")
+	flag.BoolVar(&vac.eager, "vacuum-eager", false, "vacuum workload: Kagzi starts from the worker's client (eager starts) instead of a client of its own")
+	flag.StringVar(&vac.explain, "vacuum-explain", "", "vacuum workload: append the plans of the claim's nested statements (auto_explain, ANALYZE, BUFFERS) at each row's end to this file")
 	flag.Parse()
 	set := map[string]bool{}
 	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
@@ -54,7 +66,7 @@ func main() {
 		latencySamples: *samples, latencyBudget: *budget,
 		sleepers: *sleepers, sleepSlots: *sleepSl, sleep: *sleep, sleepTimeout: 60 * time.Second,
 		steps: *steps, stepReps: *stepReps, idleFor: *idleFor, slots: *slots, conns: int32(*conns),
-		sqlStats: *sqlTop > 0, flowModes: map[string]bool{},
+		sqlStats: *sqlTop > 0, flowModes: map[string]bool{}, vac: vac,
 	}
 	for _, m := range strings.Split(*flowParts, ",") {
 		p.flowModes[strings.TrimSpace(m)] = true
@@ -223,8 +235,9 @@ func runVariant(ctx context.Context, v variant, p params, wl map[string]bool, re
 			if b.created > 0 {
 				say("  created in %s (%.0f/s)", b.created.Round(time.Millisecond), float64(b.n)/b.created.Seconds())
 			}
-			say("  %d done in %s: %.0f/s, %.2f round trips per run (%d to create, %d to execute) [%s]",
-				b.done, b.elapsed.Round(time.Millisecond), rate, float64(b.rtInsert+b.rtRun)/float64(max(b.done, 1)), b.rtInsert, b.rtRun, b.how)
+			say("  %d done in %s: %.0f/s, %.2f round trips per run (%d to create, %d to execute) [%s]; WAL %s..%s, database oid %d, load %s",
+				b.done, b.elapsed.Round(time.Millisecond), rate, float64(b.rtInsert+b.rtRun)/float64(max(b.done, 1)), b.rtInsert, b.rtRun, b.how,
+				b.lsn0, b.lsn1, b.dbOID, loadavg())
 			reps = append(reps, b)
 			if b.done < b.n {
 				break // timed out: another would too, and take as long
@@ -315,6 +328,14 @@ func runVariant(ctx context.Context, v variant, p params, wl map[string]bool, re
 	}
 	if wl["flow"] {
 		runFlow(ctx, r, p, res, v.col, say)
+	}
+	if wl["vacuum"] {
+		vp := p.vac
+		say("vacuum: %d runs/s; %s before, pin %s for %s, %s after", vp.rate, vp.before, vp.pin, vp.pinFor, vp.aft)
+		vr, err := r.vacuum(ctx)
+		if !skip("vacuum", err) {
+			res.sections = append(res.sections, vacuumMarkdown(v.col, vr))
+		}
 	}
 	if wl["idle"] {
 		say("idle: counting statements for %s with nothing to do", p.idleFor)

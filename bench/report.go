@@ -63,6 +63,7 @@ type results struct {
 	loadBefore, loadAfter string
 	took                  time.Duration
 	cells                 map[string]map[string]cell // column → figure key → value
+	sections              []string                   // Markdown printed after the tables (the vacuum workload's)
 }
 
 func newResults() *results { return &results{cells: map[string]map[string]cell{}} }
@@ -184,6 +185,9 @@ func printReport(ctx context.Context, w io.Writer, p params, r *results) {
 		for i, n := range notes {
 			fmt.Fprintf(w, "[%d] %s\n", i+1, n)
 		}
+	}
+	for _, s := range r.sections {
+		fmt.Fprintf(w, "\n%s", s)
 	}
 }
 

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -173,6 +176,7 @@ func (r *riverRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 	if err != nil {
 		return nil, err
 	}
+	lsn0, oid := walMark(ctx, r.obs)
 	c0 := time.Now()
 	rt0 := r.rt.load()
 	const batch = 1000
@@ -194,6 +198,7 @@ func (r *riverRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 	finished, err := waitUntil(ctx, r.obs, 10*time.Millisecond, t0.Add(r.p.burnTimeout), riverUnfinished, q)
 	elapsed := time.Since(t0)
 	rt2 := r.rt.load()
+	lsn1, _ := walMark(ctx, r.obs)
 	stopRiver(c)
 	if err != nil {
 		return nil, err
@@ -206,7 +211,7 @@ func (r *riverRunner) burnDown(ctx context.Context, steps int) (*burnResult, err
 		return nil, fmt.Errorf("river burn-down: %d of %d jobs completed", done, r.p.n)
 	}
 	return &burnResult{n: r.p.n, done: int(done), elapsed: elapsed, created: created, rtInsert: rt1 - rt0, rtRun: rt2 - rt1,
-		how: "InsertMany, then one client"}, nil
+		how: "InsertMany, then one client", lsn0: lsn0, lsn1: lsn1, dbOID: oid}, nil
 }
 
 func (r *riverRunner) steady(ctx context.Context) (*steadyResult, error) {
@@ -353,3 +358,47 @@ func (r *riverRunner) idle(ctx context.Context) (*idleResult, error) {
 }
 
 func (r *riverRunner) counter() *counter { return r.rt }
+
+func (r *riverRunner) vacuum(ctx context.Context) (*vacuumResult, error) {
+	if r.s.burnOnly {
+		return nil, errNA
+	}
+	vp := r.p.vac
+	t0 := time.Now().Add(time.Second)
+	tr := newVacTracker(t0, vp.window)
+	c, q, err := r.client(r.s.workers, func(_ context.Context, job *river.Job[riverArgs]) error {
+		tr.first(strconv.FormatInt(job.ID, 10), time.Now())
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	ch, cancel := c.SubscribeConfig(&river.SubscribeConfig{ChanSize: 1 << 20, Kinds: []river.EventKind{river.EventKindJobCompleted}})
+	defer cancel()
+	go func() {
+		for ev := range ch {
+			tr.done(strconv.FormatInt(ev.Job.ID, 10), time.Now())
+		}
+	}()
+	if err := c.Start(ctx); err != nil {
+		return nil, err
+	}
+	defer stopRiver(c)
+	var seq atomic.Int64
+	tg := &vacuumTarget{
+		name: r.s.label, db: r.db, obs: r.obs, schema: "public", table: "river_job", index: "river_job_prioritized_fetching_index",
+		start: func(ctx context.Context) (string, error) {
+			res, err := c.Insert(ctx, riverArgs{Seq: seq.Add(1)}, &river.InsertOpts{Queue: q})
+			if err != nil {
+				return "", err
+			}
+			return strconv.FormatInt(res.Job.ID, 10), nil
+		},
+		// The scan of River's fetch (JobGetAvailable).
+		probe: `SELECT id FROM river_job WHERE state = 'available' AND queue = $1 AND scheduled_at <= now()
+			ORDER BY priority, scheduled_at, id LIMIT 100 FOR UPDATE SKIP LOCKED`,
+		probeArgs: func(context.Context) []any { return []any{q} },
+	}
+	time.Sleep(time.Until(t0))
+	return runVacuumLoad(ctx, vp, tg, tr, func(f string, a ...any) { fmt.Fprintf(os.Stderr, "["+r.s.label+"] "+f+"\n", a...) })
+}

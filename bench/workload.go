@@ -37,6 +37,8 @@ type params struct {
 	sqlStats bool // keep the count and time of every statement
 
 	flowModes map[string]bool // the flow workload's parts: flownone, flowtype, flowkeys, flowrate, fair
+
+	vac vacuumParams // the vacuum workload
 }
 
 func newCounter(p params) *counter {
@@ -57,6 +59,12 @@ type burnResult struct {
 	rtInsert int64         // round trips to create the runs
 	rtRun    int64         // round trips while executing them
 	how      string
+	// The WAL positions before the runs were created and after the last one finished,
+	// and the database's oid: pg_waldump over that range, keeping the records of that
+	// database (and the commits of their transactions), gives the WAL bytes per run
+	// whatever else the server did meanwhile (docs/scaling.md).
+	lsn0, lsn1 string
+	dbOID      uint32
 }
 
 type steadyResult struct {
@@ -102,6 +110,7 @@ type runner interface {
 	sleepers(ctx context.Context) (*sleepResult, error)
 	stepCost(ctx context.Context) (*stepResult, error)
 	idle(ctx context.Context) (*idleResult, error)
+	vacuum(ctx context.Context) (*vacuumResult, error)
 	counter() *counter
 	close()
 }
