@@ -197,3 +197,29 @@ func TestAClaimUnderAPinnedXminHorizonReadsFromItsFloorNotEveryRunClaimedSinceTh
 	}
 	t.Logf("buffers per claim after %d runs under a pinned horizon: %d from the start, %d from the floor", n, fromStart, fromFloor)
 }
+
+func TestAHighPriorityStartBelowTheClaimFloorIsClaimedOnItsNotification(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("floor-priority", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	cfg := fastWorker()
+	cfg.PollInterval = time.Hour // neither a poll nor the floors' probe may find the run
+	w := startFloorWorker(t, e, cfg, wf)
+	first, err := kagzi.Start(ctx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	floorPassed(t, w, "floor-priority", time.Now().Add(-time.Minute))
+	// A priority of an hour places the run an hour before its start time: far below
+	// the floor, which its start's notification lowers.
+	urgent, err := kagzi.Start(ctx, e.client, wf, 2, kagzi.WithPriority(kagzi.MaxPriority))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := urgent.Wait(ctx); err != nil || out != 2 {
+		t.Fatalf("the high-priority run: %d, %v", out, err)
+	}
+}
