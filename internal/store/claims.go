@@ -207,12 +207,7 @@ func loadSteps(ctx context.Context, db DBTX, claimed []ClaimedRun, ids [][16]byt
 // It reads each type's runs from the claimer's floor, as the claim does; a run below
 // a floor is found by the floor's probe instead (ProbeBelowFloors).
 func NextWake(ctx context.Context, db DBTX, c Claimer) (*time.Time, error) {
-	var floors []*time.Time
-	if c.Floors != nil {
-		c.Floors.mu.Lock()
-		floors = c.Floors.snapshot(c.Types)
-		c.Floors.mu.Unlock()
-	}
+	floors := c.Floors.current(c.Types)
 	var t *time.Time
 	err := db.QueryRow(ctx, nextWakeSQL, c.Namespace, c.Types, c.WorkerID, c.Versions, floors).Scan(&t)
 	return t, err

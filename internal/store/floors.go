@@ -38,6 +38,16 @@ func (f *Floors) read(types []string) []*time.Time {
 	return f.snapshot(types)
 }
 
+// current returns the floor of each type (nil: none), for a read that does not claim.
+func (f *Floors) current(types []string) []*time.Time {
+	if f == nil {
+		return make([]*time.Time, len(types))
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.snapshot(types)
+}
+
 // snapshot returns the floor of each type (nil: none); f.mu is held.
 func (f *Floors) snapshot(types []string) []*time.Time {
 	out := make([]*time.Time, len(types))
@@ -111,9 +121,7 @@ WHERE t.floor IS NOT NULL`
 // ProbeBelowFloors lowers each floor of the claimer's types below which a run is
 // claimable now, to that run, and reports whether it lowered any.
 func ProbeBelowFloors(ctx context.Context, db DBTX, c Claimer) (bool, error) {
-	c.Floors.mu.Lock()
-	at := c.Floors.snapshot(c.Types)
-	c.Floors.mu.Unlock()
+	at := c.Floors.current(c.Types)
 	if !slices.ContainsFunc(at, func(t *time.Time) bool { return t != nil }) {
 		return false, nil
 	}
