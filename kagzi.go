@@ -43,10 +43,21 @@ type Config struct {
 	// DefaultMaxPayloadSize.
 	MaxPayloadSize int
 	// Retention is how long finished runs (COMPLETED, FAILED, CANCELLED) of the
-	// namespace are kept, with their steps, attempts, signals and events; the workers
-	// of this client prune older ones in small batches. Default DefaultRetention; a
-	// negative value keeps them for ever. Each namespace (client) has its own.
+	// namespace are kept, with their steps, attempts, signals and events. Default
+	// DefaultRetention; a negative value keeps them for ever. Each namespace (client)
+	// has its own. Archived runs (see ArchiveAfter) go a day's partition at a time,
+	// once the day is past the longest Retention of the namespaces sharing the
+	// database; a namespace with a shorter one deletes its own older runs in small
+	// batches (docs/history.md).
 	Retention time.Duration
+	// ArchiveAfter is how long a finished run stays in the live tables before the
+	// workers of this client move it, with its steps, attempts, signals, events and
+	// listing entry, into the history: tables partitioned by the day it finished,
+	// which retention drops a partition at a time. Every read (GetRun, Wait, ListRuns,
+	// steps, signals, events, the console) finds archived runs as before; a rerun moves
+	// the run back. Default DefaultArchiveAfter; a negative value archives nothing
+	// (finished runs stay in the live tables until Retention deletes them row by row).
+	ArchiveAfter time.Duration
 	// Hooks observe starts, executions, step attempts, sleeps, signals and claims of
 	// the client and its workers, for tracing and metrics (see the kagziotel package)
 	// or tests (kagzitest). Default none; see Hooks.
@@ -93,6 +104,10 @@ type Config struct {
 // DefaultRetention is how long finished runs are kept unless Config.Retention says otherwise.
 const DefaultRetention = 30 * 24 * time.Hour
 
+// DefaultArchiveAfter is how long finished runs stay in the live tables unless
+// Config.ArchiveAfter says otherwise.
+const DefaultArchiveAfter = 15 * time.Minute
+
 // Client starts, reads and cancels runs in one namespace. It is safe for concurrent
 // use; create one per namespace and share it.
 type Client struct {
@@ -108,10 +123,12 @@ type Client struct {
 	ns        string
 	logger    *slog.Logger
 	retention time.Duration
-	payloads  // Config.Codec and MaxPayloadSize
-	notifier  *notifier.Notifier
-	sender    *notifier.Sender     // notifies workers of committed starts, coalesced
-	starts    *committer.Committer // batches concurrent Start statements into shared commits
+	// archiveAfter: Config.ArchiveAfter.
+	archiveAfter time.Duration
+	payloads     // Config.Codec and MaxPayloadSize
+	notifier     *notifier.Notifier
+	sender       *notifier.Sender     // notifies workers of committed starts, coalesced
+	starts       *committer.Committer // batches concurrent Start statements into shared commits
 	// startsInFlight counts the client's Start calls under way (see startRun).
 	startsInFlight atomic.Int32
 	hooks          Hooks // nil: none (Config.Hooks)
@@ -168,6 +185,9 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	if cfg.Retention == 0 {
 		cfg.Retention = DefaultRetention
 	}
+	if cfg.ArchiveAfter == 0 {
+		cfg.ArchiveAfter = DefaultArchiveAfter
+	}
 	if cfg.DisableDirectConn && cfg.DirectConnConfig != nil {
 		return nil, invalidArgument("DirectConnConfig with DisableDirectConn: give the direct connection's configuration, or say there is none")
 	}
@@ -180,7 +200,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 			"lower the pool's MaxConns (pool_max_conns)", n, pool.Config().MaxConns, n-int(pool.Config().MaxConns), cfg.MaxConnections)
 	}
 	c := &Client{id: uuid.New(), waitPoll: 250 * time.Millisecond, pool: pool, read: pool, ns: cfg.Namespace,
-		logger: cfg.Logger, retention: cfg.Retention,
+		logger: cfg.Logger, retention: cfg.Retention, archiveAfter: cfg.ArchiveAfter,
 		payloads: payloads{codec: cfg.Codec, maxBytes: cfg.MaxPayloadSize, logger: cfg.Logger}}
 	if cfg.ReadPool != nil {
 		c.read = cfg.ReadPool

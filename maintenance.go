@@ -92,6 +92,96 @@ func (w *Worker) prune(ctx context.Context) {
 		if w.client.retention >= 0 {
 			w.pruneFinished(ctx)
 		}
+		if w.client.archiveAfter >= 0 {
+			w.archiveFinished(ctx)
+		}
+		w.expireHistory(ctx)
+	}
+}
+
+// archiveBatch is how many finished runs one archiving statement moves, and
+// archivePass how many statements a pass runs at most.
+const (
+	archiveBatch = 1000
+	archivePass  = 600
+)
+
+// archiveFinished moves the namespace's runs that finished more than ArchiveAfter ago
+// into the history, a batch per statement, until none is left (or archivePass
+// batches: the rest waits for the next pass).
+func (w *Worker) archiveFinished(ctx context.Context) {
+	var total int64
+	for range archivePass {
+		n, err := store.ArchiveFinished(ctx, w.client.pool, w.client.ns, w.client.archiveAfter, w.client.retention, archiveBatch)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logger.Warn("kagzi: archiving finished runs failed", "error", err)
+			}
+			break
+		}
+		total += n
+		if n < archiveBatch {
+			break
+		}
+	}
+	if total > 0 {
+		w.archived.Add(total)
+		w.logger.Debug("kagzi: archived finished runs", "runs", total)
+	}
+}
+
+// expireHistory applies the retention to the history: it drops the partitions of the
+// days past the longest retention of the namespaces (one process at a time), and,
+// when this namespace's retention is shorter, deletes its older archived runs in
+// batches.
+func (w *Worker) expireHistory(ctx context.Context) {
+	horizon, droppable, err := store.HistoryHorizon(ctx, w.client.pool, w.client.ns, w.client.retention)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.logger.Warn("kagzi: reading the history's retention failed", "error", err)
+		}
+		return
+	}
+	if droppable {
+		if ok, err := store.TakeHistoryDrops(ctx, w.client.pool, 10*time.Minute); err != nil {
+			if ctx.Err() == nil {
+				w.logger.Warn("kagzi: taking the history drops' lease failed", "error", err)
+			}
+		} else if ok {
+			dropped, err := store.DropHistoryBefore(ctx, w.client.pool, horizon)
+			if err != nil && ctx.Err() == nil {
+				w.logger.Warn("kagzi: dropping history partitions failed", "error", err)
+			}
+			if len(dropped) > 0 {
+				w.historyDropped.Add(int64(len(dropped)))
+				w.logger.Info("kagzi: dropped history partitions", "partitions", dropped, "before", horizon)
+			}
+			if err := store.ReleaseHistoryDrops(context.WithoutCancel(ctx), w.client.pool); err != nil && ctx.Err() == nil {
+				w.logger.Warn("kagzi: releasing the history drops' lease failed", "error", err)
+			}
+		}
+	}
+	// A retention shorter than the one the partitions go by deletes rows.
+	if w.client.retention < 0 || (droppable && !time.Now().Add(-w.client.retention).After(horizon.Add(time.Hour))) {
+		return
+	}
+	var total int64
+	for range 10 {
+		n, err := store.PruneHistory(ctx, w.client.pool, w.client.ns, w.client.retention, 500)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logger.Warn("kagzi: pruning archived runs failed", "error", err)
+			}
+			break
+		}
+		total += n
+		if n < 500 {
+			break
+		}
+	}
+	if total > 0 {
+		w.pruned.Add(total)
+		w.logger.Info("kagzi: pruned archived runs", "runs", total, "retention", w.client.retention)
 	}
 }
 

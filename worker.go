@@ -70,7 +70,9 @@ type WorkerConfig struct {
 	// and step name none. Default: the library's DefaultRetry.
 	DefaultRetry Retry
 	// PruneInterval is how often the worker prunes finished runs past the client's
-	// Retention (a few batches of 500 each time). Default 1 minute.
+	// Retention (a few batches of 500 each time), moves those finished more than the
+	// client's ArchiveAfter ago into the history, and drops the history's partitions
+	// past the retention. Default 1 minute.
 	PruneInterval time.Duration
 	// Labels are free-form facts about the worker (region, deployment, ...) recorded
 	// in the worker registry.
@@ -120,6 +122,10 @@ type Worker struct {
 	completed atomic.Int64
 	failed    atomic.Int64
 	pruned    atomic.Int64
+	// archived counts the runs this worker moved into the history, historyDropped
+	// the history partitions it dropped.
+	archived       atomic.Int64
+	historyDropped atomic.Int64
 	// lastBeat is when the last heartbeat succeeded (Unix nanoseconds; 0: none yet).
 	lastBeat  atomic.Int64
 	status    atomic.Value // WorkerStatus
@@ -264,6 +270,14 @@ func (w *Worker) ID() string { return w.cfg.ID }
 // PrunedRuns returns how many finished runs this worker deleted under the client's
 // Retention.
 func (w *Worker) PrunedRuns() int64 { return w.pruned.Load() }
+
+// ArchivedRuns returns how many finished runs this worker moved into the history
+// (see Config.ArchiveAfter).
+func (w *Worker) ArchivedRuns() int64 { return w.archived.Load() }
+
+// DroppedHistoryPartitions returns how many history partitions (one per table and
+// day) this worker dropped under the retention.
+func (w *Worker) DroppedHistoryPartitions() int64 { return w.historyDropped.Load() }
 
 // AbandonedSteps returns how many step goroutines this worker abandoned because they
 // ignored their timeout (see WithTimeout). They may still be running.

@@ -108,17 +108,25 @@ FROM target t LEFT JOIN upd u ON u.run_id = t.run_id`
 
 // RerunRuns reruns the runs of a batch that it can lock at once; see rerunRunsSQL. It
 // returns ErrActiveRunExists when a concurrent start took one of their workflow ids
-// (nothing was changed).
-func RerunRuns(ctx context.Context, db DBTX, namespace string, ids []uuid.UUID) ([]BulkOutcome, error) {
-	rows, err := db.Query(ctx, rerunRunsSQL, namespace, ids)
-	if err != nil {
-		return nil, err
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (BulkOutcome, error) {
-		var o BulkOutcome
-		var notified int64
-		err := row.Scan(&o.RunID, &o.Before, &o.CancelRequested, &o.Changed, &notified)
-		return o, err
+// (nothing was changed). Archived runs of the batch move back into the live tables
+// first, in the same transaction.
+func RerunRuns(ctx context.Context, db Beginner, namespace string, ids []uuid.UUID) ([]BulkOutcome, error) {
+	var out []BulkOutcome
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := RestoreRuns(ctx, tx, namespace, ids); err != nil {
+			return err
+		}
+		rows, err := tx.Query(ctx, rerunRunsSQL, namespace, ids)
+		if err != nil {
+			return err
+		}
+		out, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (BulkOutcome, error) {
+			var o BulkOutcome
+			var notified int64
+			err := row.Scan(&o.RunID, &o.Before, &o.CancelRequested, &o.Changed, &notified)
+			return o, err
+		})
+		return err
 	})
 	if isUniqueViolation(err) {
 		return nil, ErrActiveRunExists

@@ -72,10 +72,10 @@ func GetRunOutcome(ctx context.Context, db DBTX, runID uuid.UUID) (RunOutcome, e
 	var o RunOutcome
 	err := db.QueryRow(ctx, `
 		WITH RECURSIVE chain AS (
-			SELECT run_id, status, output, error, continued_as_run_id, 1 AS n FROM kagzi.runs WHERE run_id = $1
+			SELECT run_id, status, output, error, continued_as_run_id, 1 AS n FROM kagzi.runs_all WHERE run_id = $1
 			UNION ALL
 			SELECT r.run_id, r.status, r.output, r.error, r.continued_as_run_id, c.n + 1
-			FROM chain c JOIN kagzi.runs r ON r.run_id = c.continued_as_run_id
+			FROM chain c JOIN kagzi.runs_all r ON r.run_id = c.continued_as_run_id
 		)
 		SELECT status, output, error FROM chain ORDER BY n DESC LIMIT 1`, runID).
 		Scan(&o.Status, &o.Output, &o.Error)
@@ -143,9 +143,9 @@ type SignalSend struct {
 // signal. It returns the run's status and whether the key was there already.
 var sendSignal = named(`
 WITH target AS (
-	SELECT run_id, status FROM kagzi.runs WHERE namespace = @namespace AND run_id = @run_id
+	SELECT run_id, status FROM kagzi.runs_all WHERE namespace = @namespace AND run_id = @run_id
 ), dup AS (
-	SELECT 1 FROM kagzi.signals s, target t WHERE s.run_id = t.run_id AND s.key = @key::text
+	SELECT 1 FROM kagzi.signals_all s, target t WHERE s.run_id = t.run_id AND s.key = @key::text
 ), ins AS (
 	INSERT INTO kagzi.signals (run_id, name, payload, key)
 	SELECT run_id, @name, @payload, @key::text FROM target
@@ -320,8 +320,8 @@ func GetEvent(ctx context.Context, db DBTX, namespace string, runID uuid.UUID, k
 	var value []byte
 	var exists bool
 	err := db.QueryRow(ctx, `
-		SELECT true, (SELECT value FROM kagzi.events e WHERE e.run_id = r.run_id AND e.key = $3)
-		FROM kagzi.runs r WHERE r.namespace = $1 AND r.run_id = $2`, namespace, runID, key).Scan(&exists, &value)
+		SELECT true, (SELECT value FROM kagzi.events_all e WHERE e.run_id = r.run_id AND e.key = $3)
+		FROM kagzi.runs_all r WHERE r.namespace = $1 AND r.run_id = $2`, namespace, runID, key).Scan(&exists, &value)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, ErrNotFound
 	}

@@ -153,12 +153,12 @@ type MinuteCount struct {
 func Throughput(ctx context.Context, db DBTX, namespace string, since time.Time, limit int) ([]MinuteCount, error) {
 	rows, err := db.Query(ctx, `
 		SELECT '', 'STARTED', date_trunc('minute', s.created_at), count(*)
-		FROM (SELECT created_at FROM kagzi.runs_created WHERE namespace = $1 AND created_at >= $2
+		FROM (SELECT created_at FROM kagzi.runs_created_all WHERE namespace = $1 AND created_at >= $2
 			ORDER BY created_at DESC LIMIT $3) s
 		GROUP BY 3
 		UNION ALL
 		SELECT f.workflow_type, f.status, date_trunc('minute', f.finished_at), count(*)
-		FROM (SELECT workflow_type, status, finished_at FROM kagzi.runs
+		FROM (SELECT workflow_type, status, finished_at FROM kagzi.runs_all
 			WHERE namespace = $1 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED') AND finished_at >= $2
 			ORDER BY finished_at DESC LIMIT $3) f
 		GROUP BY 1, 2, 3`, namespace, since, limit)
@@ -194,7 +194,7 @@ type RunLease struct {
 // GetRunLease reads a run's lease epoch and deadline.
 func GetRunLease(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (RunLease, error) {
 	var l RunLease
-	err := db.QueryRow(ctx, `SELECT lease_epoch, deadline_at FROM kagzi.runs WHERE namespace = $1 AND run_id = $2`,
+	err := db.QueryRow(ctx, `SELECT lease_epoch, deadline_at FROM kagzi.runs_all WHERE namespace = $1 AND run_id = $2`,
 		namespace, runID).Scan(&l.LeaseEpoch, &l.Deadline)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return l, ErrNotFound

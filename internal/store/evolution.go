@@ -33,10 +33,15 @@ const rerunSetSQL = `status = 'PENDING', attempt = r.attempt + 1, error = NULL,
 // RerunRun makes a FAILED or CANCELLED run PENDING again, claimable now, with its
 // attempt bumped, its error, cancel flag and deadline cleared, and its steps that did
 // not complete (failed, retrying, waiting) deleted so they run again; completed steps
-// are kept and replay. It returns the status the run had.
-func RerunRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (vocab.RunStatus, error) {
+// are kept and replay. It returns the status the run had. An archived run moves back
+// into the live tables first, in the same transaction.
+func RerunRun(ctx context.Context, db Beginner, namespace string, runID uuid.UUID) (vocab.RunStatus, error) {
 	var before vocab.RunStatus
-	err := db.QueryRow(ctx, `
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := RestoreRuns(ctx, tx, namespace, []uuid.UUID{runID}); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `
 		WITH target AS (
 			SELECT run_id, status FROM kagzi.runs WHERE namespace = $1 AND run_id = $2 FOR UPDATE
 		), cleared AS (
@@ -49,6 +54,7 @@ func RerunRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (
 			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
 		)
 		SELECT t.status, (SELECT (`+notifyRunSQL+`)::text FROM upd) FROM target t`, namespace, runID).Scan(&before, new(*string))
+	})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrNotFound
 	}
@@ -68,9 +74,9 @@ func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, fromKey str
 	var copied int
 	err := db.QueryRow(ctx, `
 		WITH cut AS (
-			SELECT created_at, step_key FROM kagzi.steps WHERE run_id = $1 AND step_key = $2
+			SELECT created_at, step_key FROM kagzi.steps_all WHERE run_id = $1 AND step_key = $2
 		), src AS (
-			SELECT s.* FROM kagzi.steps s, cut
+			SELECT s.* FROM kagzi.steps_all s, cut
 			WHERE s.run_id = $1 AND s.status = 'COMPLETED' AND (s.created_at, s.step_key) < (cut.created_at, cut.step_key)
 		), ins AS (
 			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, error, attempts, wake_at,
@@ -82,7 +88,7 @@ func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, fromKey str
 		), att AS (
 			INSERT INTO kagzi.step_attempts (run_id, step_key, attempt, status, error, started_at, finished_at)
 			SELECT $3, a.step_key, a.attempt, a.status, a.error, a.started_at, a.finished_at
-			FROM kagzi.step_attempts a JOIN ins ON ins.step_key = a.step_key
+			FROM kagzi.step_attempts_all a JOIN ins ON ins.step_key = a.step_key
 			WHERE a.run_id = $1
 		)
 		SELECT EXISTS (SELECT 1 FROM cut), (SELECT count(*) FROM ins)`, origin, fromKey, to).Scan(&found, &copied)

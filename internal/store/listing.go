@@ -137,9 +137,9 @@ func listRunsQuery(p ListRunsParams) (setup, sql string, args []any) {
 		q.where += " AND (" + o + "created_at, " + o + "run_id) " + cmp + " ($" + strconv.Itoa(n-1) + ", $" + strconv.Itoa(n) + ")"
 	}
 	q.args = append(q.args, p.Limit)
-	from := "kagzi.runs"
+	from := "kagzi.runs_all"
 	if byOrder {
-		from = "kagzi.runs_created c JOIN kagzi.runs r ON r.run_id = c.run_id"
+		from = "kagzi.runs_created_all c JOIN kagzi.runs_all r ON r.run_id = c.run_id"
 	}
 	if p.WorkflowID == "" && p.Attributes == nil { // runs_created, runs_by_schedule, runs_by_parent
 		setup = orderedPlansSQL

@@ -33,7 +33,7 @@ func ListSignals(ctx context.Context, db DBTX, namespace string, runID uuid.UUID
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `
-		SELECT id, name, payload, created_at, consumed_by FROM kagzi.signals
+		SELECT id, name, payload, created_at, consumed_by FROM kagzi.signals_all
 		WHERE run_id = $1 AND id > $2 ORDER BY id LIMIT $3`, runID, afterID, limit)
 	if err != nil {
 		return nil, err
@@ -52,7 +52,7 @@ func ListEvents(ctx context.Context, db DBTX, namespace string, runID uuid.UUID,
 		return nil, err
 	}
 	rows, err := db.Query(ctx, `
-		SELECT key, value, updated_at FROM kagzi.events
+		SELECT key, value, updated_at FROM kagzi.events_all
 		WHERE run_id = $1 AND key > $2 ORDER BY key LIMIT $3`, runID, afterKey, limit)
 	if err != nil {
 		return nil, err
@@ -66,7 +66,7 @@ func ListEvents(ctx context.Context, db DBTX, namespace string, runID uuid.UUID,
 
 func runExists(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) error {
 	var ok bool
-	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM kagzi.runs WHERE namespace = $1 AND run_id = $2)`,
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM kagzi.runs_all WHERE namespace = $1 AND run_id = $2)`,
 		namespace, runID).Scan(&ok)
 	if err == nil && !ok {
 		return ErrNotFound

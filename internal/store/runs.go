@@ -134,7 +134,7 @@ func newestByWorkflowIDSQL(ns, id, finished string) string {
 		(SELECT ` + runColumns + `, 0 AS rank FROM kagzi.runs
 		 WHERE namespace = ` + ns + ` AND workflow_id = ` + id + ` AND status IN ('PENDING', 'RUNNING', 'SLEEPING'))
 		UNION ALL
-		(SELECT ` + runColumns + `, 1 FROM kagzi.runs
+		(SELECT ` + runColumns + `, 1 FROM kagzi.runs_all
 		 WHERE namespace = ` + ns + ` AND workflow_id = ` + id + ` AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
 		   AND ` + finished + `
 		 ORDER BY created_at DESC LIMIT 1)
@@ -449,7 +449,7 @@ func insertDebounced(ctx context.Context, db DBTX, n NewRun) (Run, bool, error) 
 
 // GetRun reads one run of the namespace.
 func GetRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (Run, error) {
-	r, err := scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM kagzi.runs
+	r, err := scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM kagzi.runs_all
 		WHERE namespace = $1 AND run_id = $2`, namespace, runID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return Run{}, ErrNotFound
@@ -479,11 +479,16 @@ const cancelSetSQL = `status = CASE WHEN t.status IN ('PENDING', 'SLEEPING') THE
 // CANCELLED (a completion racing with the cancel loses: CompleteRun checks the flag).
 // It returns the run's status before and after.
 const cancelRunSQL = `
-WITH target AS (
+WITH live AS (
 	SELECT run_id, status FROM kagzi.runs WHERE namespace = $1 AND run_id = $2 FOR UPDATE
+), target AS (
+	SELECT * FROM live
+	UNION ALL
+	SELECT run_id, status FROM kagzi.runs_history
+	WHERE namespace = $1 AND run_id = $2 AND NOT EXISTS (SELECT 1 FROM live)
 ), upd AS (
 	UPDATE kagzi.runs r SET ` + cancelSetSQL + `
-	FROM target t
+	FROM live t
 	WHERE r.run_id = t.run_id AND t.status IN ('PENDING', 'SLEEPING', 'RUNNING')
 	RETURNING r.run_id, r.namespace, r.status
 )

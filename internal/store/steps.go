@@ -38,9 +38,9 @@ func ListSteps(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) 
 	rows, err := db.Query(ctx, `
 		SELECT s.step_key, s.name, s.kind, s.status, s.output, s.error, s.wake_at, s.created_at,
 			s.updated_at, s.started_at, s.finished_at, a.attempt, a.status, a.error, a.started_at, a.finished_at
-		FROM kagzi.runs r
-		LEFT JOIN kagzi.steps s ON s.run_id = r.run_id
-		LEFT JOIN kagzi.step_attempts a ON a.run_id = s.run_id AND a.step_key = s.step_key
+		FROM kagzi.runs_all r
+		LEFT JOIN kagzi.steps_all s ON s.run_id = r.run_id
+		LEFT JOIN kagzi.step_attempts_all a ON a.run_id = s.run_id AND a.step_key = s.step_key
 		WHERE r.namespace = $1 AND r.run_id = $2
 		ORDER BY s.created_at, s.step_key, a.attempt`, namespace, runID)
 	if err != nil {

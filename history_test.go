@@ -1,0 +1,321 @@
+package kagzi_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+type archIn struct {
+	N    int  `json:"n"`
+	Fail bool `json:"fail"`
+}
+
+// archived is a workflow that leaves something in every table that moves into the
+// history: steps (one retried), an event, attributes, and a signal it receives.
+var archivedFails sync.Map // workflow id -> true: its "flaky" step fails
+
+var archived = kagzi.Define("archived", func(ctx *kagzi.Context, in archIn) (string, error) {
+	v, err := kagzi.Step(ctx, "double", func(context.Context) (int, error) { return in.N * 2, nil })
+	if err != nil {
+		return "", err
+	}
+	if err := ctx.SetEvent("progress", v); err != nil {
+		return "", err
+	}
+	if err := ctx.SetAttributes(map[string]any{"batch": "archive-test"}); err != nil {
+		return "", err
+	}
+	note, err := kagzi.WaitSignal[string](ctx, "note", time.Minute)
+	if err != nil {
+		return "", err
+	}
+	if in.Fail {
+		_, err := kagzi.Step(ctx, "flaky", func(context.Context) (int, error) {
+			if fail, _ := archivedFails.Load(ctx.WorkflowID()); fail == true {
+				return 0, kagzi.NonRetryable(errors.New("told to fail"))
+			}
+			return 1, nil
+		})
+		if err != nil {
+			return "", err
+		}
+	}
+	return fmt.Sprintf("%d %s", v, note), nil
+})
+
+// archivingClient is a client whose finished runs move into the history at once.
+func archivingClient(t *testing.T, e *env, retention time.Duration) *kagzi.Client {
+	t.Helper()
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), ArchiveAfter: time.Millisecond, Retention: retention})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func archivingWorker(t *testing.T, c *kagzi.Client) (*kagzi.Worker, func()) {
+	t.Helper()
+	cfg := fastWorker()
+	cfg.PruneInterval = 50 * time.Millisecond
+	w, err := kagzi.NewWorker(c, cfg, archived)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(ctx) }()
+	stop := func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("worker.Run: %v", err)
+		}
+	}
+	return w, stop
+}
+
+func TestArchivedRunsAreReadRerunAndStartedAgainstAsBefore(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	c := archivingClient(t, e, 0)
+	w, stop := archivingWorker(t, c)
+	defer stop()
+
+	ok, err := kagzi.Start(ctx, c, archived, archIn{N: 21}, kagzi.WithID("arch-ok"), kagzi.WithIDReuse(kagzi.IDReuseNever))
+	if err != nil {
+		t.Fatal(err)
+	}
+	archivedFails.Store("arch-bad", true)
+	bad, err := kagzi.Start(ctx, c, archived, archIn{N: 1, Fail: true}, kagzi.WithID("arch-bad"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{ok.RunID, bad.RunID} {
+		if err := c.Signal(ctx, id, "note", "hi", kagzi.SignalKey("k-"+id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := ok.Wait(ctx); err != nil || out != "42 hi" {
+		t.Fatalf("ok run: %q, %v", out, err)
+	}
+	if _, err := bad.Wait(ctx); err == nil {
+		t.Fatal("the failing run completed")
+	}
+	eventually(t, "both runs to move into the history", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs`) == 0 && w.ArchivedRuns() == 2
+	})
+	for _, table := range []string{"steps", "step_attempts", "signals", "events", "runs_created"} {
+		if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.`+table); n != 0 {
+			t.Errorf("%d rows left in kagzi.%s after archiving", n, table)
+		}
+		if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.`+table+`_history`); n == 0 {
+			t.Errorf("nothing moved into kagzi.%s_history", table)
+		}
+	}
+	day := time.Now().UTC().Truncate(24 * time.Hour)
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.`+store.HistoryPartitionName("runs_history", day)); n != 2 {
+		t.Fatalf("today's partition of runs_history holds %d runs, want 2", n)
+	}
+
+	// Every read finds the archived runs as it found them live.
+	info, err := c.GetRun(ctx, ok.RunID)
+	if err != nil || info.Status != kagzi.StatusCompleted || info.Attributes["batch"] != "archive-test" {
+		t.Fatalf("GetRun of an archived run: %+v, %v", info, err)
+	}
+	if out, err := kagzi.RunOf[string](c, ok.RunID).Wait(ctx); err != nil || out != "42 hi" {
+		t.Fatalf("Wait on an archived run: %q, %v", out, err)
+	}
+	if byID, err := c.GetRunByWorkflowID(ctx, "arch-ok"); err != nil || byID.RunID != ok.RunID {
+		t.Fatalf("GetRunByWorkflowID of an archived run: %+v, %v", byID, err)
+	}
+	if steps := stepsOf(t, c, bad.RunID); len(steps) < 3 {
+		t.Fatalf("archived run's steps: %+v", steps)
+	}
+	if v, err := kagzi.GetEvent[int](ctx, c, ok.RunID, "progress"); err != nil || v != 42 {
+		t.Fatalf("archived run's event: %v, %v", v, err)
+	}
+	if sigs, err := c.ListSignals(ctx, ok.RunID, kagzi.ListOptions{}); err != nil || len(sigs.Signals) != 1 {
+		t.Fatalf("archived run's signals: %+v, %v", sigs, err)
+	}
+	page, err := c.ListRuns(ctx, kagzi.RunFilter{})
+	if err != nil || len(page.Runs) != 2 || page.Runs[0].RunID != bad.RunID || page.Runs[1].RunID != ok.RunID {
+		t.Fatalf("ListRuns over archived runs: %+v, %v", page, err)
+	}
+	if page, err := c.ListRuns(ctx, kagzi.RunFilter{Attributes: map[string]any{"batch": "archive-test"}}); err != nil || len(page.Runs) != 2 {
+		t.Fatalf("ListRuns by attributes over archived runs: %+v, %v", page, err)
+	}
+	if err := c.Cancel(ctx, ok.RunID); !errors.Is(err, kagzi.ErrRunFinished) {
+		t.Fatalf("Cancel of an archived run: %v, want ErrRunFinished", err)
+	}
+	if err := c.Signal(ctx, ok.RunID, "note", "late"); !errors.Is(err, kagzi.ErrRunFinished) {
+		t.Fatalf("Signal to an archived run: %v, want ErrRunFinished", err)
+	}
+	// IDReuseNever: the archived run still holds its workflow id.
+	again, err := kagzi.Start(ctx, c, archived, archIn{N: 5}, kagzi.WithID("arch-ok"), kagzi.WithIDReuse(kagzi.IDReuseNever))
+	if err != nil || !again.AlreadyExists || again.RunID != ok.RunID {
+		t.Fatalf("IDReuseNever start of an archived run's id: %+v, %v", again, err)
+	}
+
+	// A rerun moves the run back into the live tables and runs it again.
+	archivedFails.Store("arch-bad", false)
+	if err := c.Rerun(ctx, bad.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kagzi.RunOf[string](c, bad.RunID).Wait(ctx); err != nil || out != "2 hi" {
+		t.Fatalf("rerun of an archived run: %q, %v", out, err)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs_history WHERE run_id = $1`, bad.RunID); n > 1 {
+		t.Fatalf("the rerun run is %d times in the history", n)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs_all WHERE run_id = $1`, bad.RunID); n != 1 {
+		t.Fatalf("the rerun run appears %d times, want once", n)
+	}
+}
+
+func TestRetentionDropsTheHistoryPartitionsOfExpiredDaysAndNothingNewer(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	// Four runs finish (and stay live: the default ArchiveAfter); their finish times
+	// are moved back 40 and 2 days; then a client with a long retention archives them
+	// into the partitions of those days.
+	stopPlain := runWorker(t, e.client, fastWorker(), archived)
+	var ids []string
+	for i := range 4 {
+		run, err := kagzi.Start(ctx, e.client, archived, archIn{N: i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := e.client.Signal(ctx, run.RunID, "note", "x"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, run.RunID)
+	}
+	stopPlain()
+	for i, id := range ids {
+		age := 40 * 24 * time.Hour
+		if i >= 2 {
+			age = 2 * 24 * time.Hour
+		}
+		if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs SET finished_at = now() - $2 * interval '1 millisecond'
+			WHERE run_id = $1`, id, age.Milliseconds()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	long := archivingClient(t, e, 60*24*time.Hour)
+	w, stop := archivingWorker(t, long)
+	eventually(t, "the runs to move into the history", func() bool { return w.ArchivedRuns() == 4 })
+	stop()
+	old := time.Now().Add(-40 * 24 * time.Hour).UTC().Truncate(24 * time.Hour)
+	partition := func(table string) int {
+		return countRows(t, e.pool, `SELECT count(*) FROM pg_class WHERE relnamespace = 'kagzi'::regnamespace AND relname = $1`,
+			store.HistoryPartitionName(table, old))
+	}
+	for _, table := range store.HistoryTables {
+		if partition(table) != 1 {
+			t.Fatalf("no partition of %s for 40 days ago", table)
+		}
+	}
+
+	// The same namespace's retention drops to 30 days: the partitions of 40 days ago go.
+	short := archivingClient(t, e, 30*24*time.Hour)
+	w, stop = archivingWorker(t, short)
+	defer stop()
+	eventually(t, "the expired partitions to be dropped", func() bool {
+		for _, table := range store.HistoryTables {
+			if partition(table) != 0 {
+				return false
+			}
+		}
+		return w.DroppedHistoryPartitions() >= int64(len(store.HistoryTables))
+	})
+	two := time.Now().Add(-2 * 24 * time.Hour).UTC().Truncate(24 * time.Hour)
+	for _, table := range store.HistoryTables {
+		if n := countRows(t, e.pool, `SELECT count(*) FROM pg_class WHERE relnamespace = 'kagzi'::regnamespace AND relname = $1`,
+			store.HistoryPartitionName(table, two)); n != 1 {
+			t.Fatalf("the partition of %s for 2 days ago was dropped", table)
+		}
+	}
+	for i, id := range ids {
+		_, err := short.GetRun(ctx, id)
+		if i < 2 && !errors.Is(err, kagzi.ErrNotFound) {
+			t.Fatalf("run finished 40 days ago: %v, want ErrNotFound", err)
+		}
+		if i >= 2 && err != nil {
+			t.Fatalf("run finished 2 days ago is gone: %v", err)
+		}
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.steps_history`); n == 0 {
+		t.Fatal("the steps of the runs finished 2 days ago went too")
+	}
+}
+
+func TestARetentionShorterThanAnotherNamespacesDeletesOnlyItsOwnArchivedRuns(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	c := archivingClient(t, e, 0)
+	w, stop := archivingWorker(t, c)
+	run, err := kagzi.Start(ctx, c, archived, archIn{N: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Signal(ctx, run.RunID, "note", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the run to move into the history", func() bool { return w.ArchivedRuns() == 1 })
+	stop()
+	// Another namespace keeps its runs for ever: no partition may be dropped.
+	forever, err := kagzi.NewClient(e.pool, kagzi.Config{Namespace: "keeper", Logger: quietLogger(), Retention: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	kw, kstop := archivingWorker(t, forever)
+	defer kstop()
+	eventually(t, "the keeper namespace to register its retention", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.history_retention WHERE namespace = 'keeper' AND keep_ms = -1`) == 1
+	})
+	_ = kw
+	// This namespace's retention is a minute: its archived run, finished two minutes
+	// ago, is deleted row by row with what moved with it.
+	if err := store.EnsureHistoryPartitions(ctx, e.pool, time.Now().Add(-time.Hour), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs_history SET finished_at = finished_at - interval '2 minutes' WHERE run_id = $1`,
+		run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	for _, table := range store.HistoryTables[1:] {
+		if _, err := e.pool.Exec(ctx, `UPDATE kagzi.`+table+` SET run_finished_at = run_finished_at - interval '2 minutes'`); err != nil {
+			t.Fatal(err)
+		}
+	}
+	short, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Retention: time.Minute, ArchiveAfter: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw, sstop := archivingWorker(t, short)
+	defer sstop()
+	eventually(t, "the archived run past the namespace's retention to be pruned", func() bool { return sw.PrunedRuns() == 1 })
+	if _, err := short.GetRun(ctx, run.RunID); !errors.Is(err, kagzi.ErrNotFound) {
+		t.Fatalf("pruned archived run: %v, want ErrNotFound", err)
+	}
+	for _, table := range []string{"steps_history", "signals_history", "events_history", "runs_created_history"} {
+		if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.`+table); n != 0 {
+			t.Errorf("%d rows left in kagzi.%s", n, table)
+		}
+	}
+	if sw.DroppedHistoryPartitions() != 0 || kw.DroppedHistoryPartitions() != 0 {
+		t.Fatal("a partition was dropped while a namespace keeps its runs for ever")
+	}
+}

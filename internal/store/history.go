@@ -1,0 +1,406 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// The history (migration 00009): finished runs move out of the live tables into
+// tables partitioned by the UTC day their run finished; retention drops a day's
+// partitions. HistoryTables are the partitioned tables, each partitioned by its
+// HistoryKey column; every day has one partition in each, named
+// <table>_pYYYYMMDD.
+var HistoryTables = []string{"runs_history", "steps_history", "step_attempts_history",
+	"signals_history", "events_history", "runs_created_history"}
+
+// historyKey is the partition key column of a history table.
+func historyKey(table string) string {
+	if table == "runs_history" {
+		return "finished_at"
+	}
+	return "run_finished_at"
+}
+
+// HistoryPartitionName is the partition of table (one of HistoryTables) that holds
+// the runs that finished on day (a UTC midnight).
+func HistoryPartitionName(table string, day time.Time) string {
+	return table + "_p" + day.UTC().Format("20060102")
+}
+
+// historyDay parses the day of a partition name, ok false when it is not one.
+func historyDay(table, name string) (time.Time, bool) {
+	s, ok := strings.CutPrefix(name, table+"_p")
+	if !ok || len(s) != 8 {
+		return time.Time{}, false
+	}
+	d, err := time.Parse("20060102", s)
+	return d, err == nil
+}
+
+// Beginner is a DBTX that can begin a transaction (a pool, a connection, a
+// transaction: a savepoint).
+type Beginner interface {
+	DBTX
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// historyLockKey serialises the creation and the dropping of history partitions
+// between processes (an advisory lock key).
+const historyLockKey = `hashtextextended('kagzi.history', 0)`
+
+// HistoryPartitions returns the days of table's attached partitions (not pending a
+// detach), oldest first.
+func HistoryPartitions(ctx context.Context, db DBTX, table string) ([]time.Time, error) {
+	rows, err := db.Query(ctx, `
+		SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = ('kagzi.' || $1)::regclass AND NOT i.inhdetachpending
+		ORDER BY c.relname`, table)
+	if err != nil {
+		return nil, err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, err
+	}
+	var days []time.Time
+	for _, n := range names {
+		if d, ok := historyDay(table, n); ok {
+			days = append(days, d)
+		}
+	}
+	return days, nil
+}
+
+// EnsureHistoryPartitions makes sure every history table has a partition for each
+// UTC day from the day of from to the day of to. A partition is created as a table of
+// its own and then attached, which locks the parent in SHARE UPDATE EXCLUSIVE mode
+// only: reads and the archiver's inserts go on meanwhile.
+func EnsureHistoryPartitions(ctx context.Context, db Beginner, from, to time.Time) error {
+	first := from.UTC().Truncate(24 * time.Hour)
+	last := to.UTC().Truncate(24 * time.Hour)
+	if last.Before(first) {
+		return nil
+	}
+	have := map[string]bool{}
+	for _, t := range HistoryTables {
+		days, err := HistoryPartitions(ctx, db, t)
+		if err != nil {
+			return err
+		}
+		for _, d := range days {
+			have[HistoryPartitionName(t, d)] = true
+		}
+	}
+	var missing []string
+	for d := first; !d.After(last); d = d.Add(24 * time.Hour) {
+		for _, t := range HistoryTables {
+			if name := HistoryPartitionName(t, d); !have[name] {
+				missing = append(missing, name)
+			}
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+historyLockKey+`)`); err != nil {
+			return err
+		}
+		for _, name := range missing {
+			var table string
+			var day time.Time
+			for _, t := range HistoryTables {
+				if d, ok := historyDay(t, name); ok {
+					table, day = t, d
+				}
+			}
+			var attached bool
+			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+				WHERE i.inhparent = ('kagzi.' || $1)::regclass AND c.relname = $2)`, table, name).Scan(&attached); err != nil {
+				return err
+			}
+			if attached {
+				continue
+			}
+			lo, hi := day.Format(time.RFC3339), day.Add(24*time.Hour).Format(time.RFC3339)
+			if _, err := tx.Exec(ctx, fmt.Sprintf(
+				`CREATE TABLE IF NOT EXISTS kagzi.%s (LIKE kagzi.%s INCLUDING DEFAULTS INCLUDING CONSTRAINTS)`,
+				name, table)); err != nil {
+				return fmt.Errorf("kagzi: create history partition %s: %w", name, err)
+			}
+			if _, err := tx.Exec(ctx, fmt.Sprintf(
+				`ALTER TABLE kagzi.%s ATTACH PARTITION kagzi.%s FOR VALUES FROM ('%s') TO ('%s')`,
+				table, name, lo, hi)); err != nil {
+				return fmt.Errorf("kagzi: attach history partition %s: %w", name, err)
+			}
+		}
+		return nil
+	})
+}
+
+// oldestArchivable is the finished_at of the namespace's oldest live finished run that
+// ArchiveFinished would move (NULL when none).
+const oldestArchivableSQL = `
+SELECT min(finished_at) FROM kagzi.runs
+WHERE namespace = $1 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+  AND finished_at < now() - $2::bigint * interval '1 millisecond'
+  AND ($3::bigint < 0 OR finished_at >= now() - $3::bigint * interval '1 millisecond')`
+
+// archiveSQL moves up to $4 of the namespace's runs that finished more than $2 ms
+// ago (and, unless $3 < 0, less than the retention $3 ms ago: older ones are pruned,
+// not archived) into the history, with their steps, step attempts, signals, events
+// and listing entries, in one statement. Runs another transaction holds are skipped.
+const archiveSQL = `
+WITH pick AS (
+	SELECT run_id, finished_at FROM kagzi.runs
+	WHERE namespace = $1 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+	  AND finished_at < now() - $2::bigint * interval '1 millisecond'
+	  AND ($3::bigint < 0 OR finished_at >= now() - $3::bigint * interval '1 millisecond')
+	ORDER BY finished_at
+	LIMIT $4
+	FOR UPDATE SKIP LOCKED
+), r AS (
+	DELETE FROM kagzi.runs x USING pick p WHERE x.run_id = p.run_id RETURNING x.*
+), rh AS (
+	INSERT INTO kagzi.runs_history SELECT * FROM r
+), s AS (
+	DELETE FROM kagzi.steps x USING pick p WHERE x.run_id = p.run_id RETURNING x.*, p.finished_at
+), sh AS (
+	INSERT INTO kagzi.steps_history SELECT * FROM s
+), a AS (
+	DELETE FROM kagzi.step_attempts x USING pick p WHERE x.run_id = p.run_id RETURNING x.*, p.finished_at
+), ah AS (
+	INSERT INTO kagzi.step_attempts_history SELECT * FROM a
+), g AS (
+	DELETE FROM kagzi.signals x USING pick p WHERE x.run_id = p.run_id RETURNING x.*, p.finished_at
+), gh AS (
+	INSERT INTO kagzi.signals_history SELECT * FROM g
+), e AS (
+	DELETE FROM kagzi.events x USING pick p WHERE x.run_id = p.run_id RETURNING x.*, p.finished_at
+), eh AS (
+	INSERT INTO kagzi.events_history SELECT * FROM e
+), c AS (
+	DELETE FROM kagzi.runs_created x USING r
+	WHERE x.namespace = r.namespace AND x.created_at = r.created_at AND x.run_id = r.run_id
+	RETURNING x.*, r.finished_at
+), ch AS (
+	INSERT INTO kagzi.runs_created_history SELECT * FROM c
+)
+SELECT count(*) FROM r`
+
+// ArchiveFinished moves up to limit of the namespace's runs that finished more than
+// after ago into the history (see archiveSQL), creating the partitions their days
+// need first. Runs that finished before the retention ago (retention < 0: none) are
+// not moved: PruneFinished deletes them. It returns how many runs it moved.
+func ArchiveFinished(ctx context.Context, db Beginner, namespace string, after, retention time.Duration, limit int) (int64, error) {
+	keep := int64(-1)
+	if retention >= 0 {
+		keep = retention.Milliseconds()
+	}
+	var oldest *time.Time
+	if err := db.QueryRow(ctx, oldestArchivableSQL, namespace, after.Milliseconds(), keep).Scan(&oldest); err != nil {
+		return 0, err
+	}
+	if oldest == nil {
+		return 0, nil
+	}
+	if err := EnsureHistoryPartitions(ctx, db, *oldest, time.Now().Add(24*time.Hour)); err != nil {
+		return 0, err
+	}
+	var n int64
+	err := db.QueryRow(ctx, archiveSQL, namespace, after.Milliseconds(), keep, limit).Scan(&n)
+	return n, err
+}
+
+// restoreSQL moves archived runs of the namespace ($2) back into the live tables,
+// with everything archiveSQL moved with them: a rerun or a reset of a finished run
+// rewrites it in the live table. It returns the runs it moved.
+const restoreSQL = `
+WITH r AS (
+	DELETE FROM kagzi.runs_history x WHERE x.namespace = $1 AND x.run_id = ANY($2::uuid[]) RETURNING x.*
+), ri AS (
+	INSERT INTO kagzi.runs SELECT * FROM r
+), s AS (
+	DELETE FROM kagzi.steps_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+	RETURNING x.run_id, x.step_key, x.name, x.kind, x.status, x.output, x.error, x.attempts, x.wake_at,
+		x.created_at, x.updated_at, x.position, x.started_at, x.finished_at
+), si AS (
+	INSERT INTO kagzi.steps SELECT * FROM s
+), a AS (
+	DELETE FROM kagzi.step_attempts_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+	RETURNING x.run_id, x.step_key, x.attempt, x.status, x.error, x.started_at, x.finished_at
+), ai AS (
+	INSERT INTO kagzi.step_attempts SELECT * FROM a
+), g AS (
+	DELETE FROM kagzi.signals_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+	RETURNING x.id, x.run_id, x.name, x.payload, x.created_at, x.consumed_by, x.key
+), gi AS (
+	INSERT INTO kagzi.signals SELECT * FROM g
+), e AS (
+	DELETE FROM kagzi.events_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+	RETURNING x.run_id, x.key, x.value, x.updated_at
+), ei AS (
+	INSERT INTO kagzi.events SELECT * FROM e
+), c AS (
+	DELETE FROM kagzi.runs_created_history x USING r
+	WHERE x.namespace = r.namespace AND x.created_at = r.created_at AND x.run_id = r.run_id
+	  AND x.run_finished_at = r.finished_at
+	RETURNING x.namespace, x.created_at, x.run_id, x.workflow_type
+), ci AS (
+	INSERT INTO kagzi.runs_created SELECT * FROM c
+)
+SELECT run_id FROM r`
+
+// RestoreRuns moves archived runs of the namespace back into the live tables (see
+// restoreSQL); runs that are not archived are left alone. It must run in the
+// transaction that then rewrites the runs, or the archiver may move them again.
+func RestoreRuns(ctx context.Context, db DBTX, namespace string, ids []uuid.UUID) (int, error) {
+	rows, err := db.Query(ctx, restoreSQL, namespace, ids)
+	if err != nil {
+		return 0, err
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	return len(got), err
+}
+
+// HistoryHorizon registers the namespace's retention (keep < 0: for ever) and returns
+// the time before which every history partition may be dropped: the longest
+// retention among the namespaces heard from in the last week. ok is false when one of
+// them keeps its runs for ever (no partition may be dropped).
+func HistoryHorizon(ctx context.Context, db DBTX, namespace string, keep time.Duration) (time.Time, bool, error) {
+	ms := int64(-1)
+	if keep >= 0 {
+		ms = keep.Milliseconds()
+	}
+	var forever bool
+	var horizon *time.Time
+	err := db.QueryRow(ctx, `
+		WITH reg AS (
+			INSERT INTO kagzi.history_retention AS h (namespace, keep_ms) VALUES ($1, $2::bigint)
+			ON CONFLICT (namespace) DO UPDATE SET keep_ms = excluded.keep_ms, updated_at = now()
+			RETURNING namespace, keep_ms
+		), live AS (
+			SELECT keep_ms FROM kagzi.history_retention WHERE updated_at > now() - interval '7 days' AND namespace <> $1
+			UNION ALL SELECT keep_ms FROM reg
+		)
+		SELECT bool_or(keep_ms < 0), now() - max(keep_ms) * interval '1 millisecond' FROM live`, namespace, ms).
+		Scan(&forever, &horizon)
+	if err != nil || forever || horizon == nil {
+		return time.Time{}, false, err
+	}
+	return *horizon, true, nil
+}
+
+// TakeHistoryDrops takes the lease of dropping history partitions for a while (see
+// kagzi.history_drops), ok false when another process holds it.
+func TakeHistoryDrops(ctx context.Context, db DBTX, lease time.Duration) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, `
+		INSERT INTO kagzi.history_drops AS d (until) VALUES (now() + $1::bigint * interval '1 millisecond')
+		ON CONFLICT (id) DO UPDATE SET until = excluded.until WHERE d.until < now()
+		RETURNING true`, lease.Milliseconds()).Scan(&ok)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return ok, err
+}
+
+// ReleaseHistoryDrops gives the lease of TakeHistoryDrops back.
+func ReleaseHistoryDrops(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, `UPDATE kagzi.history_drops SET until = now()`)
+	return err
+}
+
+// DropHistoryBefore drops the history partitions of days that ended at or before
+// horizon, and finishes the detaches an interrupted drop left pending. On
+// PostgreSQL 14 and later a partition is detached CONCURRENTLY (no lock that
+// blocks readers or the archiver), then dropped. It returns the partitions dropped.
+func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]string, error) {
+	var version int
+	if err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
+		return nil, err
+	}
+	var dropped []string
+	for _, table := range HistoryTables {
+		rows, err := db.Query(ctx, `
+			SELECT c.relname, i.inhdetachpending FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+			WHERE i.inhparent = ('kagzi.' || $1)::regclass ORDER BY c.relname`, table)
+		if err != nil {
+			return dropped, err
+		}
+		type part struct {
+			name    string
+			pending bool
+		}
+		parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (part, error) {
+			var p part
+			err := row.Scan(&p.name, &p.pending)
+			return p, err
+		})
+		if err != nil {
+			return dropped, err
+		}
+		for _, p := range parts {
+			day, ok := historyDay(table, p.name)
+			if !ok || day.Add(24*time.Hour).After(horizon) {
+				continue
+			}
+			detach := fmt.Sprintf(`ALTER TABLE kagzi.%s DETACH PARTITION kagzi.%s`, table, p.name)
+			switch {
+			case p.pending:
+				detach += ` FINALIZE`
+			case version >= 140000:
+				detach += ` CONCURRENTLY`
+			}
+			if _, err := db.Exec(ctx, detach); err != nil {
+				return dropped, fmt.Errorf("kagzi: detach history partition %s: %w", p.name, err)
+			}
+			if _, err := db.Exec(ctx, `DROP TABLE IF EXISTS kagzi.`+p.name); err != nil {
+				return dropped, fmt.Errorf("kagzi: drop history partition %s: %w", p.name, err)
+			}
+			dropped = append(dropped, p.name)
+		}
+	}
+	return dropped, nil
+}
+
+// pruneHistorySQL deletes up to $3 of the namespace's archived runs that finished
+// before $2 ms ago, with what was archived with them: the retention of a namespace
+// shorter than the longest, which decides when partitions are dropped.
+const pruneHistorySQL = `
+WITH r AS (
+	DELETE FROM kagzi.runs_history x USING (
+		SELECT run_id, finished_at FROM kagzi.runs_history
+		WHERE namespace = $1 AND finished_at < now() - $2::bigint * interval '1 millisecond'
+		ORDER BY finished_at LIMIT $3
+	) p
+	WHERE x.run_id = p.run_id AND x.finished_at = p.finished_at
+	RETURNING x.run_id, x.finished_at, x.namespace, x.created_at
+), s AS (
+	DELETE FROM kagzi.steps_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+), a AS (
+	DELETE FROM kagzi.step_attempts_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+), g AS (
+	DELETE FROM kagzi.signals_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+), e AS (
+	DELETE FROM kagzi.events_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+), c AS (
+	DELETE FROM kagzi.runs_created_history x USING r
+	WHERE x.namespace = r.namespace AND x.created_at = r.created_at AND x.run_id = r.run_id
+	  AND x.run_finished_at = r.finished_at
+)
+SELECT count(*) FROM r`
+
+// PruneHistory deletes up to limit archived runs of the namespace that finished more
+// than keep ago (see pruneHistorySQL), and returns how many.
+func PruneHistory(ctx context.Context, db DBTX, namespace string, keep time.Duration, limit int) (int64, error) {
+	var n int64
+	err := db.QueryRow(ctx, pruneHistorySQL, namespace, keep.Milliseconds(), limit).Scan(&n)
+	return n, err
+}
