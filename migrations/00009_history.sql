@@ -69,9 +69,13 @@ CREATE VIEW kagzi.signals_all AS
 CREATE VIEW kagzi.events_all AS
     SELECT * FROM kagzi.events UNION ALL
     SELECT run_id, key, value, updated_at FROM kagzi.events_history;
+-- runs_created_all also says where each entry's run is: run_finished_at is NULL for
+-- a live run, and the partition key of its history row for an archived one, so that a
+-- listing looks each run up in one place (one partition) rather than in every one.
 CREATE VIEW kagzi.runs_created_all AS
-    SELECT * FROM kagzi.runs_created UNION ALL
-    SELECT namespace, created_at, run_id, workflow_type FROM kagzi.runs_created_history;
+    SELECT namespace, created_at, run_id, workflow_type, NULL::timestamptz AS run_finished_at FROM kagzi.runs_created
+    UNION ALL
+    SELECT namespace, created_at, run_id, workflow_type, run_finished_at FROM kagzi.runs_created_history;
 
 -- The retention each namespace's workers last applied (keep_ms; -1: keep for ever). A
 -- history partition is dropped once its day is past the longest retention of the

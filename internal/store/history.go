@@ -372,7 +372,9 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 
 // pruneHistorySQL deletes up to $3 of the namespace's archived runs that finished
 // before $2 ms ago, with what was archived with them: the retention of a namespace
-// shorter than the longest, which decides when partitions are dropped.
+// shorter than the longest, which decides when partitions are dropped. Every
+// statement also bounds the partition key, so that only the partitions of the days
+// concerned are read.
 const pruneHistorySQL = `
 WITH r AS (
 	DELETE FROM kagzi.runs_history x USING (
@@ -381,26 +383,39 @@ WITH r AS (
 		ORDER BY finished_at LIMIT $3
 	) p
 	WHERE x.run_id = p.run_id AND x.finished_at = p.finished_at
+	  AND x.finished_at < now() - $2::bigint * interval '1 millisecond'
 	RETURNING x.run_id, x.finished_at, x.namespace, x.created_at
 ), s AS (
 	DELETE FROM kagzi.steps_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+	  AND x.run_finished_at < now() - $2::bigint * interval '1 millisecond'
 ), a AS (
 	DELETE FROM kagzi.step_attempts_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+	  AND x.run_finished_at < now() - $2::bigint * interval '1 millisecond'
 ), g AS (
 	DELETE FROM kagzi.signals_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+	  AND x.run_finished_at < now() - $2::bigint * interval '1 millisecond'
 ), e AS (
 	DELETE FROM kagzi.events_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
+	  AND x.run_finished_at < now() - $2::bigint * interval '1 millisecond'
 ), c AS (
 	DELETE FROM kagzi.runs_created_history x USING r
 	WHERE x.namespace = r.namespace AND x.created_at = r.created_at AND x.run_id = r.run_id
-	  AND x.run_finished_at = r.finished_at
+	  AND x.run_finished_at = r.finished_at AND x.run_finished_at < now() - $2::bigint * interval '1 millisecond'
 )
 SELECT count(*) FROM r`
 
 // PruneHistory deletes up to limit archived runs of the namespace that finished more
-// than keep ago (see pruneHistorySQL), and returns how many.
-func PruneHistory(ctx context.Context, db DBTX, namespace string, keep time.Duration, limit int) (int64, error) {
+// than keep ago (see pruneHistorySQL), and returns how many. Its transaction turns
+// hash and merge joins and sequential scans off: the planner would otherwise read
+// whole partitions to delete a batch of their rows, which the primary keys find.
+func PruneHistory(ctx context.Context, db Beginner, namespace string, keep time.Duration, limit int) (int64, error) {
 	var n int64
-	err := db.QueryRow(ctx, pruneHistorySQL, namespace, keep.Milliseconds(), limit).Scan(&n)
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
+			set_config('enable_seqscan', 'off', true)`); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, pruneHistorySQL, namespace, keep.Milliseconds(), limit).Scan(&n)
+	})
 	return n, err
 }

@@ -139,7 +139,7 @@ func listRunsQuery(p ListRunsParams) (setup, sql string, args []any) {
 	q.args = append(q.args, p.Limit)
 	from := "kagzi.runs_all"
 	if byOrder {
-		from = "kagzi.runs_created_all c JOIN kagzi.runs_all r ON r.run_id = c.run_id"
+		from = listedRunsSQL
 	}
 	if p.WorkflowID == "" && p.Attributes == nil { // runs_created, runs_by_schedule, runs_by_parent
 		setup = orderedPlansSQL
@@ -147,6 +147,16 @@ func listRunsQuery(p ListRunsParams) (setup, sql string, args []any) {
 	return setup, `SELECT ` + listColumns(r, p.Payloads) + ` FROM ` + from + ` WHERE ` + q.where +
 		` ORDER BY ` + o + `created_at ` + dir + `, ` + o + `run_id ` + dir + ` LIMIT $` + strconv.Itoa(len(q.args)), q.args
 }
+
+// listedRunsSQL is the entries of ListRuns' order (runs_created_all c), each joined
+// to its run (r): in the live table, or in the one partition of the history its entry
+// names (run_finished_at), a lookup each either way.
+const listedRunsSQL = `kagzi.runs_created_all c CROSS JOIN LATERAL (
+		SELECT * FROM kagzi.runs l WHERE c.run_finished_at IS NULL AND l.run_id = c.run_id
+		UNION ALL
+		SELECT * FROM kagzi.runs_history h
+		WHERE c.run_finished_at IS NOT NULL AND h.run_id = c.run_id AND h.finished_at = c.run_finished_at
+	) r`
 
 // filters adds ListRuns' filters that no index orders: r qualifies runs' columns, o
 // the order's.

@@ -127,8 +127,16 @@ const runColumns = `run_id, namespace, workflow_id, workflow_type, status, input
 // newest finished run. Each branch reads its own partial index
 // (runs_one_active_per_workflow_id, runs_finished_by_workflow_id): no index covers
 // both, so that starts and claims, which rewrite active rows, maintain one index
-// fewer. ns and id are the placeholders of the namespace and the workflow id.
+// fewer. ns and id are the placeholders of the namespace and the workflow id. The
+// finished runs are read from the live table and the history (runs_all); with
+// finished "", the statement reads active runs only, and does not name the history
+// (whose partitions a cached plan would lock at every execution).
 func newestByWorkflowIDSQL(ns, id, finished string) string {
+	if finished == "" {
+		return `
+	SELECT ` + runColumns + `, 0 AS rank FROM kagzi.runs
+	WHERE namespace = ` + ns + ` AND workflow_id = ` + id + ` AND status IN ('PENDING', 'RUNNING', 'SLEEPING')`
+	}
 	return `
 	SELECT * FROM (
 		(SELECT ` + runColumns + `, 0 AS rank FROM kagzi.runs
@@ -246,7 +254,11 @@ const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, r
 // the planner could fold: a CTE that did (eager_worker IS NOT NULL, ...) made custom
 // plans look cheaper than the generic one, and Postgres planned every start anew
 // (1.8 ms a start, more than the start's own work).
-func insertRunSQL(eager bool) string {
+//
+// With reuseNever (IDReuseNever: children, schedules, callers that ask), the id's
+// newest finished run is looked up too, in the live table and the history; without,
+// the statement reads active runs only.
+func insertRunSQL(eager, reuseNever bool) string {
 	cte := `
 	SELECT false AS ok`
 	if eager {
@@ -257,12 +269,16 @@ func insertRunSQL(eager bool) string {
 	SELECT NOT EXISTS (SELECT 1 FROM kagzi.flow_limits l WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type)
 		AS ok`
 	}
-	return insertRunTemplate(cte)
+	finished := ""
+	if reuseNever {
+		finished = "id_reuse_never"
+	}
+	return insertRunTemplate(cte, finished)
 }
 
-func insertRunTemplate(eager string) string {
+func insertRunTemplate(eager, finished string) string {
 	return `
-WITH prev AS (` + newestByWorkflowIDSQL("@namespace", "@workflow_id", "@reuse_never AND id_reuse_never") + `
+WITH prev AS (` + newestByWorkflowIDSQL("@namespace", "@workflow_id", finished) + `
 ), eager AS (` + eager + `
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
@@ -345,8 +361,10 @@ var insertRunParams = []param[*NewRun]{
 }
 
 var (
-	insertRun      = named(insertRunSQL(false), insertRunParams...)
-	insertRunEager = named(insertRunSQL(true), insertRunParams...)
+	insertRun           = named(insertRunSQL(false, false), insertRunParams...)
+	insertRunEager      = named(insertRunSQL(true, false), insertRunParams...)
+	insertRunNever      = named(insertRunSQL(false, true), insertRunParams...)
+	insertRunEagerNever = named(insertRunSQL(true, true), insertRunParams...)
 )
 
 // notifyDeadlineSQL notifies DeadlineTopic of the namespace when deadline is not
@@ -372,8 +390,13 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, inserted
 	for range 5 {
 		var notified string
 		stmt := insertRun
-		if n.Eager != nil {
+		switch {
+		case n.Eager != nil && n.ReuseNever:
+			stmt = insertRunEagerNever
+		case n.Eager != nil:
 			stmt = insertRunEager
+		case n.ReuseNever:
+			stmt = insertRunNever
 		}
 		run, err = scanRun(db.QueryRow(ctx, stmt.sql, stmt.args(&n)...), &inserted, &notified, &noWorker)
 		if errors.Is(err, pgx.ErrNoRows) {

@@ -740,13 +740,15 @@ CREATE VIEW kagzi.runs_created_all AS
  SELECT runs_created.namespace,
     runs_created.created_at,
     runs_created.run_id,
-    runs_created.workflow_type
+    runs_created.workflow_type,
+    NULL::timestamp with time zone AS run_finished_at
    FROM kagzi.runs_created
 UNION ALL
  SELECT runs_created_history.namespace,
     runs_created_history.created_at,
     runs_created_history.run_id,
-    runs_created_history.workflow_type
+    runs_created_history.workflow_type,
+    runs_created_history.run_finished_at
    FROM kagzi.runs_created_history;
 
 CREATE TABLE kagzi.schedules (
