@@ -319,3 +319,111 @@ func TestARetentionShorterThanAnotherNamespacesDeletesOnlyItsOwnArchivedRuns(t *
 		t.Fatal("a partition was dropped while a namespace keeps its runs for ever")
 	}
 }
+
+func TestADropOfHistoryPartitionsInterruptedMidwayIsFinishedByTheNext(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	old := time.Now().Add(-40 * 24 * time.Hour).UTC().Truncate(24 * time.Hour)
+	if err := store.EnsureHistoryPartitions(ctx, e.pool, old, old); err != nil {
+		t.Fatal(err)
+	}
+	// A reader in a transaction that has read the history: a concurrent detach waits for it.
+	reader, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Rollback(ctx)
+	if _, err := reader.Exec(ctx, `SELECT count(*) FROM kagzi.runs_history`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	pid := conn.Conn().PgConn().PID()
+	dropped := make(chan error, 1)
+	go func() {
+		_, err := store.DropHistoryBefore(ctx, conn.Conn(), time.Now())
+		dropped <- err
+	}()
+	// Once the detach waits for the reader, its first transaction has committed: cancel it.
+	eventually(t, "the detach to wait for the reader", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND query LIKE '%DETACH PARTITION%'
+			AND wait_event_type = 'Lock'`, pid) == 1
+	})
+	if _, err := e.pool.Exec(ctx, `SELECT pg_cancel_backend($1)`, pid); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-dropped; err == nil {
+		t.Fatal("the cancelled drop reported no error")
+	}
+	if err := reader.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM pg_inherits WHERE inhdetachpending`); n != 1 {
+		t.Fatalf("%d partitions pending a detach after the interruption, want 1", n)
+	}
+	// The next drop finishes the pending detach and drops every partition of the day.
+	got, err := store.DropHistoryBefore(ctx, e.pool, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(store.HistoryTables) {
+		t.Fatalf("the next drop dropped %v, want the day's %d partitions", got, len(store.HistoryTables))
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM pg_class WHERE relnamespace = 'kagzi'::regnamespace AND relname LIKE '%_p`+
+		old.Format("20060102")+`'`); n != 0 {
+		t.Fatalf("%d partitions of the day left", n)
+	}
+}
+
+func TestTwoArchivingWorkersMoveEachFinishedRunOnceWithItsSteps(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	stopPlain := runWorker(t, e.client, fastWorker(), greet)
+	const n = 300
+	for i := range n {
+		if _, err := kagzi.Start(ctx, e.client, greet, greetIn{Name: fmt.Sprint(i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "every run to complete", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'COMPLETED'`) == n
+	})
+	stopPlain()
+	var workers []*kagzi.Worker
+	for range 2 {
+		c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), ArchiveAfter: time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg := fastWorker()
+		cfg.PruneInterval = 10 * time.Millisecond
+		w, err := kagzi.NewWorker(c, cfg, greet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- w.Run(wctx) }()
+		defer func() { cancel(); <-done }()
+		workers = append(workers, w)
+	}
+	eventually(t, "every run to move into the history", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs`) == 0
+	})
+	if got := workers[0].ArchivedRuns() + workers[1].ArchivedRuns(); got != n {
+		t.Fatalf("the workers archived %d runs, want %d", got, n)
+	}
+	for _, q := range []string{
+		`SELECT count(DISTINCT run_id) FROM kagzi.runs_history`,
+		`SELECT count(*) FROM kagzi.runs_all`,
+		`SELECT count(*) FROM kagzi.steps_all`,
+		`SELECT count(*) FROM kagzi.runs_created_all`,
+	} {
+		if got := countRows(t, e.pool, q); got != n {
+			t.Fatalf("%s = %d, want %d", q, got, n)
+		}
+	}
+}
