@@ -376,6 +376,25 @@ func TestADropOfHistoryPartitionsInterruptedMidwayIsFinishedByTheNext(t *testing
 		old.Format("20060102")+`'`); n != 0 {
 		t.Fatalf("%d partitions of the day left", n)
 	}
+
+	// A drop that detached a partition and died before dropping it left a table of
+	// its own: the next drop removes it with the rest of its day.
+	older := old.Add(-24 * time.Hour)
+	if err := store.EnsureHistoryPartitions(ctx, e.pool, older, older); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `ALTER TABLE kagzi.runs_history DETACH PARTITION kagzi.`+
+		store.HistoryPartitionName("runs_history", older)); err != nil {
+		t.Fatal(err)
+	}
+	got, err = store.DropHistoryBefore(ctx, e.pool, time.Now())
+	if err != nil || len(got) != len(store.HistoryTables) {
+		t.Fatalf("the drop after a detached partition dropped %v, %v", got, err)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM pg_class WHERE relnamespace = 'kagzi'::regnamespace AND relname LIKE '%_p`+
+		older.Format("20060102")+`'`); n != 0 {
+		t.Fatalf("%d tables of the older day left", n)
+	}
 }
 
 func TestTwoArchivingWorkersMoveEachFinishedRunOnceWithItsSteps(t *testing.T) {

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/store"
 	"github.com/kagzi/kagzi/internal/testdb"
 )
 
@@ -405,6 +406,47 @@ func runThroughPgBouncer(t *testing.T, b *pgbouncer, database string, cfg kagzi.
 	}
 	if h := client.Health(ctx); !h.Healthy() {
 		t.Fatalf("Health through PgBouncer: %+v", h)
+	}
+
+	// The history: a client that archives at once moves the finished runs into it
+	// (creating today's partitions), reads find them there, and an old day's
+	// partitions are detached CONCURRENTLY and dropped, all through the pooler.
+	acfg := cfg
+	acfg.ArchiveAfter = time.Millisecond
+	archiver, err := kagzi.NewClient(pool, acfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer archiver.Close()
+	awcfg := wcfg
+	awcfg.PruneInterval = 50 * time.Millisecond
+	stopArchiver := runWorker(t, archiver, awcfg, pgbOrder, pgbChild, pgbStuck, pgbTick)
+	defer stopArchiver()
+	eventually(t, "the finished runs to move into the history", func() bool {
+		var live, archived int
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM kagzi.runs WHERE status IN ('COMPLETED', 'FAILED', 'CANCELLED')),
+			(SELECT count(*) FROM kagzi.runs_history)`).Scan(&live, &archived); err != nil {
+			t.Fatal(err)
+		}
+		return live == 0 && archived >= 5
+	})
+	if page, err := client.ListRuns(ctx, kagzi.RunFilter{WorkflowType: "pgb-order"}); err != nil || len(page.Runs) != 2 {
+		t.Fatalf("ListRuns of archived pgb-order runs: %v, %v; want 2 runs", page, err)
+	}
+	if out, err := kagzi.RunOf[string](client, runs[0].RunID).Wait(ctx); err != nil || out != "4-now" {
+		t.Fatalf("Wait on an archived run: %q, %v", out, err)
+	}
+	old := time.Now().Add(-400 * 24 * time.Hour)
+	if err := store.EnsureHistoryPartitions(ctx, pool, old, old); err != nil {
+		t.Fatalf("creating history partitions through PgBouncer: %v", err)
+	}
+	// (The workers may drop them first: the default Retention is 30 days.)
+	if _, err := store.DropHistoryBefore(ctx, pool, time.Now().Add(-300*24*time.Hour)); err != nil {
+		t.Fatalf("dropping history partitions through PgBouncer: %v", err)
+	}
+	if n := countRows(t, pool, `SELECT count(*) FROM pg_class WHERE relnamespace = 'kagzi'::regnamespace
+		AND relname LIKE '%\_p`+old.UTC().Format("20060102")+`'`); n != 0 {
+		t.Fatalf("%d history partitions of a day 400 days ago left after the drop", n)
 	}
 }
 

@@ -328,15 +328,20 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 	}
 	var dropped []string
 	for _, table := range HistoryTables {
+		// The partitions, and the tables of partitions a crash left detached but not
+		// dropped (detached: NULL).
 		rows, err := db.Query(ctx, `
-			SELECT c.relname, i.inhdetachpending FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-			WHERE i.inhparent = ('kagzi.' || $1)::regclass ORDER BY c.relname`, table)
+			SELECT c.relname, i.inhdetachpending FROM pg_class c
+			LEFT JOIN pg_inherits i ON i.inhrelid = c.oid AND i.inhparent = ('kagzi.' || $1)::regclass
+			WHERE c.relnamespace = 'kagzi'::regnamespace AND c.relkind = 'r' AND c.relname LIKE $1 || '\_p%'
+			  AND NOT EXISTS (SELECT 1 FROM pg_inherits o WHERE o.inhrelid = c.oid AND o.inhparent <> ('kagzi.' || $1)::regclass)
+			ORDER BY c.relname`, table)
 		if err != nil {
 			return dropped, err
 		}
 		type part struct {
 			name    string
-			pending bool
+			pending *bool
 		}
 		parts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (part, error) {
 			var p part
@@ -353,13 +358,20 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 			}
 			detach := fmt.Sprintf(`ALTER TABLE kagzi.%s DETACH PARTITION kagzi.%s`, table, p.name)
 			switch {
-			case p.pending:
+			case p.pending == nil:
+				detach = "" // detached already
+			case *p.pending:
 				detach += ` FINALIZE`
 			case version >= 140000:
 				detach += ` CONCURRENTLY`
 			}
-			if _, err := db.Exec(ctx, detach); err != nil {
-				return dropped, fmt.Errorf("kagzi: detach history partition %s: %w", p.name, err)
+			if detach != "" {
+				if _, err := db.Exec(ctx, detach); err != nil {
+					if gone, gerr := partitionGone(ctx, db, table, p.name); gerr == nil && gone {
+						continue // another process detached it meanwhile
+					}
+					return dropped, fmt.Errorf("kagzi: detach history partition %s: %w", p.name, err)
+				}
 			}
 			if _, err := db.Exec(ctx, `DROP TABLE IF EXISTS kagzi.`+p.name); err != nil {
 				return dropped, fmt.Errorf("kagzi: drop history partition %s: %w", p.name, err)
@@ -368,6 +380,15 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 		}
 	}
 	return dropped, nil
+}
+
+// partitionGone tells whether name is no longer a partition of table (another
+// process detached or dropped it).
+func partitionGone(ctx context.Context, db DBTX, table, name string) (bool, error) {
+	var attached bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = ('kagzi.' || $1)::regclass AND c.relname = $2)`, table, name).Scan(&attached)
+	return !attached, err
 }
 
 // pruneHistorySQL deletes up to $3 of the namespace's archived runs that finished
