@@ -374,9 +374,9 @@ func TestAWaitIsWokenByTheRunsEndFromAWorkerOfItsOwnClientOrOfAnother(t *testing
 			if err != nil {
 				t.Fatal(err)
 			}
-			reads := func() int { return rt.count("FROM kagzi.runs_all\n\t\tWHERE namespace = $1 AND run_id = $2") }
+			reads := func() int { return rt.count("FROM kagzi.runs\n\t\tWHERE namespace = $1 AND run_id = $2") }
 			before := reads()
-			if d := rt.countDone("FROM kagzi.runs_all\n\t\tWHERE namespace = $1 AND run_id = $2"); d != before {
+			if d := rt.countDone("FROM kagzi.runs\n\t\tWHERE namespace = $1 AND run_id = $2"); d != before {
 				t.Fatalf("%d reads of a run begun, %d done, before the Wait", before, d)
 			}
 			done := make(chan error, 1)
@@ -388,7 +388,7 @@ func TestAWaitIsWokenByTheRunsEndFromAWorkerOfItsOwnClientOrOfAnother(t *testing
 				done <- err
 			}()
 			// The Wait has read the run once (a read only begun may see the end) and waits.
-			for rt.countDone("FROM kagzi.runs_all\n\t\tWHERE namespace = $1 AND run_id = $2") == before {
+			for rt.countDone("FROM kagzi.runs\n\t\tWHERE namespace = $1 AND run_id = $2") == before {
 				time.Sleep(time.Millisecond)
 			}
 			close(release)

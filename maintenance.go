@@ -143,7 +143,8 @@ func (w *Worker) expireHistory(ctx context.Context) {
 		return
 	}
 	if droppable {
-		if ok, err := store.TakeHistoryDrops(ctx, w.client.pool, 10*time.Minute); err != nil {
+		// Without cancel: a lease taken as the worker stops is known, and released.
+		if ok, err := store.TakeHistoryDrops(context.WithoutCancel(ctx), w.client.pool, w.ID(), 10*time.Minute); err != nil {
 			if ctx.Err() == nil {
 				w.logger.Warn("kagzi: taking the history drops' lease failed", "error", err)
 			}
@@ -156,7 +157,7 @@ func (w *Worker) expireHistory(ctx context.Context) {
 				w.historyDropped.Add(int64(len(dropped)))
 				w.logger.Info("kagzi: dropped history partitions", "partitions", dropped, "before", horizon)
 			}
-			if err := store.ReleaseHistoryDrops(context.WithoutCancel(ctx), w.client.pool); err != nil && ctx.Err() == nil {
+			if err := store.ReleaseHistoryDrops(context.WithoutCancel(ctx), w.client.pool, w.ID()); err != nil && ctx.Err() == nil {
 				w.logger.Warn("kagzi: releasing the history drops' lease failed", "error", err)
 			}
 		}

@@ -91,8 +91,9 @@ CREATE TABLE kagzi.history_retention (
 -- says until when) instead of a session lock, which PgBouncer's transaction pooling
 -- would not keep.
 CREATE TABLE kagzi.history_drops (
-    id    boolean     PRIMARY KEY DEFAULT true CHECK (id),
-    until timestamptz NOT NULL
+    id     boolean     PRIMARY KEY DEFAULT true CHECK (id),
+    holder text        NOT NULL,
+    until  timestamptz NOT NULL
 );
 
 -- +goose Down

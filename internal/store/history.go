@@ -297,23 +297,24 @@ func HistoryHorizon(ctx context.Context, db DBTX, namespace string, keep time.Du
 	return *horizon, true, nil
 }
 
-// TakeHistoryDrops takes the lease of dropping history partitions for a while (see
-// kagzi.history_drops), ok false when another process holds it.
-func TakeHistoryDrops(ctx context.Context, db DBTX, lease time.Duration) (bool, error) {
+// TakeHistoryDrops takes the lease of dropping history partitions for a while for
+// holder (see kagzi.history_drops), ok false when another holds it.
+func TakeHistoryDrops(ctx context.Context, db DBTX, holder string, lease time.Duration) (bool, error) {
 	var ok bool
 	err := db.QueryRow(ctx, `
-		INSERT INTO kagzi.history_drops AS d (until) VALUES (now() + $1::bigint * interval '1 millisecond')
-		ON CONFLICT (id) DO UPDATE SET until = excluded.until WHERE d.until < now()
-		RETURNING true`, lease.Milliseconds()).Scan(&ok)
+		INSERT INTO kagzi.history_drops AS d (holder, until) VALUES ($1, now() + $2::bigint * interval '1 millisecond')
+		ON CONFLICT (id) DO UPDATE SET holder = excluded.holder, until = excluded.until
+		WHERE d.until < now() OR d.holder = excluded.holder
+		RETURNING true`, holder, lease.Milliseconds()).Scan(&ok)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
 	return ok, err
 }
 
-// ReleaseHistoryDrops gives the lease of TakeHistoryDrops back.
-func ReleaseHistoryDrops(ctx context.Context, db DBTX) error {
-	_, err := db.Exec(ctx, `UPDATE kagzi.history_drops SET until = now()`)
+// ReleaseHistoryDrops gives holder's lease of TakeHistoryDrops back.
+func ReleaseHistoryDrops(ctx context.Context, db DBTX, holder string) error {
+	_, err := db.Exec(ctx, `UPDATE kagzi.history_drops SET until = now() WHERE holder = $1`, holder)
 	return err
 }
 

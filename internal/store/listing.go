@@ -62,8 +62,43 @@ type ListRunsParams struct {
 // index of its own (workflow id, schedule, parent, attributes) reads that index;
 // otherwise the page is read in order from kagzi.runs_created, each entry joined to
 // its run.
+//
+// A page in ListRuns' order, newest first, is first read among the runs created in
+// the day before its start (now, or the page token's time) only: those are in the
+// live tables and in the history partitions of that day and after (a run finishes
+// after it is created), so the statement is planned over those partitions alone, not
+// over every day of the retention. When that does not fill the page, the page is read
+// again without the bound.
 func ListRuns(ctx context.Context, db DBTX, p ListRunsParams) ([]Run, error) {
-	setup, sql, args := listRunsQuery(p)
+	if bound, ok := recentBound(p); ok {
+		runs, err := listRuns(ctx, db, p, &bound)
+		if err != nil || len(runs) == p.Limit {
+			return runs, err
+		}
+	}
+	return listRuns(ctx, db, p, nil)
+}
+
+// recentBound is the bound of a page's first read (see ListRuns), ok false when
+// the page is not read that way: not in ListRuns' order, oldest first, or already
+// bounded by CreatedAfter (which bounds the partitions itself).
+func recentBound(p ListRunsParams) (time.Time, bool) {
+	byOrder := p.WorkflowID == "" && p.ScheduleID == "" && p.ParentRunID == nil && p.Attributes == nil
+	if !byOrder || p.Ascending || p.CreatedAfter != nil || p.Limit <= 0 {
+		return time.Time{}, false
+	}
+	from := time.Now()
+	if p.AfterCreated != nil {
+		from = *p.AfterCreated
+	}
+	if p.CreatedBefore != nil && p.CreatedBefore.Before(from) {
+		from = *p.CreatedBefore
+	}
+	return from.Add(-24 * time.Hour), true
+}
+
+func listRuns(ctx context.Context, db DBTX, p ListRunsParams, bound *time.Time) ([]Run, error) {
+	setup, sql, args := listRunsQuery(p, bound)
 	var rows pgx.Rows
 	var err error
 	if setup != "" {
@@ -94,8 +129,9 @@ const orderedPlansSQL = `SELECT set_config('enable_sort', 'off', true), set_conf
 	set_config('enable_mergejoin', 'off', true)`
 
 // listRunsQuery is ListRuns' statement and arguments, and the settings to send before
-// it (see queryAfter; "" for none).
-func listRunsQuery(p ListRunsParams) (setup, sql string, args []any) {
+// it (see queryAfter; "" for none). A bound (in ListRuns' order only) keeps the runs
+// created at or after it, and names the partitions that can hold them (see ListRuns).
+func listRunsQuery(p ListRunsParams, bound *time.Time) (setup, sql string, args []any) {
 	byOrder := p.WorkflowID == "" && p.ScheduleID == "" && p.ParentRunID == nil && p.Attributes == nil
 	r, o := "", "" // the qualifiers of runs' columns and of the order's
 	if byOrder {
@@ -136,11 +172,17 @@ func listRunsQuery(p ListRunsParams) (setup, sql string, args []any) {
 		n := len(q.args)
 		q.where += " AND (" + o + "created_at, " + o + "run_id) " + cmp + " ($" + strconv.Itoa(n-1) + ", $" + strconv.Itoa(n) + ")"
 	}
-	q.args = append(q.args, p.Limit)
 	from := "kagzi.runs_all"
 	if byOrder {
-		from = listedRunsSQL
+		from = listedRunsSQL("")
+		if bound != nil {
+			q.args = append(q.args, *bound)
+			b := "$" + strconv.Itoa(len(q.args))
+			from = listedRunsSQL(b)
+			q.where += " AND c.created_at >= " + b + " AND (c.run_finished_at IS NULL OR c.run_finished_at >= " + b + ")"
+		}
 	}
+	q.args = append(q.args, p.Limit)
 	if p.WorkflowID == "" && p.Attributes == nil { // runs_created, runs_by_schedule, runs_by_parent
 		setup = orderedPlansSQL
 	}
@@ -150,13 +192,20 @@ func listRunsQuery(p ListRunsParams) (setup, sql string, args []any) {
 
 // listedRunsSQL is the entries of ListRuns' order (runs_created_all c), each joined
 // to its run (r): in the live table, or in the one partition of the history its entry
-// names (run_finished_at), a lookup each either way.
-const listedRunsSQL = `kagzi.runs_created_all c CROSS JOIN LATERAL (
+// names (run_finished_at), a lookup each either way. With bound (a placeholder), only
+// the history's partitions from the bound on are named.
+func listedRunsSQL(bound string) string {
+	h := ""
+	if bound != "" {
+		h = " AND h.finished_at >= " + bound
+	}
+	return `kagzi.runs_created_all c CROSS JOIN LATERAL (
 		SELECT * FROM kagzi.runs l WHERE c.run_finished_at IS NULL AND l.run_id = c.run_id
 		UNION ALL
 		SELECT * FROM kagzi.runs_history h
-		WHERE c.run_finished_at IS NOT NULL AND h.run_id = c.run_id AND h.finished_at = c.run_finished_at
+		WHERE c.run_finished_at IS NOT NULL AND h.run_id = c.run_id AND h.finished_at = c.run_finished_at` + h + `
 	) r`
+}
 
 // filters adds ListRuns' filters that no index orders: r qualifies runs' columns, o
 // the order's.

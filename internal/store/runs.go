@@ -470,14 +470,19 @@ func insertDebounced(ctx context.Context, db DBTX, n NewRun) (Run, bool, error) 
 	return r, inserted, err
 }
 
-// GetRun reads one run of the namespace.
+// GetRun reads one run of the namespace: in the live table, and only when it is not
+// there in the history, so that reading a live run (a Wait's every look) names no
+// partition of the history. A run archived between the two reads is in the history
+// at the second; one restored between them (a rerun) is looked for live once more.
 func GetRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (Run, error) {
-	r, err := scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM kagzi.runs_all
+	for _, table := range []string{"kagzi.runs", "kagzi.runs_history", "kagzi.runs"} {
+		r, err := scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM `+table+`
 		WHERE namespace = $1 AND run_id = $2`, namespace, runID))
-	if errors.Is(err, pgx.ErrNoRows) {
-		return Run{}, ErrNotFound
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return r, err
+		}
 	}
-	return r, err
+	return Run{}, ErrNotFound
 }
 
 // GetRunByWorkflowID reads the newest run of a workflow id, the active one first.

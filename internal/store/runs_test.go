@@ -113,8 +113,19 @@ func TestAPageOfRunsSelectedByAttributesReadsTheirGINIndex(t *testing.T) {
 	}
 }
 
-// explainList returns the plan of ListRuns' statement for p, planned with its settings.
+// explainList returns the plans of ListRuns' statements for p, planned with their
+// settings: the first read of a newest page, bounded to the day before (see
+// ListRuns), when it has one, and the unbounded read.
 func explainList(t *testing.T, pool *pgxpool.Pool, p ListRunsParams) string {
+	t.Helper()
+	plan := explainListRead(t, pool, p, nil)
+	if bound, ok := recentBound(p); ok {
+		plan = explainListRead(t, pool, p, &bound) + "\n-- unbounded:\n" + plan
+	}
+	return plan
+}
+
+func explainListRead(t *testing.T, pool *pgxpool.Pool, p ListRunsParams, bound *time.Time) string {
 	t.Helper()
 	ctx := context.Background()
 	tx, err := pool.Begin(ctx)
@@ -122,7 +133,7 @@ func explainList(t *testing.T, pool *pgxpool.Pool, p ListRunsParams) string {
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	setup, sql, args := listRunsQuery(p)
+	setup, sql, args := listRunsQuery(p, bound)
 	if setup != "" {
 		if _, err := tx.Exec(ctx, setup); err != nil {
 			t.Fatal(err)

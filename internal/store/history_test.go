@@ -1,0 +1,79 @@
+package store
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+// TestPagesOfRunsNewestFirstAreWholeAndInOrderAcrossTheLiveTablesAndTheHistory
+// lists runs created over four days, half of them archived into several days'
+// partitions, a few at a time: the pages read first within a day of their start
+// (and again unbounded when that does not fill them) must add up to every run, in
+// order.
+func TestPagesOfRunsNewestFirstAreWholeAndInOrderAcrossTheLiveTablesAndTheHistory(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	const n = 30
+	ids := make([]uuid.UUID, n)
+	inputs := make([][]byte, n)
+	for i := range ids {
+		ids[i] = uuid.Must(uuid.NewV7())
+		inputs[i] = []byte(`1`)
+	}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, inputs, make([][]byte, n), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// Run i was created (i+1) × 3 hours ago; the even ones finished a minute after.
+	for i, id := range ids {
+		age := time.Duration(i+1) * 3 * time.Hour
+		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET created_at = now() - $2 * interval '1 millisecond',
+			status = CASE WHEN $3 THEN 'COMPLETED' ELSE status END,
+			finished_at = CASE WHEN $3 THEN now() - $2 * interval '1 millisecond' + interval '1 minute' END
+			WHERE run_id = $1`, id, age.Milliseconds(), i%2 == 0); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs_created c SET created_at = r.created_at FROM kagzi.runs r WHERE r.run_id = c.run_id`); err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := ArchiveFinished(ctx, pool, "default", 0, -1, 100); err != nil || moved != n/2 {
+		t.Fatalf("archived %d runs, %v; want %d", moved, err, n/2)
+	}
+	rows, err := pool.Query(ctx, `SELECT run_id FROM kagzi.runs_created_all ORDER BY created_at DESC, run_id DESC`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	if err != nil || len(want) != n {
+		t.Fatalf("%d listing entries, %v", len(want), err)
+	}
+	for _, size := range []int{1, 4, 7, 50} {
+		var got []uuid.UUID
+		p := ListRunsParams{Namespace: "default", Limit: size}
+		for range n + 1 {
+			page, err := ListRuns(ctx, pool, p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range page {
+				got = append(got, r.RunID)
+			}
+			if len(page) < size {
+				break
+			}
+			last := page[len(page)-1]
+			p.AfterCreated, p.AfterRunID = &last.CreatedAt, last.RunID
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("pages of %d listed %d runs %v, want %d %v", size, len(got), got, len(want), want)
+		}
+	}
+}
