@@ -87,15 +87,21 @@ func EnsureHistoryPartitions(ctx context.Context, db Beginner, from, to time.Tim
 	if last.Before(first) {
 		return nil
 	}
+	// Every history table's partitions, in one read.
+	rows, err := db.Query(ctx, `
+		SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+		WHERE i.inhparent = ANY (SELECT ('kagzi.' || t)::regclass FROM unnest($1::text[]) t) AND NOT i.inhdetachpending`,
+		HistoryTables)
+	if err != nil {
+		return err
+	}
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return err
+	}
 	have := map[string]bool{}
-	for _, t := range HistoryTables {
-		days, err := HistoryPartitions(ctx, db, t)
-		if err != nil {
-			return err
-		}
-		for _, d := range days {
-			have[HistoryPartitionName(t, d)] = true
-		}
+	for _, name := range names {
+		have[name] = true
 	}
 	var missing []string
 	for d := first; !d.After(last); d = d.Add(24 * time.Hour) {
