@@ -82,15 +82,21 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	}
 	parentID := x.run.RunID
 	opts = append([]StartOption{WithRunVersion(wf.version)}, opts...)
+	// A derived id names the parent run, so no run of it can have been created
+	// before the parent was: the look for an archived run of the id reads only the
+	// history's partitions from then on (an hour earlier, for clock adjustments).
+	var idNotBefore *time.Time
 	if !o.idSet {
 		opts = append(opts, WithID(parentID.String()+"/"+key))
+		t := x.run.CreatedAt.Add(-time.Hour)
+		idNotBefore = &t
 	}
 	opts = append(opts, WithIDReuse(IDReuseNever))
 	var run *Run[json.RawMessage]
 	ctx.ensureLease()
 	var refused error // a start refused for good: returned, not retried as the write's failure
 	err = ctx.write(func(c context.Context, _ *writer) (err error) {
-		run, err = x.rt.startChild(withValuesOf(c, ctx), wf.name, b, opts, parentID, key)
+		run, err = x.rt.startChild(withValuesOf(c, ctx), wf.name, b, opts, parentID, key, idNotBefore)
 		if errors.Is(err, ErrNonRetryable) {
 			refused, err = err, nil
 		}
@@ -193,9 +199,10 @@ func childResult[Out any](c *ChildRun[Out], status StepStatus, output, errDetail
 
 // startChild inserts a child run (as Start does) linked to its parent's step.
 func (c *Client) startChild(ctx context.Context, workflowType string, input []byte, opts []StartOption,
-	parentID uuid.UUID, parentKey string) (*Run[json.RawMessage], error) {
+	parentID uuid.UUID, parentKey string, idNotBefore *time.Time) (*Run[json.RawMessage], error) {
 	run, err := c.startRun(ctx, nil, workflowType, input, opts, func(n *store.NewRun) {
 		n.ParentRunID, n.ParentStepKey = &parentID, parentKey
+		n.IDNotBefore = idNotBefore
 	})
 	if err != nil && (errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrAlreadyExists) || errors.Is(err, ErrNoWorker)) {
 		return nil, NonRetryable(err)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi"
@@ -36,6 +37,18 @@ func BenchmarkArchivedHistoryScale(b *testing.B) {
 				for i := range b.N {
 					if _, err := kagzi.Start(ctx, c, threeSteps, 1, kagzi.WithID(fmt.Sprint("never-", i)),
 						kagzi.WithIDReuse(kagzi.IDReuseNever)); err != nil {
+						b.Fatal(err)
+					}
+				}
+			})
+			// A child's start: IDReuseNever with a derived id, whose runs cannot predate
+			// the parent (store.NewRun.IDNotBefore): only recent partitions are read.
+			b.Run("start-child-id", func(b *testing.B) {
+				parent := time.Now().Add(-time.Hour)
+				for i := range b.N {
+					if _, _, err := store.InsertRun(ctx, pool, store.NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default",
+						WorkflowID: fmt.Sprint("parent/child-", i), WorkflowType: "three-steps", Input: []byte(`1`),
+						ReuseNever: true, IDNotBefore: &parent}); err != nil {
 						b.Fatal(err)
 					}
 				}

@@ -77,3 +77,42 @@ func TestPagesOfRunsNewestFirstAreWholeAndInOrderAcrossTheLiveTablesAndTheHistor
 		}
 	}
 }
+
+// TestAStartWithIDReuseNeverFindsTheArchivedRunOfItsID checks the idempotency of
+// IDReuseNever against the history, with and without a bound on the id's runs'
+// creation (a child's derived id).
+func TestAStartWithIDReuseNeverFindsTheArchivedRunOfItsID(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if err := EnsureHistoryPartitions(ctx, pool, time.Now().Add(-10*24*time.Hour), time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	first := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowID: "parent/child#1",
+		WorkflowType: "wf", Input: []byte(`1`), ReuseNever: true}
+	run, inserted, err := InsertRun(ctx, pool, first)
+	if err != nil || !inserted {
+		t.Fatalf("first start: %v, %v", inserted, err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'COMPLETED', finished_at = now() - interval '1 minute'
+		WHERE run_id = $1`, run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if moved, err := ArchiveFinished(ctx, pool, "default", 0, -1, 10); err != nil || moved != 1 {
+		t.Fatalf("archived %d, %v", moved, err)
+	}
+	bound := run.CreatedAt.Add(-time.Hour)
+	for _, notBefore := range []*time.Time{nil, &bound} {
+		again := first
+		again.RunID, again.IDNotBefore = uuid.Must(uuid.NewV7()), notBefore
+		got, inserted, err := InsertRun(ctx, pool, again)
+		if err != nil || inserted || got.RunID != run.RunID || got.Status != "COMPLETED" {
+			t.Fatalf("a second start (IDNotBefore %v) = %s %s inserted %v, %v; want the archived run %s",
+				notBefore, got.RunID, got.Status, inserted, err, run.RunID)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs_all WHERE workflow_id = 'parent/child#1'`).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("%d runs of the id, %v; want 1", n, err)
+	}
+}

@@ -19,6 +19,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -172,6 +173,11 @@ type NewRun struct {
 	StartAt time.Time
 	// ReuseNever keeps the workflow id an idempotency key after the run finishes.
 	ReuseNever bool
+	// IDNotBefore, with ReuseNever, is a time before which no run of the workflow id
+	// can have been created (a child's derived id names its parent, created then): the
+	// look for a finished run of the id then reads only the history's partitions from
+	// that day on. Nil: every partition.
+	IDNotBefore *time.Time
 	// Deadline, when set, ends the run FAILED once it passes.
 	Deadline *time.Time
 	// ScheduleID and ScheduleTick, when set, record the schedule tick that fired the run.
@@ -258,7 +264,9 @@ const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, r
 // With reuseNever (IDReuseNever: children, schedules, callers that ask), the id's
 // newest finished run is looked up too, in the live table and the history; without,
 // the statement reads active runs only.
-func insertRunSQL(eager, reuseNever bool) string {
+// With notBefore too (NewRun.IDNotBefore), only the history's partitions from that
+// time on are read.
+func insertRunSQL(eager, reuseNever, notBefore bool) string {
 	cte := `
 	SELECT false AS ok`
 	if eager {
@@ -272,6 +280,11 @@ func insertRunSQL(eager, reuseNever bool) string {
 	finished := ""
 	if reuseNever {
 		finished = "id_reuse_never"
+	}
+	if reuseNever && notBefore {
+		// Pruned as the statement starts, also in a generic plan: a run finishes
+		// after it is created.
+		finished += " AND finished_at >= @id_not_before::timestamptz"
 	}
 	return insertRunTemplate(cte, finished)
 }
@@ -361,11 +374,17 @@ var insertRunParams = []param[*NewRun]{
 }
 
 var (
-	insertRun           = named(insertRunSQL(false, false), insertRunParams...)
-	insertRunEager      = named(insertRunSQL(true, false), insertRunParams...)
-	insertRunNever      = named(insertRunSQL(false, true), insertRunParams...)
-	insertRunEagerNever = named(insertRunSQL(true, true), insertRunParams...)
+	insertRun                = named(insertRunSQL(false, false, false), insertRunParams...)
+	insertRunEager           = named(insertRunSQL(true, false, false), insertRunParams...)
+	insertRunNever           = named(insertRunSQL(false, true, false), insertRunParams...)
+	insertRunEagerNever      = named(insertRunSQL(true, true, false), insertRunParams...)
+	insertRunNeverSince      = named(insertRunSQL(false, true, true), insertRunSinceParams...)
+	insertRunEagerNeverSince = named(insertRunSQL(true, true, true), insertRunSinceParams...)
 )
+
+// insertRunSinceParams are the parameters of the statements with NewRun.IDNotBefore.
+var insertRunSinceParams = append(slices.Clip(insertRunParams),
+	arg("id_not_before", "timestamptz", func(n *NewRun) *time.Time { return n.IDNotBefore }))
 
 // notifyDeadlineSQL notifies DeadlineTopic of the namespace when deadline is not
 // null (it is NULL, as text, otherwise).
@@ -391,6 +410,10 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, inserted
 		var notified string
 		stmt := insertRun
 		switch {
+		case n.Eager != nil && n.ReuseNever && n.IDNotBefore != nil:
+			stmt = insertRunEagerNeverSince
+		case n.ReuseNever && n.IDNotBefore != nil:
+			stmt = insertRunNeverSince
 		case n.Eager != nil && n.ReuseNever:
 			stmt = insertRunEagerNever
 		case n.Eager != nil:
