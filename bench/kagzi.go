@@ -69,7 +69,7 @@ func (r *kagziRunner) close() {
 // Kagzi's defaults (lease 10 s, heartbeat lease/3, PollInterval 5 s as a fallback,
 // MaxInProcessSleep 200 ms).
 func (r *kagziRunner) workerConfig(slots int) kagzi.WorkerConfig {
-	return kagzi.WorkerConfig{MaxConcurrent: slots, Logger: r.logger}
+	return kagzi.WorkerConfig{MaxConcurrent: slots, Logger: r.logger, PruneInterval: r.p.pruneInterval}
 }
 
 // client returns a client on a fresh namespace, so a workload never sees the runs of
@@ -77,7 +77,7 @@ func (r *kagziRunner) workerConfig(slots int) kagzi.WorkerConfig {
 func (r *kagziRunner) client() (*kagzi.Client, string, error) {
 	r.nsSeq++
 	ns := fmt.Sprintf("bench-%d", r.nsSeq)
-	c, err := kagzi.NewClient(r.pool, kagzi.Config{Namespace: ns, Logger: r.logger})
+	c, err := kagzi.NewClient(r.pool, kagzi.Config{Namespace: ns, Logger: r.logger, ArchiveAfter: r.p.archiveAfter})
 	if err == nil {
 		r.clients = append(r.clients, c)
 	}
@@ -96,7 +96,7 @@ func runWorker(ctx context.Context, w *kagzi.Worker) func() {
 }
 
 const kagziUnfinished = `SELECT count(*) FROM (SELECT 1 FROM kagzi.runs WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') LIMIT 1) t`
-const kagziCompleted = `SELECT count(*) FROM kagzi.runs WHERE namespace = $1 AND status = 'COMPLETED'`
+const kagziCompleted = `SELECT count(*) FROM kagzi.runs_all WHERE namespace = $1 AND status = 'COMPLETED'`
 
 func kagziSteps(name string, steps int, onFirst func(int64)) *kagzi.Workflow[int64, int64] {
 	return kagzi.Define(name, func(ctx *kagzi.Context, in int64) (int64, error) {

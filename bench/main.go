@@ -32,6 +32,8 @@ func main() {
 		budget    = flag.Duration("latency-budget", 12*time.Second, "most time spent on the latency samples of one system variant")
 		sleepers  = flag.Int("sleepers", 200, "runs in the sleep workload")
 		sleepSl   = flag.Int("sleep-slots", 64, "execution slots in the sleep workload")
+		archAfter = flag.Duration("archive-after", 0, "Kagzi: Config.ArchiveAfter, how long finished runs stay live before they move into the history (0: the default, 15m; 1ms archives during the workloads)")
+		pruneIvl  = flag.Duration("prune-interval", 0, "Kagzi: WorkerConfig.PruneInterval, how often workers archive (0: the default, 1m)")
 		sleep     = flag.Duration("sleep", time.Second, "how long each sleeper sleeps")
 		steps     = flag.Int("steps", 200, "steps of the long workflow in the per-step workload")
 		stepReps  = flag.Int("step-reps", 5, "repetitions of the per-step workload (medians)")
@@ -67,6 +69,7 @@ func main() {
 		sleepers: *sleepers, sleepSlots: *sleepSl, sleep: *sleep, sleepTimeout: 60 * time.Second,
 		steps: *steps, stepReps: *stepReps, idleFor: *idleFor, slots: *slots, conns: int32(*conns),
 		sqlStats: *sqlTop > 0, flowModes: map[string]bool{}, vac: vac,
+		archiveAfter: *archAfter, pruneInterval: *pruneIvl,
 	}
 	for _, m := range strings.Split(*flowParts, ",") {
 		p.flowModes[strings.TrimSpace(m)] = true

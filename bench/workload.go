@@ -31,7 +31,11 @@ type params struct {
 
 	idleFor time.Duration // idle window
 
-	slots int   // execution slots (Kagzi MaxConcurrent, DBOS worker concurrency, River MaxWorkers)
+	slots int // execution slots (Kagzi MaxConcurrent, DBOS worker concurrency, River MaxWorkers)
+
+	archiveAfter  time.Duration // Kagzi's Config.ArchiveAfter (0: its default)
+	pruneInterval time.Duration // Kagzi's WorkerConfig.PruneInterval (0: its default)
+
 	conns int32 // connections per pool
 
 	sqlStats bool // keep the count and time of every statement
