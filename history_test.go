@@ -162,6 +162,22 @@ func TestArchivedRunsAreReadRerunAndStartedAgainstAsBefore(t *testing.T) {
 		t.Fatalf("IDReuseNever start of an archived run's id: %+v, %v", again, err)
 	}
 
+	// A fork copies the archived run's steps before the signal wait, replays them and
+	// waits for a signal of its own.
+	fork, err := c.Fork(ctx, ok.RunID, "note#1", kagzi.ForkOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Signal(ctx, fork.RunID, "note", "forked"); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kagzi.RunOf[string](c, fork.RunID).Wait(ctx); err != nil || out != "42 forked" {
+		t.Fatalf("fork of an archived run: %q, %v", out, err)
+	}
+	if steps := stepsOf(t, c, fork.RunID); len(steps) < 4 {
+		t.Fatalf("the fork has %d steps, want the copied ones and its own", len(steps))
+	}
+
 	// A rerun moves the run back into the live tables and runs it again.
 	archivedFails.Store("arch-bad", false)
 	if err := c.Rerun(ctx, bad.RunID); err != nil {
