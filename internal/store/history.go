@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The history (migration 00009): finished runs move out of the live tables into
@@ -376,6 +377,9 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 				if _, err := db.Exec(ctx, detach); err != nil {
 					if gone, gerr := partitionGone(ctx, db, table, p.name); gerr == nil && gone {
 						continue // another process detached it meanwhile
+					}
+					if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "55000" {
+						continue // another process is detaching it (already pending detach): it drops it
 					}
 					return dropped, fmt.Errorf("kagzi: detach history partition %s: %w", p.name, err)
 				}
