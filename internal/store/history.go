@@ -51,6 +51,11 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
+// detachPending is pg_inherits.inhdetachpending of the row i (a detach begun
+// CONCURRENTLY and not finished), read so that the statement also parses on
+// PostgreSQL 13, which has no such column (false there).
+const detachPending = `coalesce((to_jsonb(i) ->> 'inhdetachpending')::boolean, false)`
+
 // historyLockKey serialises the creation and the dropping of history partitions
 // between processes (an advisory lock key).
 const historyLockKey = `hashtextextended('kagzi.history', 0)`
@@ -91,7 +96,7 @@ func EnsureHistoryPartitions(ctx context.Context, db Beginner, from, to time.Tim
 	// Every history table's partitions, in one read.
 	rows, err := db.Query(ctx, `
 		SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		WHERE i.inhparent = ANY (SELECT ('kagzi.' || t)::regclass FROM unnest($1::text[]) t) AND NOT i.inhdetachpending`,
+		WHERE i.inhparent = ANY (SELECT ('kagzi.' || t)::regclass FROM unnest($1::text[]) t) AND NOT `+detachPending,
 		HistoryTables)
 	if err != nil {
 		return err
@@ -339,7 +344,7 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 		// The partitions, and the tables of partitions a crash left detached but not
 		// dropped (detached: NULL).
 		rows, err := db.Query(ctx, `
-			SELECT c.relname, i.inhdetachpending FROM pg_class c
+			SELECT c.relname, CASE WHEN i.inhrelid IS NOT NULL THEN `+detachPending+` END FROM pg_class c
 			LEFT JOIN pg_inherits i ON i.inhrelid = c.oid AND i.inhparent = ('kagzi.' || $1)::regclass
 			WHERE c.relnamespace = 'kagzi'::regnamespace AND c.relkind = 'r' AND c.relname LIKE $1 || '\_p%'
 			  AND NOT EXISTS (SELECT 1 FROM pg_inherits o WHERE o.inhrelid = c.oid AND o.inhparent <> ('kagzi.' || $1)::regclass)
