@@ -65,7 +65,7 @@ const historyLockKey = `hashtextextended('kagzi.history', 0)`
 func HistoryPartitions(ctx context.Context, db DBTX, table string) ([]time.Time, error) {
 	rows, err := db.Query(ctx, `
 		SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-		WHERE i.inhparent = ('kagzi.' || $1)::regclass AND NOT i.inhdetachpending
+		WHERE i.inhparent = ('kagzi.' || $1)::regclass AND NOT `+detachPending+`
 		ORDER BY c.relname`, table)
 	if err != nil {
 		return nil, err
