@@ -24,15 +24,7 @@ func BenchmarkArchivedHistoryScale(b *testing.B) {
 			c, pool, _ := benchEnv(b)
 			ctx := context.Background()
 			fillArchived(b, pool, finished)
-			claimer := store.Claimer{Namespace: "default", Types: []string{"three-steps"}, Versions: []string{""},
-				WorkerID: "bench", Lease: time.Minute, Cursors: map[string]string{}, Floors: store.NewFloors()}
-			b.Run("start", func(b *testing.B) {
-				for range b.N {
-					if _, err := kagzi.Start(ctx, c, threeSteps, 1); err != nil {
-						b.Fatal(err)
-					}
-				}
-			})
+			b.Run("start", func(b *testing.B) { benchStarts(b, c) })
 			b.Run("start-IDReuseNever", func(b *testing.B) {
 				for i := range b.N {
 					if _, err := kagzi.Start(ctx, c, threeSteps, 1, kagzi.WithID(fmt.Sprint("never-", i)),
@@ -53,18 +45,7 @@ func BenchmarkArchivedHistoryScale(b *testing.B) {
 					}
 				}
 			})
-			b.Run("claim", func(b *testing.B) {
-				for range b.N {
-					b.StopTimer()
-					if _, err := kagzi.Start(ctx, c, threeSteps, 1); err != nil {
-						b.Fatal(err)
-					}
-					b.StartTimer()
-					if got, err := store.ClaimRuns(ctx, pool, claimer, 1); err != nil || len(got) == 0 {
-						b.Fatalf("claimed %d, %v", len(got), err)
-					}
-				}
-			})
+			b.Run("claim", func(b *testing.B) { benchClaims(b, c, pool) })
 			for _, f := range []kagzi.RunFilter{{}, {WorkflowType: "three-steps"}, {WorkflowType: "old-1"}} {
 				if finished == 0 && f.WorkflowType == "old-1" {
 					continue

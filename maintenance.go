@@ -110,20 +110,9 @@ const (
 // into the history, a batch per statement, until none is left (or archivePass
 // batches: the rest waits for the next pass).
 func (w *Worker) archiveFinished(ctx context.Context) {
-	var total int64
-	for range archivePass {
-		n, err := store.ArchiveFinished(ctx, w.client.pool, w.client.ns, w.client.archiveAfter, w.client.retention, archiveBatch)
-		if err != nil {
-			if ctx.Err() == nil {
-				w.logger.Warn("kagzi: archiving finished runs failed", "error", err)
-			}
-			break
-		}
-		total += n
-		if n < archiveBatch {
-			break
-		}
-	}
+	total := w.inBatches(ctx, "archiving finished runs", archivePass, archiveBatch, func(ctx context.Context, n int) (int64, error) {
+		return store.ArchiveFinished(ctx, w.client.pool, w.client.ns, w.client.archiveAfter, w.client.retention, n)
+	})
 	if total > 0 {
 		w.archived.Add(total)
 		w.logger.Debug("kagzi: archived finished runs", "runs", total)
@@ -166,20 +155,9 @@ func (w *Worker) expireHistory(ctx context.Context) {
 	if w.client.retention < 0 || (droppable && !time.Now().Add(-w.client.retention).After(horizon.Add(time.Hour))) {
 		return
 	}
-	var total int64
-	for range 10 {
-		n, err := store.PruneHistory(ctx, w.client.pool, w.client.ns, w.client.retention, 500)
-		if err != nil {
-			if ctx.Err() == nil {
-				w.logger.Warn("kagzi: pruning archived runs failed", "error", err)
-			}
-			break
-		}
-		total += n
-		if n < 500 {
-			break
-		}
-	}
+	total := w.inBatches(ctx, "pruning archived runs", 10, 500, func(ctx context.Context, n int) (int64, error) {
+		return store.PruneHistory(ctx, w.client.pool, w.client.ns, w.client.retention, n)
+	})
 	if total > 0 {
 		w.pruned.Add(total)
 		w.logger.Info("kagzi: pruned archived runs", "runs", total, "retention", w.client.retention)
@@ -187,22 +165,32 @@ func (w *Worker) expireHistory(ctx context.Context) {
 }
 
 func (w *Worker) pruneFinished(ctx context.Context) {
-	var total int64
-	for range 10 {
-		n, err := store.PruneFinished(ctx, w.client.pool, w.client.ns, w.client.retention, 500)
-		if err != nil {
-			if ctx.Err() == nil {
-				w.logger.Warn("kagzi: pruning finished runs failed", "error", err)
-			}
-			break
-		}
-		total += n
-		if n < 500 {
-			break
-		}
-	}
+	total := w.inBatches(ctx, "pruning finished runs", 10, 500, func(ctx context.Context, n int) (int64, error) {
+		return store.PruneFinished(ctx, w.client.pool, w.client.ns, w.client.retention, n)
+	})
 	if total > 0 {
 		w.pruned.Add(total)
 		w.logger.Info("kagzi: pruned finished runs", "runs", total, "retention", w.client.retention)
 	}
+}
+
+// inBatches runs batch (what: for the log) up to passes times, size rows at a
+// time, until a batch does less than size or fails, and returns the rows done.
+func (w *Worker) inBatches(ctx context.Context, what string, passes, size int,
+	batch func(ctx context.Context, size int) (int64, error)) int64 {
+	var total int64
+	for range passes {
+		n, err := batch(ctx, size)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logger.Warn("kagzi: "+what+" failed", "error", err)
+			}
+			break
+		}
+		total += n
+		if n < int64(size) {
+			break
+		}
+	}
+	return total
 }
