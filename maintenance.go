@@ -39,7 +39,9 @@ func (w *Worker) heartbeat(ctx context.Context) {
 		}
 		w.mu.Unlock()
 		beat := time.Now()
-		bctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+		// Not cancelled with ctx: a stopping worker waits for its last beat's answer
+		// rather than leave the statement to commit after its OFFLINE (see Run).
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.HeartbeatInterval)
 		res, err := store.Heartbeat(bctx, w.client.pool, w.beat(), held, w.cfg.LeaseDuration)
 		cancel()
 		if err != nil {

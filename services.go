@@ -1,6 +1,9 @@
 package kagzi
 
-import "context"
+import (
+	"context"
+	"sync"
+)
 
 // A service is one of a worker's background loops: it runs until its context ends.
 type service struct {
@@ -15,18 +18,25 @@ type services struct {
 	stops []func()
 }
 
-// start runs s until parent ends or stop is called.
-func (ss *services) start(parent context.Context, s service) {
+// start runs s until parent ends or stop is called. It returns a function that
+// stops s alone, earlier than the others, and waits for it (stop does not stop
+// it twice).
+func (ss *services) start(parent context.Context, s service) (stop func()) {
 	ctx, cancel := context.WithCancel(parent)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		s.run(ctx)
 	}()
-	ss.stops = append(ss.stops, func() {
-		cancel()
-		<-done
-	})
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			<-done
+		})
+	}
+	ss.stops = append(ss.stops, stop)
+	return stop
 }
 
 // stop stops every service, the last started first, each waited for before the next.

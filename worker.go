@@ -326,7 +326,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	w.client.addWorker(w)
 	defer w.client.removeWorker(w)
-	bg.start(context.Background(), service{"heartbeat", w.heartbeat})
+	stopHeartbeat := bg.start(context.Background(), service{"heartbeat", w.heartbeat})
 	bg.start(context.Background(), service{"prune", w.prune})
 	bg.start(context.Background(), service{"deadlines", w.failOverdue})
 	if w.cfg.ReapInterval > 0 && w.client.notifier.Connects() {
@@ -353,6 +353,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Unlock()
 	w.setStatus(WorkerDraining)
 	w.drain()
+	// The heartbeat brings a row marked OFFLINE by another worker's sweep back
+	// ONLINE; it stops (its last beat answered) before the worker records its own
+	// OFFLINE, or a beat racing that write would revive a stopped worker.
+	stopHeartbeat()
 	w.setStatus(WorkerOffline)
 	w.logger.Info("kagzi: worker stopped")
 	return err

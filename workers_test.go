@@ -55,6 +55,30 @@ func TestWorkerRegistersHeartbeatsAndGoesOfflineWhenItStops(t *testing.T) {
 	}
 }
 
+func TestAStoppedWorkerStaysOfflineThoughItsLastHeartbeatRacedItsStop(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	// A heartbeat every 5 ms is often in flight when the worker
+	// stops; a beat answered after the worker's OFFLINE would bring it back ONLINE.
+	cfg := fastWorker()
+	cfg.HeartbeatInterval = 5 * time.Millisecond
+	for i := 0; i < 20; i++ {
+		cfg.ID = fmt.Sprintf("racer-%d", i)
+		stop := runWorker(t, e.client, cfg, greet)
+		eventually(t, "the worker to beat", func() bool {
+			w, err := e.client.GetWorker(ctx, cfg.ID)
+			return err == nil && w.Status == kagzi.WorkerOnline && time.Since(w.LastHeartbeatAt) < time.Minute &&
+				w.LastHeartbeatAt.After(w.StartedAt)
+		})
+		stop()
+		time.Sleep(20 * time.Millisecond) // a beat left in flight would land here
+		w, err := e.client.GetWorker(ctx, cfg.ID)
+		if err != nil || w.Status != kagzi.WorkerOffline || w.StoppedAt == nil {
+			t.Fatalf("worker %s after Run returned: %+v, %v; want OFFLINE with a stop time", cfg.ID, w, err)
+		}
+	}
+}
+
 func TestWorkerIsDrainingWhileItShutsDown(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
