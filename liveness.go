@@ -57,7 +57,7 @@ func (l *liveness) Open(ctx context.Context, conn *pgx.Conn) error {
 // tries again), and records the key; an error only when conn failed.
 func (l *liveness) lock(ctx context.Context, conn *pgx.Conn) error {
 	w := l.w
-	cctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+	cctx, cancel := context.WithTimeout(ctx, w.beatTimeout())
 	defer cancel()
 	if !l.locked {
 		ok, err := store.LockLiveness(cctx, conn, l.key)
@@ -91,7 +91,7 @@ func (l *liveness) Tick(ctx context.Context, conn *pgx.Conn) error {
 	if time.Since(l.since) < 4*w.cfg.ReapInterval {
 		return nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, w.cfg.HeartbeatInterval)
+	rctx, cancel := context.WithTimeout(ctx, w.beatTimeout())
 	defer cancel()
 	workers, runs, err := store.ReapDeadWorkers(rctx, conn, w.client.ns)
 	if err != nil {
@@ -109,7 +109,7 @@ func (l *liveness) Close(ctx context.Context, conn *pgx.Conn) {
 	if !l.locked {
 		return
 	}
-	cctx, cancel := context.WithTimeout(ctx, l.w.cfg.HeartbeatInterval)
+	cctx, cancel := context.WithTimeout(ctx, l.w.beatTimeout())
 	defer cancel()
 	_, _ = conn.Exec(cctx, `SELECT pg_advisory_unlock($1)`, l.key)
 }
@@ -127,7 +127,7 @@ func (l *liveness) Lost(err error) {
 		w.logger.Warn("kagzi: the liveness connection failed; leases alone keep this worker's runs until it is back",
 			"error", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.HeartbeatInterval)
+	ctx, cancel := context.WithTimeout(context.Background(), w.beatTimeout())
 	defer cancel()
 	if err := store.SetLivenessKey(ctx, w.client.pool, w.client.ns, w.cfg.ID, 0); err != nil {
 		w.logger.Warn("kagzi: cannot clear the worker's liveness key", "error", err)

@@ -41,7 +41,7 @@ func (w *Worker) heartbeat(ctx context.Context) {
 		beat := time.Now()
 		// Not cancelled with ctx: a stopping worker waits for its last beat's answer
 		// rather than leave the statement to commit after its OFFLINE (see Run).
-		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.HeartbeatInterval)
+		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.beatTimeout())
 		res, err := store.Heartbeat(bctx, w.client.pool, w.beat(), held, w.cfg.LeaseDuration)
 		cancel()
 		if err != nil {

@@ -384,7 +384,7 @@ func (w *Worker) register(ctx context.Context) error {
 // setStatus records the worker DRAINING or OFFLINE in the registry.
 func (w *Worker) setStatus(status WorkerStatus) {
 	w.status.Store(status)
-	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.HeartbeatInterval)
+	ctx, cancel := context.WithTimeout(context.Background(), w.beatTimeout())
 	defer cancel()
 	if err := store.SetWorkerStatus(ctx, w.client.pool, w.client.ns, w.cfg.ID, status, w.beat()); err != nil {
 		w.logger.Warn("kagzi: cannot record the worker's status", "status", status, "error", err)
@@ -560,4 +560,11 @@ func (w *Worker) drain() {
 		w.logger.Warn("kagzi: could not hand runs back; they are claimed again when their lease passes",
 			"error", err, "runs", len(held))
 	}
+}
+
+// beatTimeout bounds each of the worker's registry and liveness statements: a
+// heartbeat interval, and at least a second, so that a very short interval on a
+// loaded database does not time out the beat or the stop's OFFLINE.
+func (w *Worker) beatTimeout() time.Duration {
+	return max(w.cfg.HeartbeatInterval, time.Second)
 }
