@@ -124,7 +124,7 @@ func (x *execution) finish(e ending, last *store.StepWrite) (RunStatus, ending, 
 	write := func(e ending, last *store.StepWrite) error {
 		return x.writeNow(func(ctx context.Context, db *writer) (err error) {
 			final, err = db.finish(ctx, store.FinishWrite{Fence: x.run.Fence, Status: e.status, Output: e.output,
-				Error: e.detailBytes(), Last: last})
+				Error: e.detailBytes(), Last: last, HeldSlot: x.run.HoldsSlot})
 			return err
 		})
 	}

@@ -530,3 +530,76 @@ func TestARerunOfAKeyedRunQueuesInItsKeyAgain(t *testing.T) {
 		return runStatus(t, e.client, failed.RunID) == kagzi.StatusFailed && runStatus(t, e.client, holder.RunID) == kagzi.StatusCompleted
 	})
 }
+
+func TestARunsEndThatFreesATypeSlotWakesAnotherProcesssIdleWorker(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	inStep := make(chan struct{}, 2)
+	release := make(chan struct{})
+	wf := kagzi.Define("one-at-a-time", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "work", func(context.Context) (int, error) {
+			inStep <- struct{}{}
+			if n == 1 {
+				<-release
+			}
+			return n, nil
+		})
+	})
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "one-at-a-time", Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// Neither worker polls, and B's timer waits for the first run's lease, a minute
+	// away: only a notification can wake B sooner.
+	cfg := fastWorker()
+	cfg.PollInterval = time.Hour
+	cfg.LeaseDuration = time.Minute
+	cfg.MaxConcurrent = 1
+	stopA := runWorker(t, e.client, cfg, wf)
+	first, err := kagzi.Start(ctx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-inStep
+	// Worker B, of another client (as in another process), cannot claim the second
+	// run while the first holds the type's only slot.
+	other := newClient(t, e.pool, "")
+	runWorker(t, other, cfg, wf)
+	second, err := kagzi.Start(ctx, e.client, wf, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the second run to be held by the limit", func() bool {
+		info, err := e.client.GetRun(ctx, second.RunID)
+		return err == nil && info.Hold != nil && info.Hold.Limit == "concurrency"
+	})
+	// Worker A stops: it claims nothing more, and ends the first run as it drains.
+	stopped := make(chan struct{})
+	go func() { stopA(); close(stopped) }()
+	eventually(t, "worker A to drain", func() bool {
+		w, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{})
+		if err != nil {
+			return false
+		}
+		for _, w := range w.Workers {
+			if w.Status == kagzi.WorkerDraining {
+				return true
+			}
+		}
+		return false
+	})
+	close(release)
+	<-stopped
+	if out, err := first.Wait(ctx); err != nil || out != 1 {
+		t.Fatalf("first run: %v, %v", out, err)
+	}
+	// The end of the first run freed the slot and told worker B, which was waiting
+	// for nothing but a notification (or the minute).
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if out, err := second.Wait(wctx); err != nil || out != 2 {
+		t.Fatalf("second run: %v, %v", out, err)
+	}
+	if info, err := e.client.GetRun(ctx, second.RunID); err != nil || info.Attempt != 1 {
+		t.Fatalf("second run: %+v, %v", info, err)
+	}
+}

@@ -21,6 +21,9 @@ type FinishWrite struct {
 	Status vocab.RunStatus
 	Output []byte
 	Error  []byte
+	// HeldSlot reports that the run's claim took a slot of its type's concurrency
+	// limit (ClaimedRun.HoldsSlot): the end frees it and notifies the type's workers.
+	HeldSlot bool
 	// Last, when set, is the run's last step, completed and not yet recorded: the
 	// end records it in the same statement (its Status and StepStatus are COMPLETED,
 	// its Error nil).
@@ -35,8 +38,9 @@ type FinishWrite struct {
 // are notified when there are any: one run's end in the row that returns it, the
 // ends of many one notification per 150 runs (each costs the listening backend and
 // process a message; one per run was a tenth of a busy worker's CPU, and the batched
-// form costs a lone end a fifth of its time). Each input that held its fence returns
-// the status the run ended with.
+// form costs a lone end a fifth of its time). Ends of runs that held a slot of their
+// type's concurrency limit notify the type's workers, once a type. Each input that
+// held its fence returns the status the run ended with.
 var finishes = newSetWriteOf("finishes", func(many bool) string {
 	sql := `
 upd AS (
@@ -44,10 +48,19 @@ upd AS (
 		status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE i.status END,
 		output = CASE WHEN r.cancel_requested THEN NULL ELSE i.output END,
 		error = CASE WHEN r.cancel_requested THEN NULL ELSE i.error END,
-		finished_at = now(), locked_by = NULL, updated_at = now()
+		finished_at = now(), locked_by = NULL, updated_at = now(),
+		holds_type_slot = r.holds_type_slot AND NOT i.held_slot
 	FROM i
 	WHERE r.run_id = i.run_id AND r.lease_epoch = i.epoch AND coalesce(r.status, '') = 'RUNNING' -- see KeyedPlansSQL
-	RETURNING i.ord, i.client_id, r.run_id, r.namespace, r.status
+	RETURNING i.ord, i.client_id, r.run_id, r.namespace, r.workflow_type, r.status, i.held_slot
+), freed AS (
+	-- The types whose concurrency slots these ends freed: their workers may claim the
+	-- runs the slots held back (one notification a type, not one a run from the
+	-- run_changed trigger, which the cleared holds_type_slot keeps quiet).
+	SELECT pg_notify('` + Channel + `', 'w|' || octet_length(namespace) || ':' || namespace || '|' || workflow_type || '|'
+		|| (extract(epoch FROM now()) * 1000)::bigint)
+	FROM upd WHERE held_slot
+	GROUP BY namespace, workflow_type
 ), step AS (
 	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, attempts, position,
 		started_at, finished_at)
@@ -70,7 +83,8 @@ upd AS (
 	if !many {
 		return sql + `
 SELECT ord, status, coalesce(CASE WHEN ` + remote + `
-	THEN pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)::text END, '') FROM upd`
+	THEN pg_notify('` + Channel + `', 'd|' || run_id || '|' || status)::text END, '')
+	|| (SELECT count(*) FROM freed)::text FROM upd`
 	}
 	return sql + `, notified AS (
 	-- A newline, then the runs' DoneTopic payloads, one per line (Postgres takes
@@ -80,7 +94,7 @@ SELECT ord, status, coalesce(CASE WHEN ` + remote + `
 	WHERE ` + remote + `
 	GROUP BY (ord - 1) / 150
 )
-SELECT ord, status, (SELECT count(*) FROM notified)::text FROM upd`
+SELECT ord, status, ((SELECT count(*) FROM notified) + (SELECT count(*) FROM freed))::text FROM upd`
 },
 	append(fenceArgs[*FinishWrite](),
 		arg("status", "text", func(w *FinishWrite) string { return string(w.Status) }),
@@ -102,6 +116,7 @@ SELECT ord, status, (SELECT count(*) FROM notified)::text FROM upd`
 		}),
 		arg("position", "integer", func(w *FinishWrite) *int32 { return lastStep(w, func(s *StepWrite) int32 { return int32(s.Position) }) }),
 		arg("client_id", "uuid", func(w *FinishWrite) [16]byte { return w.Client }),
+		arg("held_slot", "boolean", func(w *FinishWrite) bool { return w.HeldSlot }),
 	)...)
 
 // lastStep reads a field of w's last step, nil when it has none.

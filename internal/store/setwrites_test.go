@@ -288,3 +288,58 @@ func listen(t *testing.T, url string) *pgx.Conn {
 func runEnd(run, client uuid.UUID) *FinishWrite {
 	return &FinishWrite{Fence: Fence{run, 1}, Client: client, Status: "COMPLETED", Output: []byte(`"out"`)}
 }
+
+func TestEndsOfRunsHoldingTypeSlotsNotifyEachTypeOnceAndClearTheirSlots(t *testing.T) {
+	t.Parallel()
+	pool, url := testdb.NewPool(t)
+	ctx := context.Background()
+	listener := listen(t, url)
+	// Six runs hold slots of type wf, two of type other, all ended in one statement.
+	var ends []*FinishWrite
+	for i := range 8 {
+		run := runningRun(t, pool, 1, false)
+		typ := "wf"
+		if i >= 6 {
+			typ = "other"
+		}
+		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET holds_type_slot = true, workflow_type = $2 WHERE run_id = $1`, run, typ); err != nil {
+			t.Fatal(err)
+		}
+		w := runEnd(run, uuid.New())
+		w.HeldSlot = true
+		ends = append(ends, w)
+	}
+	if got := setRows(t, pool, finishes, ends...); len(got) != len(ends) {
+		t.Fatalf("%d runs ended, want %d", len(got), len(ends))
+	}
+	got := map[string]int{}
+	for {
+		wctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		msg, err := listener.WaitForNotification(wctx)
+		cancel()
+		if err != nil {
+			break // none left
+		}
+		got[msg.Payload[:strings.LastIndexByte(msg.Payload, '|')]]++
+	}
+	if len(got) != 2 || got[WakeTopic("default", "wf")] != 1 || got[WakeTopic("default", "other")] != 1 {
+		t.Fatalf("notifications by topic %v: want one for wf and one for other", got)
+	}
+	var held int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE holds_type_slot`).Scan(&held); err != nil || held != 0 {
+		t.Fatalf("%d ended runs still hold a type slot (%v)", held, err)
+	}
+
+	// The end of a slot holder its worker does not report (HeldSlot false) leaves the
+	// flag and the trigger's notification.
+	run := runningRun(t, pool, 1, false)
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET holds_type_slot = true WHERE run_id = $1`, run); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := FinishRun(ctx, Direct(pool), *runEnd(run, uuid.New())); err != nil {
+		t.Fatal(err)
+	}
+	if topic := wakeTopicOf(t, listener, "the trigger, for an end that did not report its slot"); topic != WakeTopic("default", "wf") {
+		t.Fatalf("topic %q, want %q", topic, WakeTopic("default", "wf"))
+	}
+}
