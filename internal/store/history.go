@@ -383,19 +383,37 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 					if gone, gerr := partitionGone(ctx, db, table, p.name); gerr == nil && gone {
 						continue // another process detached it meanwhile
 					}
-					if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "55000" {
-						continue // another process is detaching it (already pending detach): it drops it
+					if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && (pgErr.Code == "55000" || pgErr.Code == "40P01") {
+						// Another process is detaching it (already pending detach), or
+						// dropping it (a deadlock with its drop): that process drops it,
+						// or the next drop does.
+						continue
 					}
 					return dropped, fmt.Errorf("kagzi: detach history partition %s: %w", p.name, err)
 				}
 			}
-			if _, err := db.Exec(ctx, `DROP TABLE IF EXISTS kagzi.`+p.name); err != nil {
+			if err := dropTable(ctx, db, p.name); err != nil {
 				return dropped, fmt.Errorf("kagzi: drop history partition %s: %w", p.name, err)
 			}
 			dropped = append(dropped, p.name)
 		}
 	}
 	return dropped, nil
+}
+
+// dropTable drops a detached history partition's table. A drop that a concurrent
+// dropper's DETACH ... FINALIZE of the same partition deadlocks with (one waits for the
+// other's lock, the other for its transaction; the FINALIZE then finds it detached) is
+// tried again: the drop is idempotent, and the other statement has ended.
+func dropTable(ctx context.Context, db DBTX, name string) error {
+	var err error
+	for range 3 {
+		_, err = db.Exec(ctx, `DROP TABLE IF EXISTS kagzi.`+name)
+		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "40P01" {
+			return err
+		}
+	}
+	return err
 }
 
 // partitionGone tells whether name is no longer a partition of table (another
