@@ -313,14 +313,7 @@ func TestPruningRemovesOnlyOldFinishedRunsWhileWorkersRun(t *testing.T) {
 	}
 	cfg := fastWorker()
 	cfg.PruneInterval = 50 * time.Millisecond
-	w, err := kagzi.NewWorker(c, cfg, greet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	defer func() { cancel(); <-done }()
+	w, _ := startWorker(t, c, cfg, greet)
 	if _, err := recent.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -15,19 +15,7 @@ import (
 // test's client is claimed by the start itself) and returns it.
 func startFloorWorker(t *testing.T, e *env, cfg kagzi.WorkerConfig, wf kagzi.Definition) *kagzi.Worker {
 	t.Helper()
-	w, err := kagzi.NewWorker(newClient(t, e.pool, ""), cfg, wf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker.Run: %v", err)
-		}
-	})
+	w, _ := startWorker(t, newClient(t, e.pool, ""), cfg, wf)
 	return w
 }
 

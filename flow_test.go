@@ -531,7 +531,7 @@ func TestARerunOfAKeyedRunQueuesInItsKeyAgain(t *testing.T) {
 	})
 }
 
-func TestARunsEndThatFreesATypeSlotWakesAnotherProcesssIdleWorker(t *testing.T) {
+func TestARunsEndThatFreesATypeSlotWakesAnIdleWorkerOfAnotherClient(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
 	inStep := make(chan struct{}, 2)

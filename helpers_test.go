@@ -76,6 +76,13 @@ func fastWorker() kagzi.WorkerConfig {
 // which waits for Run to return.
 func runWorker(t *testing.T, c *kagzi.Client, cfg kagzi.WorkerConfig, wfs ...kagzi.Definition) (stop func()) {
 	t.Helper()
+	_, stop = startWorker(t, c, cfg, wfs...)
+	return stop
+}
+
+// startWorker is runWorker that also returns the worker, for its counters.
+func startWorker(t testing.TB, c *kagzi.Client, cfg kagzi.WorkerConfig, wfs ...kagzi.Definition) (*kagzi.Worker, func()) {
+	t.Helper()
 	w, err := kagzi.NewWorker(c, cfg, wfs...)
 	if err != nil {
 		t.Fatal(err)
@@ -83,19 +90,17 @@ func runWorker(t *testing.T, c *kagzi.Client, cfg kagzi.WorkerConfig, wfs ...kag
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
-	stopped := false
-	stop = func() {
-		if stopped {
-			return
-		}
-		stopped = true
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker.Run: %v", err)
-		}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("worker.Run: %v", err)
+			}
+		})
 	}
 	t.Cleanup(stop)
-	return stop
+	return w, stop
 }
 
 func waitCtx(t *testing.T) context.Context {

@@ -139,14 +139,8 @@ func BenchmarkRetentionUnderLoad(b *testing.B) {
 	ctx := context.Background()
 	fillArchived(b, pool, n)
 	fillHistory(b, pool, 100_000)
-	w, err := kagzi.NewWorker(c, kagzi.WorkerConfig{MaxConcurrent: 100, PruneInterval: time.Hour}, retentionLoad)
-	if err != nil {
-		b.Fatal(err)
-	}
-	wctx, stop := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- w.Run(wctx) }()
-	defer func() { stop(); <-done }()
+	_, stop := startWorker(b, c, kagzi.WorkerConfig{MaxConcurrent: 100, PruneInterval: time.Hour}, retentionLoad)
+	defer stop()
 
 	// measure starts runs at the rate while during runs (and at least for d), and
 	// returns the latencies of the runs started meanwhile.

@@ -64,20 +64,7 @@ func archivingWorker(t *testing.T, c *kagzi.Client) (*kagzi.Worker, func()) {
 	t.Helper()
 	cfg := fastWorker()
 	cfg.PruneInterval = 50 * time.Millisecond
-	w, err := kagzi.NewWorker(c, cfg, archived)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- w.Run(ctx) }()
-	stop := func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("worker.Run: %v", err)
-		}
-	}
-	return w, stop
+	return startWorker(t, c, cfg, archived)
 }
 
 func TestArchivedRunsAreReadRerunAndStartedAgainstAsBefore(t *testing.T) {
@@ -435,14 +422,7 @@ func TestTwoArchivingWorkersMoveEachFinishedRunOnceWithItsSteps(t *testing.T) {
 		}
 		cfg := fastWorker()
 		cfg.PruneInterval = 10 * time.Millisecond
-		w, err := kagzi.NewWorker(c, cfg, greet)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wctx, cancel := context.WithCancel(ctx)
-		done := make(chan error, 1)
-		go func() { done <- w.Run(wctx) }()
-		defer func() { cancel(); <-done }()
+		w, _ := startWorker(t, c, cfg, greet)
 		workers = append(workers, w)
 	}
 	eventually(t, "every run to move into the history", func() bool {

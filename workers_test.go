@@ -67,8 +67,7 @@ func TestAStoppedWorkerStaysOfflineThoughItsLastHeartbeatRacedItsStop(t *testing
 		stop := runWorker(t, e.client, cfg, greet)
 		eventually(t, "the worker to beat", func() bool {
 			w, err := e.client.GetWorker(ctx, cfg.ID)
-			return err == nil && w.Status == kagzi.WorkerOnline && time.Since(w.LastHeartbeatAt) < time.Minute &&
-				w.LastHeartbeatAt.After(w.StartedAt)
+			return err == nil && w.Status == kagzi.WorkerOnline && w.LastHeartbeatAt.After(w.StartedAt)
 		})
 		stop()
 		time.Sleep(20 * time.Millisecond) // a beat left in flight would land here
