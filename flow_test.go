@@ -430,7 +430,11 @@ func TestCancellingARunFreesItsKeyPlaceAtOnce(t *testing.T) {
 	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "per-customer", KeyConcurrency: 1}); err != nil {
 		t.Fatal(err)
 	}
-	runWorker(t, e.client, fastWorker(), wf)
+	// A worker that never polls: only a notification can tell it that the key has
+	// room again.
+	cfg := fastWorker()
+	cfg.PollInterval = time.Hour
+	runWorker(t, e.client, cfg, wf)
 	first, err := kagzi.Start(ctx, e.client, wf, "signal", kagzi.WithConcurrencyKey("c"))
 	if err != nil {
 		t.Fatal(err)
@@ -450,6 +454,34 @@ func TestCancellingARunFreesItsKeyPlaceAtOnce(t *testing.T) {
 	// The cancel frees the key: the second run begins (and waits for its own signal)
 	// without waiting for any lease or poll.
 	eventually(t, "the second run to begin", func() bool { return runStatus(t, e.client, second.RunID) == kagzi.StatusSleeping })
+}
+
+func TestASleepingHolderWhoseDeadlinePassesFreesItsKeyPlaceAtOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := blockingWorkflow("per-account", nil)
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "per-account", KeyConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastWorker()
+	cfg.PollInterval = time.Hour // only a notification tells the worker the key has room
+	runWorker(t, e.client, cfg, wf)
+	first, err := kagzi.Start(ctx, e.client, wf, "signal", kagzi.WithConcurrencyKey("a"),
+		kagzi.WithRunTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the first run to wait", func() bool { return runStatus(t, e.client, first.RunID) == kagzi.StatusSleeping })
+	second, err := kagzi.Start(ctx, e.client, wf, "signal", kagzi.WithConcurrencyKey("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first run fails when its deadline passes, asleep: the key's next run begins
+	// without waiting for a poll.
+	eventually(t, "the second run to begin", func() bool { return runStatus(t, e.client, second.RunID) == kagzi.StatusSleeping })
+	if s := runStatus(t, e.client, first.RunID); s != kagzi.StatusFailed {
+		t.Fatalf("the first run is %s after its deadline, want FAILED", s)
+	}
 }
 
 func TestRaisingALimitAtRuntimeAdmitsMoreRunsAndASleepingRunGivesItsSlotBack(t *testing.T) {

@@ -432,13 +432,15 @@ BEGIN
             END IF;
         END LOOP;
     END IF;
-    -- A run that held a slot of its type's concurrency limit, or a place of its
-    -- concurrency key, and stops running: the workers of its type may claim another.
-    -- A worker's end of a run that held a slot clears holds_type_slot and notifies
-    -- once for the ends of its statement (store.FinishRun), so not here.
-    IF OLD.status IS DISTINCT FROM NEW.status AND OLD.status = 'RUNNING'
-       AND ((OLD.holds_type_slot AND NEW.holds_type_slot)
-            OR (NEW.flow_key IS NOT NULL AND NEW.started_at IS NOT NULL)) THEN
+    -- A run that held a slot of its type's concurrency limit and stops running, or a
+    -- run that held a place of its concurrency key and ends (from RUNNING, or from
+    -- SLEEPING or PENDING: a cancel, a deadline): the workers of its type may claim
+    -- another. A worker's end of a run that held a slot clears holds_type_slot and
+    -- notifies once for the ends of its statement (store.FinishRun), so not here.
+    IF OLD.status IS DISTINCT FROM NEW.status
+       AND ((OLD.status = 'RUNNING' AND OLD.holds_type_slot AND NEW.holds_type_slot)
+            OR (NEW.flow_key IS NOT NULL AND NEW.started_at IS NOT NULL
+                AND NEW.status IN ('COMPLETED', 'FAILED', 'CANCELLED'))) THEN
         PERFORM pg_notify('kagzi', 'w|' || octet_length(NEW.namespace) || ':' || NEW.namespace || '|'
             || NEW.workflow_type || '|' || (extract(epoch FROM now()) * 1000)::bigint);
     END IF;
@@ -1101,7 +1103,7 @@ CREATE INDEX signals_pending ON kagzi.signals USING btree (run_id, name, id) WHE
 
 CREATE INDEX workers_live ON kagzi.workers USING btree (namespace, last_heartbeat_at) WHERE (status <> 'OFFLINE'::text);
 
-CREATE TRIGGER runs_changed AFTER UPDATE OF status, cancel_requested ON kagzi.runs FOR EACH ROW WHEN ((((old.status IS DISTINCT FROM new.status) AND ((new.parent_run_id IS NOT NULL) OR (new.status = ANY (ARRAY['CANCELLED'::text, 'FAILED'::text])) OR ((old.status = 'RUNNING'::text) AND ((old.holds_type_slot AND new.holds_type_slot) OR (new.flow_key IS NOT NULL))))) OR (old.cancel_requested IS DISTINCT FROM new.cancel_requested))) EXECUTE FUNCTION kagzi.run_changed();
+CREATE TRIGGER runs_changed AFTER UPDATE OF status, cancel_requested ON kagzi.runs FOR EACH ROW WHEN ((((old.status IS DISTINCT FROM new.status) AND ((new.parent_run_id IS NOT NULL) OR (new.status = ANY (ARRAY['CANCELLED'::text, 'FAILED'::text])) OR ((old.status = 'RUNNING'::text) AND old.holds_type_slot AND new.holds_type_slot) OR ((new.flow_key IS NOT NULL) AND (new.status = 'COMPLETED'::text)))) OR (old.cancel_requested IS DISTINCT FROM new.cancel_requested))) EXECUTE FUNCTION kagzi.run_changed();
 
 ALTER TABLE ONLY kagzi.events
     ADD CONSTRAINT events_run_id_fkey FOREIGN KEY (run_id) REFERENCES kagzi.runs(run_id) ON DELETE CASCADE;
