@@ -75,6 +75,7 @@ WITH upd AS (
 	UPDATE kagzi.runs r SET ` + releaseSQL("PENDING", "now()") + `
 	FROM unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
 	WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND coalesce(r.status, '') = 'RUNNING'
+	  AND r.run_id = ANY ($1::uuid[]) -- reads only these runs, whichever join is planned (see heartbeatSQL)
 	RETURNING ` + releasedColumns + `
 )
 SELECT ` + notifyRunSQL + ` FROM upd`
