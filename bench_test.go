@@ -483,3 +483,52 @@ func fillHistory(b *testing.B, pool *pgxpool.Pool, n int) {
 		b.Fatal(err)
 	}
 }
+
+// BenchmarkBurnDownWithManyTypes burns down 10,000 1-step runs of one workflow type
+// with a worker registered for 1, 10 and 50 types (MaxConcurrent 100): runs/s should
+// not depend on the types the worker has nothing to claim of (the claim reads every
+// type's limits and keyed queues in one statement each, not a statement per type).
+// Run it with -benchtime 1x.
+func BenchmarkBurnDownWithManyTypes(b *testing.B) {
+	for _, types := range []int{1, 10, 50} {
+		b.Run(fmt.Sprintf("types=%d", types), func(b *testing.B) {
+			c, pool, _ := benchEnv(b)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var defs []kagzi.Definition
+			var first *kagzi.Workflow[int, int]
+			for i := range types {
+				wf := kagzi.Define(fmt.Sprintf("t%02d", i), func(ctx *kagzi.Context, n int) (int, error) {
+					return kagzi.Step(ctx, "a", func(context.Context) (int, error) { return n, nil })
+				})
+				if first == nil {
+					first = wf
+				}
+				defs = append(defs, wf)
+			}
+			const n = 10000
+			in := make([]int, n)
+			if _, err := kagzi.StartMany(ctx, c, first, in); err != nil {
+				b.Fatal(err)
+			}
+			w, err := kagzi.NewWorker(c, kagzi.WorkerConfig{MaxConcurrent: 100}, defs...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ResetTimer()
+			t0 := time.Now()
+			go w.Run(ctx)
+			for {
+				var left int
+				if err := pool.QueryRow(ctx, "SELECT count(*) FROM kagzi.runs WHERE status <> 'COMPLETED'").Scan(&left); err != nil {
+					b.Fatal(err)
+				}
+				if left == 0 {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			b.ReportMetric(n/time.Since(t0).Seconds(), "runs/s")
+		})
+	}
+}

@@ -50,7 +50,7 @@ DECLARE
     claimed_types text[];
     claimed_at timestamptz[];
     floors timestamptz[] := '{}';
-    lim kagzi.flow_limits;
+    keyed text[];
     batch kagzi.claimed_run[];
     ids uuid[];
     versions text[];
@@ -69,11 +69,18 @@ BEGIN
     IF budget <= 0 THEN
         RETURN;
     END IF;
+    -- Each type's limits (a row of NULLs: none), and the types with queued runs of
+    -- concurrency keys, one statement each for all the types: a worker of fifty
+    -- types claimed a quarter slower when each type cost a lookup and a skip scan.
+    lims := ARRAY(SELECT l FROM unnest(p_types) WITH ORDINALITY AS t(workflow_type, o)
+        LEFT JOIN kagzi.flow_limits l ON l.namespace = p_ns AND l.workflow_type = t.workflow_type
+        ORDER BY t.o);
+    keyed := ARRAY(SELECT t.workflow_type FROM unnest(p_types) AS t(workflow_type)
+        WHERE EXISTS (SELECT 1 FROM kagzi.runs r
+            WHERE r.namespace = p_ns AND r.workflow_type = t.workflow_type
+              AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING'));
     FOR i IN 1 .. nt LOOP
-        lim := NULL;
-        SELECT * INTO lim FROM kagzi.flow_limits l WHERE l.namespace = p_ns AND l.workflow_type = p_types[i];
-        lims := lims || lim;
-        IF lim.concurrency IS NOT NULL THEN
+        IF lims[i].concurrency IS NOT NULL THEN
             PERFORM pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || p_ns || '|' || p_types[i], 0));
         END IF;
     END LOOP;
@@ -101,7 +108,7 @@ BEGIN
         m := allow[i] + 16; -- a few more keys than the room, for keys without any
         ks := '{}';
         sub := '{}';
-        IF allow[i] > 0 THEN
+        IF allow[i] > 0 AND p_types[i] = ANY (keyed) THEN
             ks := kagzi.flow_keys_after(p_ns, p_types[i], cur, NULL, m);
             IF cur > E'\x01' AND cardinality(ks) < m THEN
                 sub := kagzi.flow_keys_after(p_ns, p_types[i], '', cur, m - cardinality(ks));
@@ -203,11 +210,12 @@ BEGIN
             -- range up to now was read through; otherwise a type's range was read
             -- up to its last claimed run. A second back covers starts that commit a
             -- little after their statement's now().
-            FOR i IN 1 .. cardinality(plain_types) LOOP
-                floors := floors || CASE WHEN coalesce(cardinality(ids), 0) < plain_asked THEN now()
-                    ELSE (SELECT max(a) FROM unnest(claimed_types, claimed_at) AS x(t, a) WHERE x.t = plain_types[i])
-                    END - interval '1 second';
-            END LOOP;
+            floors := ARRAY(SELECT CASE WHEN coalesce(cardinality(ids), 0) < plain_asked THEN now() ELSE c.last END
+                    - interval '1 second'
+                FROM unnest(plain_types) WITH ORDINALITY AS p(t, o)
+                LEFT JOIN (SELECT x.t, max(x.a) AS last FROM unnest(claimed_types, claimed_at) AS x(t, a) GROUP BY x.t) c
+                    ON c.t = p.t
+                ORDER BY p.o);
         END IF;
     END LOOP;
     FOR i IN 1 .. nt LOOP
