@@ -24,6 +24,14 @@ type claimLoop struct {
 	backoff time.Duration
 	wakeAt  time.Time // when the timer fires
 	askedAt time.Time // when NextWake was last asked
+	// answer is when the last NextWake answer said the next run becomes claimable (the
+	// poll's time when it knew of none): until then, a claim that leaves slots free
+	// need not ask again, as long as every time announced since is on the timer. The
+	// timer holds one time; forgot records that it let go of an announced time before
+	// the answer's (a later one than its own, or its own that an earlier one replaced),
+	// which only NextWake can find again.
+	answer time.Time
+	forgot bool
 }
 
 // loop claims runs until ctx is done, or the pool is closed (ErrClosed).
@@ -59,6 +67,10 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 			l.claimNow, l.more = true, true
 		case n := <-sub.C:
 			l.notified(n)
+		case <-sub.Missed:
+			// Notifications came faster than the loop took them and some were
+			// dropped: what they announced is known only to the database now.
+			l.claimNow, l.more, l.forgot = true, true, true
 		}
 	}
 }
@@ -66,14 +78,38 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 // setTimer makes the loop claim at t (at the latest a PollInterval from now), unless
 // the timer already fires sooner.
 func (l *claimLoop) setTimer(t time.Time) {
-	if poll := time.Now().Add(l.w.cfg.PollInterval); t.IsZero() || t.After(poll) {
+	now := time.Now()
+	if poll := now.Add(l.w.cfg.PollInterval); t.IsZero() || t.After(poll) {
 		t = poll
 	}
-	if !l.wakeAt.IsZero() && !t.Before(l.wakeAt) && l.wakeAt.After(time.Now()) {
-		return
+	// A wakeAt that is set is a fire the loop has not taken yet, even when its time has
+	// passed: Reset would discard it (Go 1.23 timers), and the runs it was set for
+	// would wait for the next time instead (a second, for sleepers announcing wake
+	// times while the fire for the first of them waited to be taken).
+	if !l.wakeAt.IsZero() {
+		if !t.Before(l.wakeAt) {
+			l.forget(t)
+			return
+		}
+		l.forget(l.wakeAt)
 	}
 	l.wakeAt = t
 	l.timer.Reset(time.Until(t))
+}
+
+// answerStands reports that the last NextWake answer still holds: its time has not
+// come, no announced time before it was let go, and no lease taken since it was asked
+// can expire before it.
+func (l *claimLoop) answerStands() bool {
+	return !l.forgot && l.answer.After(time.Now()) && !l.answer.After(l.askedAt.Add(l.w.cfg.LeaseDuration))
+}
+
+// forget notes that the timer let go of the time t: when t comes before the last
+// answer's time, a claim must ask NextWake again rather than wait for the answer.
+func (l *claimLoop) forget(t time.Time) {
+	if t.Before(l.answer) {
+		l.forgot = true
+	}
 }
 
 // claimed decides what follows a claim that got every run it asked for (full) or
@@ -89,7 +125,7 @@ func (l *claimLoop) claimed(ctx context.Context, full bool, err error) error {
 			w.logger.Error("kagzi: the pool was closed; the worker stops", "error", err)
 			return err
 		}
-		l.more = true
+		l.more, l.forgot = true, true
 		w.logger.Warn("kagzi: claim failed; retrying", "error", err, "retry_in", l.backoff)
 		l.wakeAt = time.Time{}
 		l.setTimer(time.Now().Add(l.backoff))
@@ -98,25 +134,32 @@ func (l *claimLoop) claimed(ctx context.Context, full bool, err error) error {
 	case full:
 		l.more = true
 		l.claimNow = w.freeSlots() > 0 // more work may be waiting
-	case l.wakeAt.After(time.Now()) && !l.wakeAt.After(l.askedAt.Add(w.cfg.LeaseDuration)):
-		// Fewer runs than free slots, and the timer set from the last answer still
-		// waits: nothing that answer saw has become claimable, a run that becomes
-		// claimable later announces its time (a start, a sleep, a retry notifies), and
-		// a lease taken since expires a lease from now, after the timer. Asking again
-		// would repeat the answer.
+	case l.answerStands():
+		// Fewer runs than free slots, and the last answer's time has not come:
+		// nothing that answer saw has become claimable, a run that becomes claimable
+		// later announces its time (a start, a sleep, a retry notifies) and the timer
+		// kept every such time before the answer's, and a lease taken since expires a
+		// lease from now, after it. Asking again would repeat the answer. (The timer
+		// may have fired at an announced time: it waits for the answer again.)
 		l.more = false
+		l.setTimer(l.answer)
 	default:
 		// Fewer runs than free slots: ask when the next one becomes claimable. (Asking
 		// in the claim's own batch costs every claim that statement, and most claims
 		// under load fill their slots.)
-		l.more = false
+		l.more, l.forgot = false, false
 		l.askedAt = time.Now()
 		next, err := store.NextWake(ctx, w.client.pool, w.claimer)
-		l.wakeAt = time.Time{}
-		if err != nil || next == nil {
+		l.wakeAt, l.answer = time.Time{}, time.Time{}
+		switch {
+		case err != nil:
 			l.setTimer(time.Time{})
-		} else {
+		case next == nil:
+			l.setTimer(time.Time{})
+			l.answer = l.wakeAt // nothing known before the poll
+		default:
 			l.setTimer(*next)
+			l.answer = *next
 		}
 	}
 	l.backoff = 100 * time.Millisecond

@@ -55,6 +55,9 @@ func (w *Worker) failOverdue(ctx context.Context) {
 				at(time.UnixMilli(ms).Add(-dbOffset))
 			}
 			continue
+		case <-sub.Missed: // a deadline's announcement was dropped: sweep, and learn the next
+			at(time.Now())
+			continue
 		case <-timer.C:
 			fireAt = time.Time{}
 		}

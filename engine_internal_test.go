@@ -188,3 +188,47 @@ func TestErrorsAreClassifiedIntoTheDetailTheyRecord(t *testing.T) {
 		t.Error("transient: lost connections and serialization failures are worth another try, constraint violations are not")
 	}
 }
+
+func testClaimLoop() *claimLoop {
+	w := &Worker{cfg: WorkerConfig{PollInterval: time.Hour, LeaseDuration: 10 * time.Second}}
+	return &claimLoop{w: w, timer: time.NewTimer(time.Hour)}
+}
+
+func TestAFireTheClaimLoopHasNotTakenIsNotPushedBackByALaterTime(t *testing.T) {
+	l := testClaimLoop()
+	l.setTimer(time.Now().Add(-time.Millisecond)) // due: the timer fires at once
+	time.Sleep(20 * time.Millisecond)             // ...and the loop, busy, has not taken it
+	l.setTimer(time.Now().Add(time.Hour))         // a later time announced meanwhile
+	select {
+	case <-l.timer.C:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the due fire was discarded for a time an hour away")
+	}
+}
+
+func TestATimeTheTimerLetGoBeforeTheAnswerMakesTheNextClaimAskAgain(t *testing.T) {
+	l := testClaimLoop()
+	now := time.Now()
+	l.askedAt, l.answer = now, now.Add(5*time.Second)
+	l.setTimer(l.answer)
+	if !l.answerStands() {
+		t.Fatal("a fresh answer does not stand")
+	}
+	l.setTimer(now.Add(time.Second)) // an earlier announced time replaces the answer's on the timer
+	if !l.answerStands() {
+		t.Fatal("the answer fell when its own time made way for an earlier one")
+	}
+	l.setTimer(now.Add(2 * time.Second)) // a later one, before the answer's: the timer lets it go
+	if l.answerStands() {
+		t.Fatal("the answer stands though the timer let go of a time before it: that run would wait for the answer's time")
+	}
+	l.forgot = false
+	l.setTimer(now.Add(6 * time.Second)) // after the answer: the answer's time comes first anyway
+	if !l.answerStands() {
+		t.Fatal("a time after the answer's made the answer fall")
+	}
+	l.askedAt = now.Add(-time.Minute) // a lease taken since could expire before the answer
+	if l.answerStands() {
+		t.Fatal("an answer older than a lease stands")
+	}
+}

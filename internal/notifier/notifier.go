@@ -88,7 +88,12 @@ const Linger = 30 * time.Second
 // that falls behind misses notifications, never blocks the others, and must treat
 // any receive as "look at the database".
 type Subscription struct {
-	C      chan Notification
+	C chan Notification
+	// Missed receives when a notification was dropped because C was full (one value
+	// stands for any number of drops until it is received): whatever the dropped
+	// ones announced (a time, a run) is lost, and the subscriber must look at the
+	// database for it.
+	Missed chan struct{}
 	topics []string
 	n      *Notifier
 	once   sync.Once
@@ -103,7 +108,7 @@ func New(connect func(context.Context) (*pgx.Conn, error), channel string, logge
 
 // Subscribe starts receiving the notifications of the topics.
 func (n *Notifier) Subscribe(topics ...string) *Subscription {
-	s := &Subscription{C: make(chan Notification, 64), topics: topics, n: n}
+	s := &Subscription{C: make(chan Notification, 64), Missed: make(chan struct{}, 1), topics: topics, n: n}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, topic := range topics {
@@ -223,6 +228,10 @@ func (n *Notifier) dispatch(msg Notification, all bool) {
 			select {
 			case s.C <- msg:
 			default:
+				select {
+				case s.Missed <- struct{}{}:
+				default:
+				}
 			}
 		}
 	}

@@ -186,3 +186,34 @@ func TestKeepersShareTheListenConnectionAndAreToldWhenItIsLostAndBack(t *testing
 		t.Fatalf("%d connections, want 2 (one lost)", c)
 	}
 }
+
+func TestASubscriberThatFallsBehindIsToldItMissedNotifications(t *testing.T) {
+	t.Parallel()
+	n, sender := newNotifier(t, new(atomic.Int32))
+	ctx := context.Background()
+	sub := n.Subscribe("w|t")
+	defer sub.Close()
+	select {
+	case <-sub.C: // "connected: look again"
+	case <-time.After(10 * time.Second):
+		t.Fatal("no connected signal")
+	}
+	select {
+	case <-sub.Missed:
+		t.Fatal("Missed before anything was dropped")
+	default:
+	}
+	// More notifications than C holds, while nobody reads C.
+	sent := cap(sub.C) + 10
+	if _, err := sender.Exec(ctx, `SELECT pg_notify('kagzi', 'w|t|' || g) FROM generate_series(1, $1) g`, sent); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-sub.Missed:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%d notifications into a buffer of %d, and Missed never said so", sent, cap(sub.C))
+	}
+	if got := len(sub.C); got != cap(sub.C) {
+		t.Fatalf("C holds %d notifications, want it full (%d): the first ones are kept", got, cap(sub.C))
+	}
+}
