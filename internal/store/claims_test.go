@@ -282,3 +282,68 @@ func TestAClaimMakesPostgresWarnNothing(t *testing.T) {
 		t.Fatalf("a claim made Postgres send (and log) %q", notices)
 	}
 }
+
+// The claim finds the types with queued keyed runs by one index probe per type. An
+// EXISTS there was planned, generically, on the empty table the worker's first claim
+// saw, as a hash semi-join over the namespace's whole key queue: with one key's
+// 100,000 queued runs, every claim read them all (55 ms a claim, and a tenant's wait
+// behind another's backlog went from 11 to 70 ms). What a claim reads must not grow
+// with the queue.
+func TestAClaimPlannedOnAnEmptyTableDoesNotReadTheWholeKeyQueueOnceItFills(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	c := testClaimer("wf")
+	for range 6 { // the generic plans of this connection are made now, on an empty table
+		if _, err := ClaimRuns(ctx, conn, c, 10); err != nil {
+			t.Fatal(err)
+		}
+	}
+	queue := func(n int) {
+		ids := make([]uuid.UUID, n)
+		inputs := make([][]byte, n)
+		for i := range ids {
+			ids[i], _ = uuid.NewV7()
+			inputs[i] = []byte(`{}`)
+		}
+		for i := 0; i < n; i += 10_000 {
+			j := min(i+10_000, n)
+			if err := InsertManyRuns(ctx, pool, ManyRuns{Namespace: "default", WorkflowType: "wf", IDs: ids[i:j],
+				Inputs: inputs[i:j], FlowKey: "tenant-a"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// The buffers one claim touches, through the same connection and plans (rolled
+	// back, so that each measure sees the same queue).
+	buffers := func() float64 {
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		if _, err := tx.Exec(ctx, genericPlanSQL); err != nil {
+			t.Fatal(err)
+		}
+		var plan []map[string]any
+		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+claimSQL, c.Namespace, c.Types, c.Versions,
+			[]string{""}, c.WorkerID, c.Lease.Milliseconds(), 10, [][16]byte{}, []*time.Time{nil}).Scan(&plan); err != nil {
+			t.Fatal(err)
+		}
+		top := plan[0]["Plan"].(map[string]any)
+		return top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
+	}
+	queue(1_000)
+	small := buffers()
+	queue(49_000)
+	large := buffers()
+	if large-small > 500 {
+		t.Fatalf("a claim of 10 runs touched %.0f buffers with 1,000 runs queued in one key and %.0f with 50,000: it reads the queue", small, large)
+	}
+	t.Logf("a claim of 10 runs touched %.0f buffers with 1,000 runs queued in one key and %.0f with 50,000", small, large)
+}

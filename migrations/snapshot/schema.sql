@@ -75,10 +75,14 @@ BEGIN
     lims := ARRAY(SELECT l FROM unnest(p_types) WITH ORDINALITY AS t(workflow_type, o)
         LEFT JOIN kagzi.flow_limits l ON l.namespace = p_ns AND l.workflow_type = t.workflow_type
         ORDER BY t.o);
+    -- One index probe per type: a LATERAL with LIMIT 1 cannot become the hash semi-join
+    -- a generic plan made of an EXISTS, which read the whole namespace's key queue
+    -- (100,000 queued runs of one key: 55 ms a claim).
     keyed := ARRAY(SELECT t.workflow_type FROM unnest(p_types) AS t(workflow_type)
-        WHERE EXISTS (SELECT 1 FROM kagzi.runs r
+        CROSS JOIN LATERAL (SELECT 1 FROM kagzi.runs r
             WHERE r.namespace = p_ns AND r.workflow_type = t.workflow_type
-              AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING'));
+              AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING'
+            LIMIT 1) q);
     FOR i IN 1 .. nt LOOP
         IF lims[i].concurrency IS NOT NULL THEN
             PERFORM pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || p_ns || '|' || p_types[i], 0));
