@@ -28,7 +28,7 @@ func (w *Worker) failOverdue(ctx context.Context) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var (
-		fireAt   time.Time     // when the timer fires
+		fireAt   = time.Now()  // when the timer fires: at once, for the first sweep
 		dbOffset time.Duration // the database's clock minus ours, as of the last sweep
 		lastRun  time.Time
 	)
@@ -37,7 +37,9 @@ func (w *Worker) failOverdue(ctx context.Context) {
 		if earliest := lastRun.Add(overdueGap); t.Before(earliest) {
 			t = earliest
 		}
-		if !fireAt.IsZero() && fireAt.After(now) && !t.Before(fireAt) {
+		// A set fireAt is a fire not taken yet, even when its time has passed: a Reset
+		// to a later time would discard it (see claimLoop.setTimer).
+		if !fireAt.IsZero() && !t.Before(fireAt) {
 			return
 		}
 		fireAt = t
