@@ -3,6 +3,7 @@ package kagzi
 import (
 	"context"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -36,15 +37,30 @@ const DefaultReapInterval = 500 * time.Millisecond
 type liveness struct {
 	w        *Worker
 	key      int64
-	locked   bool      // the lock is held on the current connection
-	recorded bool      // the registry holds key for the worker
-	since    time.Time // when the lock was taken
+	locked   bool // the lock is held on the current connection
+	recorded bool // the registry holds key for the worker
+	// stopped: the worker is about to record itself OFFLINE, and the key is recorded
+	// no more (recording it brings a row marked OFFLINE back ONLINE). mu makes stop
+	// wait for a recording in flight.
+	mu      sync.Mutex
+	stopped bool
+	since   time.Time // when the lock was taken
 }
 
-// keepLiveness keeps the worker's liveness lock until release is called.
-func (w *Worker) keepLiveness() (release func()) {
+// keepLiveness keeps the worker's liveness lock until release is called. The worker
+// calls stop before it records itself OFFLINE: it waits for a recording of the key in
+// flight and makes the keeper record it no more, so that a short-lived worker whose
+// key was recorded late does not come back ONLINE after its stop.
+func (w *Worker) keepLiveness() (stop, release func()) {
 	l := &liveness{w: w, key: rand.Int64N(1<<62) + 1} // positive: see store.ReapDeadWorkers
-	return w.client.notifier.Keep(l, w.cfg.ReapInterval)
+	return l.stop, w.client.notifier.Keep(l, w.cfg.ReapInterval)
+}
+
+// stop ends the recording of the key; see keepLiveness.
+func (l *liveness) stop() {
+	l.mu.Lock()
+	l.stopped = true
+	l.mu.Unlock()
 }
 
 // Open takes the lock on a new connection and records its key.
@@ -71,6 +87,11 @@ func (l *liveness) lock(ctx context.Context, conn *pgx.Conn) error {
 		l.locked, l.since = true, time.Now()
 	}
 	if !l.recorded {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		if l.stopped {
+			return nil
+		}
 		if err := store.SetLivenessKey(cctx, w.client.pool, w.client.ns, w.cfg.ID, l.key); err != nil {
 			w.logger.Debug("kagzi: cannot record the liveness key yet", "error", err)
 			return nil

@@ -329,9 +329,12 @@ func (w *Worker) Run(ctx context.Context) error {
 	stopHeartbeat := bg.start(context.Background(), service{"heartbeat", w.heartbeat})
 	bg.start(context.Background(), service{"prune", w.prune})
 	bg.start(context.Background(), service{"deadlines", w.failOverdue})
+	stopLiveness := func() {}
 	if w.cfg.ReapInterval > 0 && w.client.notifier.Connects() {
 		// Released after the drain, once the registry says OFFLINE.
-		defer w.keepLiveness()()
+		stop, release := w.keepLiveness()
+		defer release()
+		stopLiveness = stop
 	}
 	if !w.cfg.DisableScheduler {
 		bg.start(ctx, service{"scheduler", w.runScheduler})
@@ -354,9 +357,11 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.setStatus(WorkerDraining)
 	w.drain()
 	// The heartbeat brings a row marked OFFLINE by another worker's sweep back
-	// ONLINE; it stops (its last beat answered) before the worker records its own
-	// OFFLINE, or a beat racing that write would revive a stopped worker.
+	// ONLINE, and so does the recording of the liveness key; both stop (the last
+	// beat answered, a recording in flight done) before the worker records its own
+	// OFFLINE, or one racing that write would revive a stopped worker.
 	stopHeartbeat()
+	stopLiveness()
 	w.setStatus(WorkerOffline)
 	w.logger.Info("kagzi: worker stopped")
 	return err

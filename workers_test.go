@@ -78,6 +78,29 @@ func TestAStoppedWorkerStaysOfflineThoughItsLastHeartbeatRacedItsStop(t *testing
 	}
 }
 
+func TestAWorkerStoppedAsSoonAsItStartsStaysOffline(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	// Stopped as soon as it registered, often before its liveness lock's key is
+	// recorded (the keeper takes the lock on a connection of its own first): a
+	// recording after the worker's OFFLINE would bring it back ONLINE.
+	cfg := fastWorker()
+	for i := 0; i < 20; i++ {
+		cfg.ID = fmt.Sprintf("brief-%d", i)
+		stop := runWorker(t, e.client, cfg, greet)
+		eventually(t, "the worker to register", func() bool {
+			_, err := e.client.GetWorker(ctx, cfg.ID)
+			return err == nil
+		})
+		stop()
+		time.Sleep(50 * time.Millisecond) // a recording left in flight would land here
+		w, err := e.client.GetWorker(ctx, cfg.ID)
+		if err != nil || w.Status != kagzi.WorkerOffline || w.StoppedAt == nil {
+			t.Fatalf("worker %s after Run returned: %+v, %v; want OFFLINE with a stop time", cfg.ID, w, err)
+		}
+	}
+}
+
 func TestWorkerIsDrainingWhileItShutsDown(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
