@@ -14,8 +14,10 @@ import (
 // claim loaded and grows with every step the execution records. Branches read and
 // write it concurrently.
 type history struct {
-	mu    sync.Mutex
-	steps map[string]store.StepRecord
+	mu sync.Mutex
+	// steps holds pointers: a map's first entry allocates room for eight, and a
+	// record is wide (a fresh run's first step cost a kilobyte).
+	steps map[string]*store.StepRecord
 	// at indexes the loaded steps by scope prefix + "@" + position, and maxPosition
 	// holds the highest loaded position of each scope prefix.
 	at          map[string]store.StepRecord
@@ -24,11 +26,13 @@ type history struct {
 
 // newHistory takes over the steps a claim loaded.
 func newHistory(steps map[string]store.StepRecord) *history {
-	h := &history{steps: steps, at: map[string]store.StepRecord{}, maxPosition: map[string]int{}}
-	if h.steps == nil {
-		h.steps = map[string]store.StepRecord{}
+	h := &history{steps: make(map[string]*store.StepRecord, len(steps))}
+	if len(steps) == 0 {
+		return h // a fresh run: at and maxPosition stay nil (read only)
 	}
+	h.at, h.maxPosition = map[string]store.StepRecord{}, map[string]int{}
 	for key, rec := range steps {
+		h.steps[key] = &rec
 		if rec.Position == nil {
 			continue
 		}
@@ -50,15 +54,17 @@ func scopePrefixOf(key, name string) string {
 func (h *history) get(key string) (store.StepRecord, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	rec, ok := h.steps[key]
-	return rec, ok
+	if rec, ok := h.steps[key]; ok {
+		return *rec, true
+	}
+	return store.StepRecord{}, false
 }
 
 // set records a step the execution has just written (or left to the run's end).
 func (h *history) set(key string, rec store.StepRecord) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.steps[key] = rec
+	h.steps[key] = &rec
 }
 
 // fresh reports a run with no positioned history: nothing to check a call against.

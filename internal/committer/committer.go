@@ -23,11 +23,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -92,8 +94,14 @@ func (r *request) alone(db *pgxpool.Pool) error {
 
 // ReadOne scans the row a Statement returned for a single input into dest (the
 // leading index skipped).
+//
+// pgx plans each column's scan for each result (each row, through pgx.ScanRow), and
+// a plan for a target it cannot decode into directly (an int, a named string type, a
+// pointer to a pointer) allocates wrappers: a Statement's index is a bigint, so it
+// scans into an int64, and the writers' destinations are types pgx decodes into
+// directly (int32, int64, string, pgtype's nullable values).
 func ReadOne(row pgx.Row, dest []any) error {
-	var ord int
+	var ord int64
 	return row.Scan(append([]any{&ord}, dest...)...)
 }
 
@@ -315,21 +323,43 @@ func (u *unit) read(br pgx.BatchResults, errs []error) error {
 	}
 	defer rows.Close()
 	fields := rows.FieldDescriptions()
+	typeMap := rows.Conn().TypeMap()
+	// The requests of a unit are of one statement, so their destinations are of the
+	// same types: each column's scan is planned once per result, as pgx's Rows.Scan
+	// does, not once per row (pgx.ScanRow plans every call).
+	var plans []pgtype.ScanPlan
+	var planned []reflect.Type
 	for rows.Next() {
-		var ord int
 		values := rows.RawValues()
-		typeMap := rows.Conn().TypeMap()
-		if err := pgx.ScanRow(typeMap, fields[:1], values[:1], &ord); err != nil {
+		var ord int64
+		if err := typeMap.Scan(fields[0].DataTypeOID, fields[0].Format, values[0], &ord); err != nil {
 			return err
 		}
-		if ord < 1 || ord > len(u.reqs) {
+		if ord < 1 || ord > int64(len(u.reqs)) {
 			return fmt.Errorf("committer: merged statement returned index %d of %d", ord, len(u.reqs))
 		}
 		i := u.idx[ord-1]
-		errs[i] = pgx.ScanRow(typeMap, fields[1:], values[1:], u.reqs[ord-1].dest...)
-		if errs[i] != nil {
-			return errs[i]
+		dest := u.reqs[ord-1].dest
+		if len(dest) != len(fields)-1 {
+			return fmt.Errorf("committer: %d destinations for %d columns", len(dest), len(fields)-1)
 		}
+		if plans == nil {
+			plans, planned = make([]pgtype.ScanPlan, len(dest)), make([]reflect.Type, len(dest))
+		}
+		for j, d := range dest {
+			if d == nil {
+				continue
+			}
+			f := fields[j+1]
+			if t := reflect.TypeOf(d); plans[j] == nil || planned[j] != t {
+				plans[j], planned[j] = typeMap.PlanScan(f.DataTypeOID, f.Format, d), t
+			}
+			if err := plans[j].Scan(values[j+1], d); err != nil {
+				errs[i] = pgx.ScanArgError{ColumnIndex: j + 1, FieldName: f.Name, Err: err}
+				return errs[i]
+			}
+		}
+		errs[i] = nil
 	}
 	rows.Close()
 	return rows.Err()

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
+
 	"github.com/kagzi/kagzi/internal/vocab"
 )
 
@@ -33,7 +35,8 @@ type ClaimedRun struct {
 	// claim took a slot of its type's concurrency limit.
 	ConcurrencyKey string
 	HoldsSlot      bool
-	Steps          map[string]StepRecord
+	// Steps holds the run's recorded steps by key (nil: none).
+	Steps map[string]StepRecord
 	// AvailableAt is when the run became claimable (before this claim); Carrier the
 	// trace context stored at its start (nil: none).
 	AvailableAt time.Time
@@ -114,44 +117,44 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) ([]ClaimedRun
 		return nil, err
 	}
 	var resumed [][16]byte
-	var claimed []ClaimedRun
+	// Most claims under load fill their slots: room for them all, up to a bound, so
+	// that the slice does not grow by copying (a claimed run is a wide struct).
+	claimed := make([]ClaimedRun, 0, min(limit, 256))
+	// The nullable columns scan into values, not pointers: a pointer target costs an
+	// allocation per column per run (pgx allocates what it points to).
+	var (
+		id                               pgtype.UUID
+		workflowID, version, key         pgtype.Text
+		attempt, takeovers               pgtype.Int4
+		epoch                            pgtype.Int8
+		cancelRequested, hasSteps, holds pgtype.Bool
+		createdAt, dbNow, availableAt    pgtype.Timestamptz
+	)
 	for rows.Next() {
 		var r ClaimedRun
-		var id *uuid.UUID
-		var hasSteps *bool
-		var key *string
-		var epoch *int64
-		var attempt, takeovers *int
-		var dbNow, availableAt, createdAt *time.Time
-		var workflowID, version *string
-		var cancelRequested, holdsSlot *bool
 		if err := rows.Scan(&id, &r.Namespace, &workflowID, &r.WorkflowType, &version, &r.Input, &attempt,
 			&epoch, &cancelRequested, &r.Deadline, &createdAt, &dbNow, &availableAt, &r.Carrier, &hasSteps,
-			&takeovers, &key, &holdsSlot); err != nil {
+			&takeovers, &key, &holds); err != nil {
 			rows.Close()
 			return nil, err
 		}
-		if id == nil { // a type's next key cursor, or its next floor
-			if key != nil {
-				c.Cursors[r.WorkflowType] = *key
+		if !id.Valid { // a type's next key cursor, or its next floor
+			if key.Valid {
+				c.Cursors[r.WorkflowType] = key.String
 			}
-			if availableAt != nil && c.Floors != nil {
-				c.Floors.advance(r.WorkflowType, *availableAt)
+			if availableAt.Valid && c.Floors != nil {
+				c.Floors.advance(r.WorkflowType, availableAt.Time)
 			}
 			continue
 		}
-		r.RunID, r.WorkflowID, r.Attempt, r.Epoch, r.Takeovers = *id, *workflowID, *attempt, *epoch, *takeovers
-		r.CancelRequested = *cancelRequested
-		if version != nil {
-			r.Version = *version
-		}
-		r.CreatedAt, r.DBNow, r.AvailableAt = *createdAt, *dbNow, *availableAt
-		if key != nil {
-			r.ConcurrencyKey = *key
-		}
-		r.HoldsSlot = holdsSlot != nil && *holdsSlot
-		r.Steps = map[string]StepRecord{}
-		if *hasSteps {
+		r.RunID, r.WorkflowID = id.Bytes, workflowID.String
+		r.Attempt, r.Epoch, r.Takeovers = int(attempt.Int32), epoch.Int64, int(takeovers.Int32)
+		r.CancelRequested = cancelRequested.Bool
+		r.Version = version.String // "" when NULL
+		r.CreatedAt, r.DBNow, r.AvailableAt = createdAt.Time, dbNow.Time, availableAt.Time
+		r.ConcurrencyKey = key.String
+		r.HoldsSlot = holds.Valid && holds.Bool
+		if hasSteps.Bool {
 			resumed = append(resumed, r.RunID)
 		}
 		claimed = append(claimed, r)
@@ -194,6 +197,9 @@ func loadSteps(ctx context.Context, db DBTX, claimed []ClaimedRun, ids [][16]byt
 			return err
 		}
 		if c := byID[runID]; c != nil {
+			if c.Steps == nil {
+				c.Steps = map[string]StepRecord{}
+			}
 			c.Steps[key] = s
 		}
 	}

@@ -130,13 +130,12 @@ func lastStep[V any](w *FinishWrite, get func(*StepWrite) V) *V {
 
 // FinishRun ends a run; see finishes. It returns the status the run ended with.
 func FinishRun(ctx context.Context, db Writer, w FinishWrite) (vocab.RunStatus, error) {
-	var final vocab.RunStatus
-	var notified string
+	var final, notified string // not vocab.RunStatus: pgx scans a named type through reflection
 	err := write(ctx, db, finishes, &w, &final, &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrLeaseLost
 	}
-	return final, err
+	return vocab.RunStatus(final), err
 }
 
 // remoteWaitersSQL is true when a client other than me waits for run ends in the

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/kagzi/kagzi/internal/vocab"
 )
@@ -120,8 +121,9 @@ var (
 // ErrLeaseLost when the caller no longer holds the run, and ErrStepRecorded when the
 // step was already recorded as completed.
 func RecordStep(ctx context.Context, db Writer, w StepWrite) (attempt int, err error) {
-	var owned int
-	var att *int
+	// Targets pgx scans into without allocating (see committer.ReadOne).
+	var owned int32
+	var att pgtype.Int4
 	var notified int64
 	s := recordSteps
 	if w.RetryIn != nil {
@@ -133,10 +135,10 @@ func RecordStep(ctx context.Context, db Writer, w StepWrite) (attempt int, err e
 	switch {
 	case owned == 0:
 		return 0, ErrLeaseLost
-	case att == nil:
+	case !att.Valid:
 		return 0, ErrStepRecorded
 	}
-	return *att, nil
+	return int(att.Int32), nil
 }
 
 // GetStepOutput reads a completed step's output.
@@ -199,15 +201,15 @@ LEFT JOIN step st ON st.run_id = i.run_id AND st.step_key = i.step_key`, sleepAr
 // RecordSleep records a sleep step and returns its wake time and the database's
 // clock. The run keeps running (an in-process sleep).
 func RecordSleep(ctx context.Context, db Writer, w SleepWrite) (wakeAt, dbNow time.Time, err error) {
-	var owned int
-	var wake *time.Time
+	var owned int32
+	var wake pgtype.Timestamptz
 	if err := write(ctx, db, recordSleeps, &w, &owned, &wake, &dbNow); err != nil {
 		return time.Time{}, time.Time{}, err
 	}
-	if owned == 0 || wake == nil {
+	if owned == 0 || !wake.Valid {
 		return time.Time{}, time.Time{}, ErrLeaseLost
 	}
-	return *wake, dbNow, nil
+	return wake.Time, dbNow, nil
 }
 
 // suspends release running runs until a wake time, recording each one's sleep step
@@ -238,13 +240,12 @@ SELECT ord, status, (`+notifyRunSQL+`)::text FROM upd`, sleepArgs()...)
 // Suspend puts a running run to sleep until its wake time and releases it; see
 // suspends. It returns the run's new status (SLEEPING, or CANCELLED).
 func Suspend(ctx context.Context, db Writer, w SleepWrite) (vocab.RunStatus, error) {
-	var status vocab.RunStatus
-	var notified string
+	var status, notified string // not vocab.RunStatus: pgx scans a named type through reflection
 	err := write(ctx, db, suspends, &w, &status, &notified)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return "", ErrLeaseLost
 	}
-	return status, err
+	return vocab.RunStatus(status), err
 }
 
 // retryRun ends the current attempt of a run whose workflow function failed and
