@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/google/uuid"
+
 	"github.com/kagzi/kagzi/internal/committer"
 )
 
@@ -28,14 +30,43 @@ type param[W any] struct {
 // arg declares a parameter: get reads its value from an input.
 func arg[W, V any](name, typ string, get func(W) V) param[W] {
 	return param[W]{name: name, typ: typ,
-		one: func(w W) any { return get(w) },
+		one: func(w W) any { return pgValue(get(w)) },
 		many: func(ws []W) any {
 			vs := make([]V, len(ws))
 			for i, w := range ws {
 				vs[i] = get(w)
 			}
-			return vs
+			return pgValue(vs)
 		}}
+}
+
+// pgValue hands pgx a uuid.UUID as the [16]byte it is. pgx has no plan for the
+// named type: it encoded it through its driver.Valuer (formatting it as text and
+// parsing that back), or through reflection, allocating at each value, and at each
+// element of an array.
+func pgValue(v any) any {
+	switch x := v.(type) {
+	case uuid.UUID:
+		return [16]byte(x)
+	case *uuid.UUID:
+		if x == nil {
+			return nil
+		}
+		return [16]byte(*x)
+	case []uuid.UUID:
+		b := make([][16]byte, len(x))
+		for i, u := range x {
+			b[i] = u
+		}
+		return b
+	case []*uuid.UUID:
+		b := make([]*[16]byte, len(x))
+		for i, u := range x {
+			b[i] = (*[16]byte)(u)
+		}
+		return b
+	}
+	return v
 }
 
 // namedStatement is SQL written with @name parameters, rewritten to $n positions.
