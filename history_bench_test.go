@@ -78,8 +78,9 @@ func BenchmarkArchivedHistoryScale(b *testing.B) {
 }
 
 // fillArchived puts n finished runs (COMPLETED, finished over the last 30 days, of
-// five types) into the history, each with its listing row and one recorded step, a
-// million at a time, and analyzes the tables.
+// five types; every other one started with IDReuseNever, its workflow id in
+// kagzi.history_ids as the archiver records it) into the history, each with its listing
+// row and one recorded step, a million at a time, and analyzes the tables.
 func fillArchived(b *testing.B, pool *pgxpool.Pool, n int) {
 	b.Helper()
 	if n == 0 {
@@ -94,12 +95,15 @@ func fillArchived(b *testing.B, pool *pgxpool.Pool, n int) {
 		if _, err := pool.Exec(ctx, `
 			WITH ins AS (
 				INSERT INTO kagzi.runs_history (run_id, namespace, workflow_id, workflow_type, status, input, output,
-					available_at, created_at, started_at, finished_at, version)
+					available_at, created_at, started_at, finished_at, version, id_reuse_never)
 				SELECT gen_random_uuid(), 'default', 'old-' || g, 'old-' || (g % 5), 'COMPLETED', '1', '2',
-					t, t, t, t + interval '3 ms', ''
+					t, t, t, t + interval '3 ms', '', g % 2 = 0
 				FROM generate_series($1::bigint, $2::bigint) g,
 					LATERAL (SELECT now() - interval '30 days' + (g::float8 / $3) * interval '30 days' - interval '1 hour' AS t) at
-				RETURNING run_id, namespace, workflow_type, created_at, finished_at
+				RETURNING run_id, namespace, workflow_id, workflow_type, created_at, finished_at, id_reuse_never
+			), ids AS (
+				INSERT INTO kagzi.history_ids (namespace, workflow_id, created_at, run_id, run_finished_at)
+				SELECT namespace, workflow_id, created_at, run_id, finished_at FROM ins WHERE id_reuse_never
 			), listed AS (
 				INSERT INTO kagzi.runs_created_history (namespace, created_at, run_id, workflow_type, run_finished_at)
 				SELECT namespace, created_at, run_id, workflow_type, finished_at FROM ins
@@ -111,7 +115,7 @@ func fillArchived(b *testing.B, pool *pgxpool.Pool, n int) {
 	}
 	// A checkpoint flushes what the fill wrote, so that the measurements do not share
 	// the disk with it.
-	if _, err := pool.Exec(ctx, `VACUUM ANALYZE kagzi.runs_history, kagzi.runs_created_history, kagzi.steps_history`); err != nil {
+	if _, err := pool.Exec(ctx, `VACUUM ANALYZE kagzi.runs_history, kagzi.runs_created_history, kagzi.steps_history, kagzi.history_ids`); err != nil {
 		b.Fatal(err)
 	}
 	if _, err := pool.Exec(ctx, `CHECKPOINT`); err != nil {

@@ -190,7 +190,8 @@ func TestRetentionDropsTheHistoryPartitionsOfExpiredDaysAndNothingNewer(t *testi
 	stopPlain := runWorker(t, e.client, fastWorker(), archived)
 	var ids []string
 	for i := range 4 {
-		run, err := kagzi.Start(ctx, e.client, archived, archIn{N: i})
+		run, err := kagzi.Start(ctx, e.client, archived, archIn{N: i},
+			kagzi.WithID(fmt.Sprintf("ret-%d", i)), kagzi.WithIDReuse(kagzi.IDReuseNever))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -259,6 +260,102 @@ func TestRetentionDropsTheHistoryPartitionsOfExpiredDaysAndNothingNewer(t *testi
 	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.steps_history`); n == 0 {
 		t.Fatal("the steps of the runs finished 2 days ago went too")
 	}
+	// The workflow ids of the dropped days' runs are free again for IDReuseNever; the
+	// others still hold theirs.
+	eventually(t, "the dropped runs' workflow ids to leave kagzi.history_ids", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.history_ids WHERE workflow_id IN ('ret-0', 'ret-1')`) == 0
+	})
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.history_ids WHERE workflow_id IN ('ret-2', 'ret-3')`); n != 2 {
+		t.Fatalf("%d workflow ids of runs finished 2 days ago in kagzi.history_ids, want 2", n)
+	}
+	fresh, err := kagzi.Start(ctx, short, archived, archIn{N: 9}, kagzi.WithID("ret-0"), kagzi.WithIDReuse(kagzi.IDReuseNever))
+	if err != nil || fresh.AlreadyExists || fresh.RunID == ids[0] {
+		t.Fatalf("IDReuseNever start of a dropped run's id: %+v, %v; want a new run", fresh, err)
+	}
+	kept, err := kagzi.Start(ctx, short, archived, archIn{N: 9}, kagzi.WithID("ret-2"), kagzi.WithIDReuse(kagzi.IDReuseNever))
+	if err != nil || !kept.AlreadyExists || kept.RunID != ids[2] {
+		t.Fatalf("IDReuseNever start of a retained archived run's id: %+v, %v; want run %s", kept, err, ids[2])
+	}
+}
+
+// TestAnArchivedRunHoldsItsIDReuseNeverIDUntilItsHistoryRowGoes: a start with
+// IDReuseNever finds an archived run through kagzi.history_ids, and gets the whole run;
+// a restore (rerun) takes the id's row out with the run, and a row whose run went from
+// the history all the same frees the id and is deleted by the start that finds it.
+func TestAnArchivedRunHoldsItsIDReuseNeverIDUntilItsHistoryRowGoes(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	c := archivingClient(t, e, 0)
+	w, stop := archivingWorker(t, c)
+	// keep-a fails (so that it can be rerun), the others complete.
+	archivedFails.Store("keep-a", true)
+	start := func(id string) *kagzi.Run[string] {
+		t.Helper()
+		run, err := kagzi.Start(ctx, c, archived, archIn{N: 1, Fail: id == "keep-a"}, kagzi.WithID(id),
+			kagzi.WithIDReuse(kagzi.IDReuseNever))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return run
+	}
+	finish := func(run *kagzi.Run[string]) {
+		t.Helper()
+		if err := c.Signal(ctx, run.RunID, "note", "x"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run.Wait(ctx); (err == nil) != (run.WorkflowID != "keep-a") {
+			t.Fatalf("run %s ended with %v", run.WorkflowID, err)
+		}
+	}
+	ids := func(id string) int {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.history_ids WHERE workflow_id = $1`, id)
+	}
+	a, b := start("keep-a"), start("keep-b")
+	plain, err := kagzi.Start(ctx, c, archived, archIn{N: 1}, kagzi.WithID("plain-c"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	finish(a)
+	finish(b)
+	finish(plain)
+	eventually(t, "the runs to move into the history", func() bool { return w.ArchivedRuns() == 3 })
+	if ids("keep-a") != 1 || ids("keep-b") != 1 || ids("plain-c") != 0 {
+		t.Fatalf("kagzi.history_ids holds %d, %d and %d rows for keep-a, keep-b and plain-c; want 1, 1, 0",
+			ids("keep-a"), ids("keep-b"), ids("plain-c"))
+	}
+
+	again := start("keep-a")
+	if !again.AlreadyExists || again.RunID != a.RunID || again.WorkflowType != archived.Name() {
+		t.Fatalf("IDReuseNever start of an archived run's id: %+v; want run %s of %s", again, a.RunID, archived.Name())
+	}
+	if info, err := c.GetRun(ctx, again.RunID); err != nil || info.Status != kagzi.StatusFailed {
+		t.Fatalf("the archived run it returned: %+v, %v", info, err)
+	}
+
+	// A rerun moves the run back into the live tables: its id's row goes with it. (No
+	// archiving worker from here on: the rerun run stays live.)
+	stop()
+	runWorker(t, e.client, fastWorker(), archived)
+	archivedFails.Store("keep-a", false)
+	if err := c.Rerun(ctx, a.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if n := ids("keep-a"); n != 0 {
+		t.Fatalf("%d kagzi.history_ids rows for a run moved back into the live tables, want 0", n)
+	}
+
+	// keep-b's history row goes behind the index's back: the id is free.
+	if _, err := e.pool.Exec(ctx, `DELETE FROM kagzi.runs_history WHERE run_id = $1`, b.RunID); err != nil {
+		t.Fatal(err)
+	}
+	next := start("keep-b")
+	if next.AlreadyExists || next.RunID == b.RunID {
+		t.Fatalf("IDReuseNever start of an id whose archived run is gone: %+v; want a new run", next)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.history_ids WHERE run_id = $1`, b.RunID); n != 0 {
+		t.Fatalf("the stale kagzi.history_ids row is still there (%d)", n)
+	}
+	finish(next)
 }
 
 func TestARetentionShorterThanAnotherNamespacesDeletesOnlyItsOwnArchivedRuns(t *testing.T) {
@@ -266,7 +363,7 @@ func TestARetentionShorterThanAnotherNamespacesDeletesOnlyItsOwnArchivedRuns(t *
 	ctx := waitCtx(t)
 	c := archivingClient(t, e, 0)
 	w, stop := archivingWorker(t, c)
-	run, err := kagzi.Start(ctx, c, archived, archIn{N: 3})
+	run, err := kagzi.Start(ctx, c, archived, archIn{N: 3}, kagzi.WithID("pruned"), kagzi.WithIDReuse(kagzi.IDReuseNever))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -313,7 +410,7 @@ func TestARetentionShorterThanAnotherNamespacesDeletesOnlyItsOwnArchivedRuns(t *
 	if _, err := short.GetRun(ctx, run.RunID); !errors.Is(err, kagzi.ErrNotFound) {
 		t.Fatalf("pruned archived run: %v, want ErrNotFound", err)
 	}
-	for _, table := range []string{"steps_history", "signals_history", "events_history", "runs_created_history"} {
+	for _, table := range []string{"steps_history", "signals_history", "events_history", "runs_created_history", "history_ids"} {
 		if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.`+table); n != 0 {
 			t.Errorf("%d rows left in kagzi.%s", n, table)
 		}

@@ -167,7 +167,9 @@ WHERE namespace = $1 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
 // archiveSQL moves up to $4 of the namespace's runs that finished more than $2 ms
 // ago (and, unless $3 < 0, less than the retention $3 ms ago: older ones are pruned,
 // not archived) into the history, with their steps, step attempts, signals, events
-// and listing entries, in one statement. Runs another transaction holds are skipped.
+// and listing entries, in one statement, and records the workflow ids of those started
+// with IDReuseNever in kagzi.history_ids (see reuseNeverSQL). Runs another transaction
+// holds are skipped.
 const archiveSQL = `
 WITH pick AS (
 	SELECT run_id, finished_at FROM kagzi.runs
@@ -181,6 +183,10 @@ WITH pick AS (
 	DELETE FROM kagzi.runs x USING pick p WHERE x.run_id = p.run_id RETURNING x.*
 ), rh AS (
 	INSERT INTO kagzi.runs_history SELECT * FROM r
+), ih AS (
+	INSERT INTO kagzi.history_ids (namespace, workflow_id, created_at, run_id, run_finished_at)
+	SELECT namespace, workflow_id, created_at, run_id, finished_at FROM r WHERE id_reuse_never
+	ON CONFLICT DO NOTHING
 ), s AS (
 	DELETE FROM kagzi.steps x USING pick p WHERE x.run_id = p.run_id RETURNING x.*, p.finished_at
 ), sh AS (
@@ -238,6 +244,9 @@ WITH r AS (
 	DELETE FROM kagzi.runs_history x WHERE x.namespace = $1 AND x.run_id = ANY($2::uuid[]) RETURNING x.*
 ), ri AS (
 	INSERT INTO kagzi.runs SELECT * FROM r
+), ids AS (
+	DELETE FROM kagzi.history_ids x USING r
+	WHERE x.namespace = r.namespace AND x.workflow_id = r.workflow_id AND x.created_at = r.created_at AND x.run_id = r.run_id
 ), s AS (
 	DELETE FROM kagzi.steps_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
 	RETURNING x.run_id, x.step_key, x.name, x.kind, x.status, x.output, x.error, x.attempts, x.wake_at,
@@ -398,7 +407,34 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 			dropped = append(dropped, p.name)
 		}
 	}
+	if err := dropHistoryIDsBefore(ctx, db, horizon); err != nil {
+		return dropped, err
+	}
 	return dropped, nil
+}
+
+// dropHistoryIDsBefore deletes the kagzi.history_ids rows of the runs whose history
+// partitions DropHistoryBefore dropped (or would have: those of days that ended at or
+// before horizon), a batch per statement so that no statement holds many row locks
+// for long. A later day's rows are kept even when their partition could not be
+// dropped yet: the start that finds such a row checks the history itself.
+func dropHistoryIDsBefore(ctx context.Context, db DBTX, horizon time.Time) error {
+	end := horizon.UTC().Truncate(24 * time.Hour)
+	for {
+		tag, err := db.Exec(ctx, `
+			DELETE FROM kagzi.history_ids x USING (
+				SELECT namespace, workflow_id, created_at, run_id FROM kagzi.history_ids
+				WHERE run_finished_at < $1 LIMIT 5000
+			) d
+			WHERE x.namespace = d.namespace AND x.workflow_id = d.workflow_id AND x.created_at = d.created_at
+			  AND x.run_id = d.run_id`, end)
+		if err != nil {
+			return fmt.Errorf("kagzi: delete dropped days' history ids: %w", err)
+		}
+		if tag.RowsAffected() < 5000 {
+			return nil
+		}
+	}
 }
 
 // dropTable drops a detached history partition's table. A drop that a concurrent
@@ -439,7 +475,10 @@ WITH r AS (
 	) p
 	WHERE x.run_id = p.run_id AND x.finished_at = p.finished_at
 	  AND x.finished_at < now() - $2::bigint * interval '1 millisecond'
-	RETURNING x.run_id, x.finished_at, x.namespace, x.created_at
+	RETURNING x.run_id, x.finished_at, x.namespace, x.created_at, x.workflow_id
+), ids AS (
+	DELETE FROM kagzi.history_ids x USING r
+	WHERE x.namespace = r.namespace AND x.workflow_id = r.workflow_id AND x.created_at = r.created_at AND x.run_id = r.run_id
 ), s AS (
 	DELETE FROM kagzi.steps_history x USING r WHERE x.run_id = r.run_id AND x.run_finished_at = r.finished_at
 	  AND x.run_finished_at < now() - $2::bigint * interval '1 millisecond'

@@ -325,10 +325,9 @@ const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, r
 // (1.8 ms a start, more than the start's own work).
 //
 // With reuseNever (IDReuseNever: children, schedules, callers that ask), the id's
-// newest finished run is looked up too, in the live table and the history; without,
-// the statement reads active runs only.
-// With notBefore too (NewRun.IDNotBefore), only the history's partitions from that
-// time on are read.
+// newest finished run is looked up too, in the live table and kagzi.history_ids (see
+// reuseNeverSQL); without, the statement reads active runs only. With notBefore too
+// (NewRun.IDNotBefore), only runs finished from that time on are looked up.
 func insertRunSQL(eager, reuseNever, notBefore bool) string {
 	cte := `
 	SELECT false AS ok`
@@ -340,21 +339,61 @@ func insertRunSQL(eager, reuseNever, notBefore bool) string {
 	SELECT NOT EXISTS (SELECT 1 FROM kagzi.flow_limits l WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type)
 		AS ok`
 	}
-	finished := ""
+	prev := newestByWorkflowIDSQL("@namespace", "@workflow_id", "")
 	if reuseNever {
-		finished = "id_reuse_never"
+		since := ""
+		if notBefore {
+			since = "@id_not_before::timestamptz"
+		}
+		prev = reuseNeverSQL("@namespace", "@workflow_id", since)
 	}
-	if reuseNever && notBefore {
-		// Pruned as the statement starts, also in a generic plan: a run finishes
-		// after it is created.
-		finished += " AND finished_at >= @id_not_before::timestamptz"
-	}
-	return insertRunTemplate(cte, finished)
+	return insertRunTemplate(cte, prev)
 }
 
-func insertRunTemplate(eager, finished string) string {
+// archivedStatus is the status reuseNeverSQL gives a run of kagzi.history_ids, whose
+// row is in the history: only its run_id, namespace, workflow_id, created_at and
+// finished_at (the partition key of its history row) are read; archivedRun reads the
+// rest.
+const archivedStatus = "ARCHIVED"
+
+// reuseNeverSQL selects (runColumns and a rank) the run that keeps a workflow id from
+// a start with IDReuseNever: its active run, else its newest finished run that was
+// started with IDReuseNever, live or archived (and, with since set, a placeholder of a
+// time, finished from then on). An archived run is read from kagzi.history_ids, one
+// index, and not from the history's partitions, which a statement naming them would
+// lock and probe one by one at every start: it comes back as a row of archivedStatus.
+func reuseNeverSQL(ns, id, since string) string {
+	liveSince, archivedSince := "", ""
+	if since != "" {
+		liveSince = " AND finished_at >= " + since
+		archivedSince = " AND h.run_finished_at >= " + since
+	}
 	return `
-WITH prev AS (` + newestByWorkflowIDSQL("@namespace", "@workflow_id", finished) + `
+	SELECT * FROM (
+		(SELECT ` + runColumns + `, 0 AS rank FROM kagzi.runs
+		 WHERE namespace = ` + ns + ` AND workflow_id = ` + id + ` AND status IN ('PENDING', 'RUNNING', 'SLEEPING'))
+		UNION ALL
+		(SELECT * FROM (
+			(SELECT ` + runColumns + `, 1 AS rank FROM kagzi.runs
+			 WHERE namespace = ` + ns + ` AND workflow_id = ` + id + ` AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+			   AND id_reuse_never` + liveSince + `
+			 ORDER BY created_at DESC LIMIT 1)
+			UNION ALL
+			(SELECT h.run_id, h.namespace, h.workflow_id, '', '` + archivedStatus + `', NULL::jsonb, NULL::jsonb, NULL::jsonb,
+				0, NULL::timestamptz, NULL::text, 0::bigint, false, NULL::timestamptz, h.created_at,
+				NULL::timestamptz, h.run_finished_at, h.created_at, NULL::text, NULL::timestamptz, NULL::uuid, NULL::text,
+				NULL::text, NULL::uuid, NULL::text, 0, NULL::jsonb, 0::smallint, NULL::text, NULL::text,
+				NULL::uuid, NULL::uuid, 1
+			 FROM kagzi.history_ids h
+			 WHERE h.namespace = ` + ns + ` AND h.workflow_id = ` + id + archivedSince + `
+			 ORDER BY h.created_at DESC LIMIT 1)
+		) finished ORDER BY created_at DESC LIMIT 1)
+	) newest ORDER BY rank LIMIT 1`
+}
+
+func insertRunTemplate(eager, prev string) string {
+	return `
+WITH prev AS (` + prev + `
 ), eager AS (` + eager + `
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
@@ -488,9 +527,31 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, inserted
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // lost a race with a concurrent start of the same id: look again
 		}
+		if err == nil && !inserted && run.Status == archivedStatus {
+			var found bool
+			if run, found, err = archivedRun(ctx, db, run); err == nil && !found {
+				continue // its history row is gone (retention): the id is free, look again
+			}
+		}
 		return run, inserted, noWorker, err
 	}
 	return Run{}, false, false, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
+}
+
+// archivedRun reads the run a reuseNeverSQL row of archivedStatus names from its
+// history partition. When the run is no longer there (its partition was dropped, or
+// its namespace's retention deleted it, and its kagzi.history_ids row was left
+// behind), it deletes that row and returns found false.
+func archivedRun(ctx context.Context, db DBTX, a Run) (run Run, found bool, err error) {
+	run, err = scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM kagzi.runs_history
+		WHERE run_id = $1 AND finished_at = $2`, a.RunID, a.FinishedAt))
+	if errors.Is(err, pgx.ErrNoRows) {
+		_, err = db.Exec(ctx, `DELETE FROM kagzi.history_ids
+			WHERE namespace = $1 AND workflow_id = $2 AND created_at = $3 AND run_id = $4`,
+			a.Namespace, a.WorkflowID, a.CreatedAt, a.RunID)
+		return Run{}, false, err
+	}
+	return run, err == nil, err
 }
 
 // liveWorkerSQL is true when a live (ONLINE or DRAINING) worker of namespace ns

@@ -560,6 +560,14 @@ CREATE TABLE kagzi.history_drops (
     CONSTRAINT history_drops_id_check CHECK (id)
 );
 
+CREATE TABLE kagzi.history_ids (
+    namespace text NOT NULL,
+    workflow_id text NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    run_id uuid NOT NULL,
+    run_finished_at timestamp with time zone NOT NULL
+);
+
 CREATE TABLE kagzi.history_retention (
     namespace text NOT NULL,
     keep_ms bigint NOT NULL,
@@ -1012,6 +1020,9 @@ ALTER TABLE ONLY kagzi.goose_db_version
 ALTER TABLE ONLY kagzi.history_drops
     ADD CONSTRAINT history_drops_pkey PRIMARY KEY (id);
 
+ALTER TABLE ONLY kagzi.history_ids
+    ADD CONSTRAINT history_ids_pkey PRIMARY KEY (namespace, workflow_id, created_at, run_id);
+
 ALTER TABLE ONLY kagzi.history_retention
     ADD CONSTRAINT history_retention_pkey PRIMARY KEY (namespace);
 
@@ -1062,6 +1073,8 @@ CREATE INDEX console_audit_by_namespace ON kagzi.console_audit USING btree (name
 CREATE INDEX console_audit_by_run ON kagzi.console_audit USING gin (run_ids);
 
 CREATE INDEX flow_rates_age ON kagzi.flow_rates USING btree (window_start);
+
+CREATE INDEX history_ids_finished ON kagzi.history_ids USING btree (run_finished_at);
 
 CREATE INDEX runs_active_by_schedule ON kagzi.runs USING btree (namespace, schedule_id) WHERE ((schedule_id IS NOT NULL) AND (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text])));
 
