@@ -179,6 +179,7 @@ func (l *claimLoop) notified(n notifier.Notification) {
 		l.w.floors.Reset()
 		l.claimNow, l.more = true, true
 	default:
+		l.w.sawWork.Store(time.Now().UnixNano()) // runs of its types, claimable now or at a time
 		ms, err := strconv.ParseInt(n.Extra, 10, 64)
 		if err == nil {
 			// A run of the type claimable from then on (in the database's time,

@@ -232,3 +232,23 @@ func TestATimeTheTimerLetGoBeforeTheAnswerMakesTheNextClaimAskAgain(t *testing.T
 		t.Fatal("an answer older than a lease stands")
 	}
 }
+
+func TestAnIdleWorkerLooksForDeadWorkersLessOftenUntilWorkOrABusyPeerShowsUp(t *testing.T) {
+	w := &Worker{cfg: WorkerConfig{ReapInterval: 500 * time.Millisecond, HeartbeatInterval: 3 * time.Second}}
+	l := &liveness{w: w}
+	now := time.Now()
+	fast, slow := w.cfg.ReapInterval, IdleReapFactor*w.cfg.ReapInterval
+
+	w.sawWork.Store(now.Add(-time.Second).UnixNano()) // a run a second ago
+	if got := l.reapEvery(now); got != fast {
+		t.Fatalf("a worker that saw work a second ago looks every %v, want %v", got, fast)
+	}
+	w.sawWork.Store(now.Add(-4 * time.Second).UnixNano()) // nothing for longer than a heartbeat
+	if got := l.reapEvery(now); got != slow {
+		t.Fatalf("an idle worker looks every %v, want %v", got, slow)
+	}
+	l.busy = true // the last look saw another worker with runs in hand
+	if got := l.reapEvery(now); got != fast {
+		t.Fatalf("an idle worker whose peer holds runs looks every %v, want %v", got, fast)
+	}
+}

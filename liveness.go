@@ -32,6 +32,18 @@ import (
 // DefaultReapInterval is WorkerConfig.ReapInterval when none is given.
 const DefaultReapInterval = 500 * time.Millisecond
 
+// IdleReapFactor slows an idle worker's reaper: while no other worker of the
+// namespace reported runs in hand at its last heartbeat and this one has seen no work
+// (a run it claimed, a notification of runs to claim) for a HeartbeatInterval, it
+// looks for dead workers every IdleReapFactor × ReapInterval (2 s by default). The
+// look is most of an idle process's statements (two a second of its three by default).
+// A worker that claims runs reports them at its next heartbeat, and every reaper looks
+// every ReapInterval again from its next look on: only the runs of a worker that dies
+// before that heartbeat, claimed without a notification the others heard (a start
+// notifies them, and so does a sleep or a retry when it is recorded), can wait up to
+// IdleReapFactor × ReapInterval after the death, still far less than their lease.
+const IdleReapFactor = 4
+
 // liveness is a worker's liveness lock, kept on the client's direct connection (a
 // notifier.Keeper: its methods run on the listener's goroutine, one at a time).
 type liveness struct {
@@ -45,6 +57,10 @@ type liveness struct {
 	mu      sync.Mutex
 	stopped bool
 	since   time.Time // when the lock was taken
+	// reapedAt is when the last look for dead workers was made, and busy whether it
+	// found another worker with runs in hand (or a dead one).
+	reapedAt time.Time
+	busy     bool
 }
 
 // keepLiveness keeps the worker's liveness lock until release is called. The worker
@@ -112,17 +128,34 @@ func (l *liveness) Tick(ctx context.Context, conn *pgx.Conn) error {
 	if time.Since(l.since) < 4*w.cfg.ReapInterval {
 		return nil
 	}
+	now := time.Now()
+	if now.Sub(l.reapedAt) < l.reapEvery(now)-w.cfg.ReapInterval/4 { // the ticks come every ReapInterval
+		return nil
+	}
 	rctx, cancel := context.WithTimeout(ctx, w.beatTimeout())
 	defer cancel()
-	workers, runs, err := store.ReapDeadWorkers(rctx, conn, w.client.ns)
+	workers, runs, busy, err := store.ReapDeadWorkers(rctx, conn, w.client.ns, w.cfg.ID)
 	if err != nil {
 		return err
 	}
+	l.reapedAt, l.busy = now, busy || workers > 0
 	if workers > 0 {
 		w.logger.Warn("kagzi: workers whose process died are OFFLINE; their runs are claimable now",
 			"workers", workers, "runs", runs)
 	}
 	return nil
+}
+
+// reapEvery is how often the worker looks for dead workers now: every ReapInterval
+// while another worker reported runs in hand (or the last look found a dead one), or
+// this one saw work in the last HeartbeatInterval; IdleReapFactor times as seldom
+// otherwise.
+func (l *liveness) reapEvery(now time.Time) time.Duration {
+	w := l.w
+	if l.busy || now.Sub(time.Unix(0, w.sawWork.Load())) <= w.cfg.HeartbeatInterval {
+		return w.cfg.ReapInterval
+	}
+	return IdleReapFactor * w.cfg.ReapInterval
 }
 
 // Close releases the lock of a worker that stopped (its registry row is OFFLINE).

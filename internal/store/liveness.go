@@ -30,6 +30,8 @@ func SetLivenessKey(ctx context.Context, db DBTX, namespace, workerID string, ke
 // reapDeadWorkersSQL finds the namespace's workers that record a liveness key whose
 // lock no session holds any more (their process died, or lost its connection), marks
 // them OFFLINE, makes their RUNNING runs claimable now, and notifies those runs' types.
+// It also tells whether a live worker of the namespace other than $2 reported runs in
+// hand at its last heartbeat (a death to watch for).
 // An advisory lock on a bigint key k shows in pg_locks as classid = k >> 32 and
 // objid = k & 0xffffffff, with objsubid 1 (keys are positive: see the worker).
 const reapDeadWorkersSQL = `
@@ -50,14 +52,17 @@ WITH held AS (
 	RETURNING r.workflow_type
 )
 SELECT (SELECT count(*) FROM dead), (SELECT count(*) FROM freed),
+	EXISTS (SELECT 1 FROM kagzi.workers o WHERE o.namespace = $1 AND o.worker_id <> $2 AND o.status <> 'OFFLINE'
+		AND o.active_runs > 0),
 	(SELECT count(pg_notify('` + Channel + `', 'w|' || octet_length($1::text) || ':' || $1 || '|' || t.workflow_type
 		|| '|' || (extract(epoch FROM now()) * 1000)::bigint))
 	 FROM (SELECT DISTINCT workflow_type FROM freed) t)`
 
 // ReapDeadWorkers marks the namespace's dead workers OFFLINE and makes their runs
-// claimable at once (see reapDeadWorkersSQL). It returns how many workers and runs.
-func ReapDeadWorkers(ctx context.Context, db DBTX, namespace string) (workers, runs int, err error) {
+// claimable at once (see reapDeadWorkersSQL). It returns how many workers and runs,
+// and whether another live worker than me (a worker id) reported runs in hand.
+func ReapDeadWorkers(ctx context.Context, db DBTX, namespace, me string) (workers, runs int, busy bool, err error) {
 	var notified int
-	err = db.QueryRow(ctx, reapDeadWorkersSQL, namespace).Scan(&workers, &runs, &notified)
-	return workers, runs, err
+	err = db.QueryRow(ctx, reapDeadWorkersSQL, namespace, me).Scan(&workers, &runs, &busy, &notified)
+	return workers, runs, busy, err
 }

@@ -60,3 +60,35 @@ func TestAHeartbeatDoesNotWaitForARunWhoseRowIsBeingWrittenAndKeepsItHeld(t *tes
 		t.Fatalf("busy run's lease extended: %t (%v), want its old end", inAnHour, err)
 	}
 }
+
+func TestAReapTellsWhetherAnotherLiveWorkerReportedRunsInHand(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	worker := func(id, status string, active int) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version,
+			workflow_types, max_concurrent, heartbeat_interval_ms, status, active_runs)
+			VALUES ('default', $1, 'h', 1, 'v', '{wf}', 10, 1000, $2, $3)`, id, status, active); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy := func() bool {
+		t.Helper()
+		_, _, b, err := ReapDeadWorkers(ctx, pool, "default", "me")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	worker("me", "ONLINE", 5) // the reaper's own runs are not a peer's
+	worker("idle", "ONLINE", 0)
+	worker("gone", "OFFLINE", 3) // an OFFLINE worker's last count is not runs in hand
+	if busy() {
+		t.Fatal("busy with only the reaper itself, an idle worker and an OFFLINE one holding runs")
+	}
+	worker("peer", "ONLINE", 2)
+	if !busy() {
+		t.Fatal("not busy while another live worker reported runs in hand")
+	}
+}
