@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"runtime"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 )
@@ -112,5 +113,35 @@ func TestIdleGoroutinesExitAfterTheIdleTimeAndOnClose(t *testing.T) {
 				t.Fatal("no goroutine ran the function after the idle one exited")
 			}
 		})
+	}
+}
+
+// deep uses about n KB of stack.
+//
+//go:noinline
+func deep(n int) byte {
+	var frame [1 << 10]byte
+	frame[n%len(frame)] = byte(n)
+	if n <= 1 {
+		return frame[0]
+	}
+	return deep(n-1) + frame[n%len(frame)]
+}
+
+// BenchmarkDeepRunsBetweenCollections runs, per op, 100 functions that need 24 KB of
+// stack at once on the pool's goroutines, then collects garbage (a busy worker
+// collects tens of times a second): a goroutine waiting in a shallow frame had its
+// stack halved at each collection and grown again by copying at its next run.
+func BenchmarkDeepRunsBetweenCollections(b *testing.B) {
+	p := New(time.Minute)
+	defer p.Close()
+	var wg sync.WaitGroup
+	for range b.N {
+		for range 100 {
+			wg.Add(1)
+			p.Go(func() { deep(24); wg.Done() })
+		}
+		wg.Wait()
+		runtime.GC()
 	}
 }
