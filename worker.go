@@ -326,6 +326,10 @@ func (w *Worker) Run(ctx context.Context) error {
 	// unreachable database (logged; the heartbeat registers the worker later).
 	if err := w.register(ctx); err != nil {
 		if ctx.Err() != nil {
+			// Stopped while registering: the stop cancelled the wait for the answer,
+			// not always the insert, which may have committed (a worker left ONLINE
+			// with no heartbeat). It is recorded OFFLINE, as after any stop.
+			w.setStatus(WorkerOffline)
 			return nil
 		}
 		if errors.Is(err, ErrSchemaNotMigrated) || errors.Is(err, ErrClosed) {
