@@ -320,8 +320,10 @@ func TestAClaimPlannedOnAnEmptyTableDoesNotReadTheWholeKeyQueueOnceItFills(t *te
 		}
 	}
 	// The buffers one claim touches, through the same connection and plans (rolled
-	// back, so that each measure sees the same queue).
-	buffers := func() float64 {
+	// back, so that each measure sees the same queue): the least of three, since a
+	// claim that must reload the backend's catalog caches (reset when the suite's other
+	// databases' DDL overflows the invalidation queue) counts those reads too.
+	claimBuffers := func() float64 {
 		tx, err := conn.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -337,6 +339,13 @@ func TestAClaimPlannedOnAnEmptyTableDoesNotReadTheWholeKeyQueueOnceItFills(t *te
 		}
 		top := plan[0]["Plan"].(map[string]any)
 		return top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
+	}
+	buffers := func() float64 {
+		least := claimBuffers()
+		for range 2 {
+			least = min(least, claimBuffers())
+		}
+		return least
 	}
 	queue(1_000)
 	small := buffers()
