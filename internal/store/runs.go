@@ -296,8 +296,7 @@ func reuseNeverSQL(ns, id, since string) string {
 	}
 	return `
 	SELECT * FROM (
-		(SELECT ` + runColumns + `, 0 AS rank FROM kagzi.runs
-		 WHERE namespace = ` + ns + ` AND workflow_id = ` + id + ` AND status IN ('PENDING', 'RUNNING', 'SLEEPING'))
+		(` + newestByWorkflowIDSQL(ns, id, "") + `)
 		UNION ALL
 		(SELECT * FROM (
 			(SELECT ` + runColumns + `, 1 AS rank FROM kagzi.runs
