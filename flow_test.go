@@ -563,21 +563,45 @@ func TestARerunOfAKeyedRunQueuesInItsKeyAgain(t *testing.T) {
 	})
 }
 
-func TestARunsEndThatFreesATypeSlotWakesAnIdleWorkerOfAnotherClient(t *testing.T) {
+// A worker's end of a run that held a type slot or its key's place notifies the type's
+// workers once per end statement (store.FinishRun), not through the run_changed
+// trigger: a worker of another client that waits for nothing but a notification
+// claims the run the limit held back.
+func TestARunsEndThatFreesATypeSlotOrAKeyPlaceWakesAnIdleWorkerOfAnotherClient(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		limits kagzi.Limits
+		opts   []kagzi.StartOption
+		hold   string
+	}{
+		{"type slot", kagzi.Limits{WorkflowType: "one-at-a-time", Concurrency: 1}, nil, "concurrency"},
+		{"key place", kagzi.Limits{WorkflowType: "one-at-a-time", KeyConcurrency: 1},
+			[]kagzi.StartOption{kagzi.WithConcurrencyKey("customer-7")}, "key-concurrency"},
+	} {
+		t.Run(c.name, func(t *testing.T) { endFreesPlaceAndWakesOtherClient(t, c.limits, c.opts, c.hold) })
+	}
+}
+
+func endFreesPlaceAndWakesOtherClient(t *testing.T, limits kagzi.Limits, opts []kagzi.StartOption, hold string) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	inStep := make(chan struct{}, 2)
+	inStep := make(chan int, 2)
 	release := make(chan struct{})
-	wf := kagzi.Define("one-at-a-time", func(ctx *kagzi.Context, n int) (int, error) {
+	fn := func(ctx *kagzi.Context, n int) (int, error) {
 		return kagzi.Step(ctx, "work", func(context.Context) (int, error) {
-			inStep <- struct{}{}
+			inStep <- n
 			if n == 1 {
 				<-release
 			}
 			return n, nil
 		})
-	})
-	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "one-at-a-time", Concurrency: 1}); err != nil {
+	}
+	// Two versions of the type: worker A claims only the first run, worker B (of
+	// another client, as in another process) only the second, so A's claims after its
+	// end cannot take the second run, and nothing of A's but the end can tell B.
+	wfA := kagzi.Define("one-at-a-time", fn, kagzi.WithVersion("a"))
+	wfB := kagzi.Define("one-at-a-time", fn, kagzi.WithVersion("b"))
+	if _, err := e.client.SetLimits(ctx, limits); err != nil {
 		t.Fatal(err)
 	}
 	// Neither worker polls, and B's timer waits for the first run's lease, a minute
@@ -585,46 +609,35 @@ func TestARunsEndThatFreesATypeSlotWakesAnIdleWorkerOfAnotherClient(t *testing.T
 	cfg := fastWorker()
 	cfg.PollInterval = time.Hour
 	cfg.LeaseDuration = time.Minute
-	cfg.MaxConcurrent = 1
-	stopA := runWorker(t, e.client, cfg, wf)
-	first, err := kagzi.Start(ctx, e.client, wf, 1)
+	runWorker(t, e.client, cfg, wfA)
+	first, err := kagzi.Start(ctx, e.client, wfA, 1, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-inStep
-	// Worker B, of another client (as in another process), cannot claim the second
-	// run while the first holds the type's only slot.
-	other := newClient(t, e.pool, "")
-	runWorker(t, other, cfg, wf)
-	second, err := kagzi.Start(ctx, e.client, wf, 2)
+	claims := &claimCounter{}
+	other, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: claims})
 	if err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the second run to be held by the limit", func() bool {
-		info, err := e.client.GetRun(ctx, second.RunID)
-		return err == nil && info.Hold != nil && info.Hold.Limit == "concurrency"
-	})
-	// Worker A stops: it claims nothing more, and ends the first run as it drains.
-	stopped := make(chan struct{})
-	go func() { stopA(); close(stopped) }()
-	eventually(t, "worker A to drain", func() bool {
-		w, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{})
-		if err != nil {
-			return false
-		}
-		for _, w := range w.Workers {
-			if w.Status == kagzi.WorkerDraining {
-				return true
-			}
-		}
-		return false
-	})
+	runWorker(t, other, cfg, wfB)
+	eventually(t, "worker B's first claim", func() bool { return claims.n.Load() > 0 })
+	before := claims.n.Load()
+	second, err := kagzi.Start(ctx, e.client, wfB, 2, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// B heard of the start and claimed nothing: the limit holds the run back.
+	eventually(t, "worker B's claim after the start", func() bool { return claims.n.Load() > before })
+	if info, err := e.client.GetRun(ctx, second.RunID); err != nil || info.Status != kagzi.StatusPending ||
+		info.Hold == nil || info.Hold.Limit != hold {
+		t.Fatalf("second run before the first ends: %+v, %v", info, err)
+	}
 	close(release)
-	<-stopped
 	if out, err := first.Wait(ctx); err != nil || out != 1 {
 		t.Fatalf("first run: %v, %v", out, err)
 	}
-	// The end of the first run freed the slot and told worker B, which was waiting
+	// The end of the first run freed the place and told worker B, which was waiting
 	// for nothing but a notification (or the minute).
 	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()

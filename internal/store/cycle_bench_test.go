@@ -14,8 +14,15 @@ import (
 // BenchmarkRunCycle measures what Postgres spends on one 1-step run's life in the
 // worker (claimed in batches of 50, ended with its step record by the merged
 // statement, 50 at a time), serially on one connection with synchronous_commit off,
-// so the figure is the statements' own work rather than the disk's flush latency.
+// so the figure is the statements' own work rather than the disk's flush latency:
+// runs of no key, and runs spread over 1,000 concurrency keys whose limit is 1 (the
+// claim's ring of keys, their holders and heads; the ends that free the keys).
 func BenchmarkRunCycle(b *testing.B) {
+	b.Run("plain", func(b *testing.B) { benchRunCycle(b, 0) })
+	b.Run("keys=1000", func(b *testing.B) { benchRunCycle(b, 1000) })
+}
+
+func benchRunCycle(b *testing.B, keys int) {
 	pool, _ := testdb.NewPool(b)
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
@@ -34,10 +41,26 @@ func BenchmarkRunCycle(b *testing.B) {
 		ids[i], _ = uuid.NewV7()
 		inputs[i] = []byte(`{"n":1}`)
 	}
-	for i := 0; i < b.N; i += 1000 {
-		j := min(i+1000, b.N)
-		if err := InsertRuns(ctx, conn, "default", "wf", nil, ids[i:j], inputs[i:j], carriers[i:j], time.Time{}, nil); err != nil {
+	if keys == 0 {
+		for i := 0; i < b.N; i += 1000 {
+			j := min(i+1000, b.N)
+			if err := InsertRuns(ctx, conn, "default", "wf", nil, ids[i:j], inputs[i:j], carriers[i:j], time.Time{}, nil); err != nil {
+				b.Fatal(err)
+			}
+		}
+	} else {
+		if _, err := conn.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency)
+			VALUES ('default', 'wf', 1)`); err != nil {
 			b.Fatal(err)
+		}
+		// Each key's runs started together, the keys one after another.
+		per := max(b.N/keys, 1)
+		for i := 0; i < b.N; i += per {
+			j := min(i+per, b.N)
+			if err := InsertManyRuns(ctx, conn, ManyRuns{Namespace: "default", WorkflowType: "wf", IDs: ids[i:j],
+				Inputs: inputs[i:j], Carriers: carriers[i:j], FlowKey: fmt.Sprintf("key-%04d", i/per%keys)}); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	if _, err := conn.Exec(ctx, "VACUUM ANALYZE kagzi.runs"); err != nil {

@@ -39,7 +39,8 @@ type FinishWrite struct {
 // ends of many one notification per 150 runs (each costs the listening backend and
 // process a message; one per run was a tenth of a busy worker's CPU, and the batched
 // form costs a lone end a fifth of its time). Ends of runs that held a slot of their
-// type's concurrency limit notify the type's workers, once a type. Each input that
+// type's concurrency limit or a place of their concurrency key notify the type's
+// workers, once a type. Each input that
 // held its fence returns the status the run ended with.
 var finishes = newSetWriteOf("finishes", func(many bool) string {
 	sql := `
@@ -52,14 +53,16 @@ upd AS (
 		holds_type_slot = r.holds_type_slot AND NOT i.held_slot
 	FROM i
 	WHERE r.run_id = i.run_id AND r.lease_epoch = i.epoch AND coalesce(r.status, '') = 'RUNNING' -- see KeyedPlansSQL
-	RETURNING i.ord, i.client_id, r.run_id, r.namespace, r.workflow_type, r.status, i.held_slot
+	RETURNING i.ord, i.client_id, r.run_id, r.namespace, r.workflow_type, r.status, i.held_slot, r.flow_key
 ), freed AS (
-	-- The types whose concurrency slots these ends freed: their workers may claim the
-	-- runs the slots held back (one notification a type, not one a run from the
-	-- run_changed trigger, which the cleared holds_type_slot keeps quiet).
+	-- The types whose concurrency slots or keys' places these ends freed: their
+	-- workers may claim the runs the slots and keys held back (one notification a
+	-- type, not one a run from the run_changed trigger, which the cleared
+	-- holds_type_slot keeps quiet, and which a keyed run's completion does not fire:
+	-- migration 00014).
 	SELECT pg_notify('` + Channel + `', 'w|' || octet_length(namespace) || ':' || namespace || '|' || workflow_type || '|'
 		|| (extract(epoch FROM now()) * 1000)::bigint)
-	FROM upd WHERE held_slot
+	FROM upd WHERE held_slot OR flow_key IS NOT NULL
 	GROUP BY namespace, workflow_type
 ), step AS (
 	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, attempts, position,

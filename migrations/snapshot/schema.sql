@@ -1128,7 +1128,7 @@ CREATE INDEX signals_pending ON kagzi.signals USING btree (run_id, name, id) WHE
 
 CREATE INDEX workers_live ON kagzi.workers USING btree (namespace, last_heartbeat_at) WHERE (status <> 'OFFLINE'::text);
 
-CREATE TRIGGER runs_changed AFTER UPDATE OF status, cancel_requested ON kagzi.runs FOR EACH ROW WHEN ((((old.status IS DISTINCT FROM new.status) AND ((new.parent_run_id IS NOT NULL) OR (new.status = ANY (ARRAY['CANCELLED'::text, 'FAILED'::text])) OR ((old.status = 'RUNNING'::text) AND old.holds_type_slot AND new.holds_type_slot) OR ((new.flow_key IS NOT NULL) AND (new.status = 'COMPLETED'::text)))) OR (old.cancel_requested IS DISTINCT FROM new.cancel_requested))) EXECUTE FUNCTION kagzi.run_changed();
+CREATE TRIGGER runs_changed AFTER UPDATE OF status, cancel_requested ON kagzi.runs FOR EACH ROW WHEN ((((old.status IS DISTINCT FROM new.status) AND ((new.parent_run_id IS NOT NULL) OR (new.status = ANY (ARRAY['CANCELLED'::text, 'FAILED'::text])) OR ((old.status = 'RUNNING'::text) AND old.holds_type_slot AND new.holds_type_slot))) OR (old.cancel_requested IS DISTINCT FROM new.cancel_requested))) EXECUTE FUNCTION kagzi.run_changed();
 
 ALTER TABLE ONLY kagzi.events
     ADD CONSTRAINT events_run_id_fkey FOREIGN KEY (run_id) REFERENCES kagzi.runs(run_id) ON DELETE CASCADE;
