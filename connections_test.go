@@ -143,7 +143,10 @@ func TestFiftyWorkerProcessesCompleteABatchOnAServerOfAHundredConnections(t *tes
 		})
 		fleet = append(fleet, cmd)
 	}
-	eventually(t, "every process's worker to be registered", func() bool {
+	// Fifty processes built with the race detector start slowly on a loaded 2-core box
+	// (once past 20 s while the rest of the suite ran): their start is not what this
+	// test is about, so it gets most of the test's two minutes.
+	eventuallyWithin(t, 90*time.Second, "every process's worker to be registered", func() bool {
 		return countRows(t, pool, `SELECT count(*) FROM kagzi.workers WHERE status = 'ONLINE'`) == processes
 	})
 

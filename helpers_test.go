@@ -113,7 +113,14 @@ func waitCtx(t *testing.T) context.Context {
 // eventually polls cond until it holds, failing the test after 20 seconds.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
+	eventuallyWithin(t, 20*time.Second, what, cond)
+}
+
+// eventuallyWithin is eventually with its own limit, for waits whose length grows with
+// the box's load (e.g. many subprocesses starting under the race detector).
+func eventuallyWithin(t *testing.T, limit time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(limit)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -15,14 +15,17 @@ import (
 // worker (claimed in batches of 50, ended with its step record by the merged
 // statement, 50 at a time), serially on one connection with synchronous_commit off,
 // so the figure is the statements' own work rather than the disk's flush latency:
-// runs of no key, and runs spread over 1,000 concurrency keys whose limit is 1 (the
-// claim's ring of keys, their holders and heads; the ends that free the keys).
+// runs of no key; the same under a type concurrency limit of 100 (the type's lock and
+// its holders' count in each claim, the slots the claims take and the ends free); and
+// runs spread over 1,000 concurrency keys whose limit is 1 (the claim's ring of keys,
+// their holders and heads; the ends that free the keys).
 func BenchmarkRunCycle(b *testing.B) {
-	b.Run("plain", func(b *testing.B) { benchRunCycle(b, 0) })
-	b.Run("keys=1000", func(b *testing.B) { benchRunCycle(b, 1000) })
+	b.Run("plain", func(b *testing.B) { benchRunCycle(b, 0, false) })
+	b.Run("type-limit", func(b *testing.B) { benchRunCycle(b, 0, true) })
+	b.Run("keys=1000", func(b *testing.B) { benchRunCycle(b, 1000, false) })
 }
 
-func benchRunCycle(b *testing.B, keys int) {
+func benchRunCycle(b *testing.B, keys int, typeLimit bool) {
 	pool, _ := testdb.NewPool(b)
 	ctx := context.Background()
 	conn, err := pool.Acquire(ctx)
@@ -40,6 +43,12 @@ func benchRunCycle(b *testing.B, keys int) {
 	for i := range ids {
 		ids[i], _ = uuid.NewV7()
 		inputs[i] = []byte(`{"n":1}`)
+	}
+	if typeLimit {
+		if _, err := conn.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency)
+			VALUES ('default', 'wf', 100)`); err != nil {
+			b.Fatal(err)
+		}
 	}
 	if keys == 0 {
 		for i := 0; i < b.N; i += 1000 {
@@ -81,7 +90,7 @@ func benchRunCycle(b *testing.B, keys int) {
 		inputs := make([]any, len(claimed))
 		now := time.Now()
 		for i, c := range claimed {
-			inputs[i] = &FinishWrite{Fence: c.Fence, Status: "COMPLETED", Output: []byte(`{"ok":true}`),
+			inputs[i] = &FinishWrite{Fence: c.Fence, Status: "COMPLETED", Output: []byte(`{"ok":true}`), HeldSlot: c.HoldsSlot,
 				Last: &StepWrite{Key: key, Name: name, Output: []byte(`2`), StartedAt: now, FinishedAt: now, Position: pos}}
 		}
 		sql, merged := finishes.stmt.Build(inputs)
