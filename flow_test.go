@@ -585,11 +585,11 @@ func TestARunsEndThatFreesATypeSlotOrAKeyPlaceWakesAnIdleWorkerOfAnotherClient(t
 func endFreesPlaceAndWakesOtherClient(t *testing.T, limits kagzi.Limits, opts []kagzi.StartOption, hold string) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	inStep := make(chan int, 2)
+	inStep := make(chan struct{}, 2)
 	release := make(chan struct{})
 	fn := func(ctx *kagzi.Context, n int) (int, error) {
 		return kagzi.Step(ctx, "work", func(context.Context) (int, error) {
-			inStep <- n
+			inStep <- struct{}{}
 			if n == 1 {
 				<-release
 			}

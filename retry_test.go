@@ -357,7 +357,8 @@ func TestRunDeadlineFailsASleepingRun(t *testing.T) {
 		return 1, nil
 	})
 	runWorker(t, e.client, fastWorker(), wf)
-	run, err := kagzi.Start(ctx, e.client, wf, 0, kagzi.WithRunTimeout(700*time.Millisecond))
+	// Long enough for the run to be claimed and asleep first on a loaded box.
+	run, err := kagzi.Start(ctx, e.client, wf, 0, kagzi.WithRunTimeout(2*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,23 +389,37 @@ func TestRunDeadlineFailsARunThatNeverStarted(t *testing.T) {
 func TestRunDeadlineCancelsARunningStep(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
+	started := make(chan struct{})
 	sawCause := make(chan error, 1)
 	wf := kagzi.Define("runs-too-long", func(ctx *kagzi.Context, _ int) (int, error) {
 		return kagzi.Step(ctx, "block", func(c context.Context) (int, error) {
+			close(started)
 			<-c.Done()
 			sawCause <- context.Cause(c)
 			return 0, c.Err()
 		})
 	})
 	runWorker(t, e.client, fastWorker(), wf)
-	run, err := kagzi.Start(ctx, e.client, wf, 0, kagzi.WithDeadline(time.Now().Add(500*time.Millisecond)))
+	// The deadline must find the step running: on a loaded box a claim has once come
+	// after 500 ms, and the run failed on its deadline before the step began.
+	run, err := kagzi.Start(ctx, e.client, wf, 0, kagzi.WithDeadline(time.Now().Add(2*time.Second)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = run.Wait(ctx)
 	mustErrorIs(t, err, kagzi.ErrDeadlineExceeded)
-	if cause := <-sawCause; !errors.Is(cause, kagzi.ErrDeadlineExceeded) {
-		t.Fatalf("the step's context ended with %v, want ErrDeadlineExceeded", cause)
+	select {
+	case <-started:
+	default:
+		t.Fatal("the run failed on its deadline before its step began; the test needs a later deadline")
+	}
+	select {
+	case cause := <-sawCause:
+		if !errors.Is(cause, kagzi.ErrDeadlineExceeded) {
+			t.Fatalf("the step's context ended with %v, want ErrDeadlineExceeded", cause)
+		}
+	case <-ctx.Done():
+		t.Fatal("the step's context did not end after the run's deadline")
 	}
 	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.step_attempts`); n != 0 {
 		t.Fatalf("the step interrupted by the deadline recorded %d attempts, want 0", n)
