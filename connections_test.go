@@ -75,7 +75,9 @@ func runFleetWorker() int {
 		return 1
 	}
 	defer client.Close()
-	w, err := kagzi.NewWorker(client, kagzi.WorkerConfig{MaxConcurrent: 20, LeaseDuration: 5 * time.Second,
+	// A lease long enough that a process starved of CPU among fifty (race-built, on a
+	// loaded 2-core box) keeps its runs: takeovers are not what this test is about.
+	w, err := kagzi.NewWorker(client, kagzi.WorkerConfig{MaxConcurrent: 20, LeaseDuration: 30 * time.Second,
 		PollInterval: time.Second}, fleetJob)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -218,6 +218,13 @@ func TestEveryPartOfKagziWorksThroughPgBouncerInTransactionModeWithADirectConnec
 	// worker's liveness lock is held by it, and the pool's sessions hold none.
 	ctx := waitCtx(t)
 	server := testdbPool(t, db)
+	// The other client (closed) has left: one direct session for the client, its
+	// LISTEN and its two workers' liveness locks. (On a loaded box the closed client's
+	// session can still be ending, with its worker's lock: wait for it to go.)
+	eventually(t, "one direct session", func() bool {
+		return countRows(t, server, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'kagzi-direct' AND datname = current_database()`) == 1
+	})
 	var workers, heldByDirect, heldElsewhere int
 	if err := server.QueryRow(ctx, `
 		SELECT (SELECT count(*) FROM kagzi.workers WHERE status = 'ONLINE' AND liveness_key IS NOT NULL),
@@ -232,12 +239,6 @@ func TestEveryPartOfKagziWorksThroughPgBouncerInTransactionModeWithADirectConnec
 		t.Fatalf("%d live workers record a liveness key; %d advisory locks held by the direct session, %d by others; want 2, 2, 0",
 			workers, heldByDirect, heldElsewhere)
 	}
-	// The other client (closed) has left: one direct session for the client, its
-	// LISTEN and its two workers' liveness locks.
-	eventually(t, "one direct session", func() bool {
-		return countRows(t, server, `SELECT count(*) FROM pg_stat_activity
-			WHERE application_name = 'kagzi-direct' AND datname = current_database()`) == 1
-	})
 }
 
 func TestEveryPartOfKagziWorksThroughPgBouncerAloneWhenTheClientHasNoDirectConnection(t *testing.T) {
