@@ -2,6 +2,7 @@ package kagzi_test
 
 import (
 	"context"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -13,19 +14,35 @@ var echo = kagzi.Define("echo", func(ctx *kagzi.Context, n int) (int, error) {
 	return kagzi.Step(ctx, "echo", func(context.Context) (int, error) { return n, nil })
 })
 
+// claimKinds counts the runs a client's workers got from their starts (eager) and
+// from claim statements.
+type claimKinds struct {
+	kagzi.NopHooks
+	eager, byStatement, statements atomic.Int64
+}
+
+func (c *claimKinds) Claim(_ context.Context, e *kagzi.ClaimEvent) {
+	if e.Eager {
+		c.eager.Add(int64(e.Claimed))
+	} else {
+		c.byStatement.Add(int64(e.Claimed))
+		c.statements.Add(1)
+	}
+}
+
 func TestAStartInAProcessWhoseWorkerHasAFreeSlotIsClaimedByTheStartItself(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
 	pool, rt := tracedPool(t, e.url)
-	c := newClient(t, pool, "")
+	kinds := &claimKinds{}
+	c, err := kagzi.NewClient(pool, kagzi.Config{Logger: quietLogger(), Hooks: kinds})
+	if err != nil {
+		t.Fatal(err)
+	}
 	cfg := fastWorker()
 	cfg.ID = "eager-worker"
-	// No poll: on a loaded box the five runs below can take longer than fastWorker's
-	// half-second poll, whose claim is not one the starts caused.
-	cfg.PollInterval = time.Hour
 	runWorker(t, c, cfg, echo)
-	eventually(t, "the worker to claim nothing at its start", func() bool { return rt.count("kagzi.claim(") > 0 })
-	time.Sleep(100 * time.Millisecond)
+	eventually(t, "the worker to claim nothing at its start", func() bool { return kinds.statements.Load() > 0 })
 	claimsBefore := rt.count("kagzi.claim(")
 	for i := range 5 {
 		run, err := kagzi.Start(ctx, c, echo, i)
@@ -40,9 +57,12 @@ func TestAStartInAProcessWhoseWorkerHasAFreeSlotIsClaimedByTheStartItself(t *tes
 			t.Fatalf("run %+v, %v", info, err)
 		}
 	}
-	if n := rt.count("kagzi.claim(") - claimsBefore; n != 0 {
-		t.Fatalf("%d claims for 5 runs started in the worker's process, want none: each start claims its run", n)
+	// Every run was claimed by its start; a claim statement the worker made meanwhile
+	// (its poll or a timer, which a loaded box's slow runs can let through) took none.
+	if n, m := kinds.eager.Load(), kinds.byStatement.Load(); n != 5 || m != 0 {
+		t.Fatalf("%d of 5 runs claimed by their starts, %d by claim statements; want 5 and 0", n, m)
 	}
+	t.Logf("claim statements while the five runs started and ran: %d", rt.count("kagzi.claim(")-claimsBefore)
 }
 
 func TestStartsThatMayNotBeginAtOnceAreNotClaimedByTheStart(t *testing.T) {
@@ -142,8 +162,10 @@ func TestAnEagerlyClaimedRunOfAProcessKilledBeforeItsFirstStepIsTakenOver(t *tes
 	eventually(t, "the runs to complete in the other process", func() bool {
 		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'COMPLETED'`) == 3
 	})
-	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE takeovers = 1 AND lease_epoch = 2`); n != 3 {
-		t.Fatalf("%d runs taken over once, want 3", n)
+	// Each run was taken over from the dead process (at least once: on a loaded box
+	// the new process's one-second leases can pass too, and a run be taken over again).
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE takeovers >= 1 AND lease_epoch = takeovers + 1`); n != 3 {
+		t.Fatalf("%d runs taken over after the kill, want 3", n)
 	}
 	if n := countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = 'one'`); n != 3 {
 		t.Fatalf("step one ran %d times for 3 runs: a recorded step ran again", n)
