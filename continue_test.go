@@ -181,3 +181,38 @@ func TestContinueAsNewRefusesBadInputAndIsAnOrdinaryErrorFromABranch(t *testing.
 		t.Fatalf("%d runs; a refused or branch ContinueAsNew started one", n)
 	}
 }
+
+// A run of a concurrency key that continues as new frees its key's place as it ends
+// (migration 00014: its completion no longer fires the run_changed trigger), and the
+// next run, queued in the same key, is announced by its own insert: it starts without
+// a poll, and the key never holds two runs.
+func TestAKeyedRunThatContinuesAsNewHandsItsKeyPlaceToItsNextRunWithoutAPoll(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "counting", KeyConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastWorker()
+	cfg.PollInterval = time.Hour // only a notification can start the next run
+	cfg.LeaseDuration = time.Minute
+	runWorker(t, e.client, cfg, countingWorkflow)
+	run, err := kagzi.Start(ctx, e.client, countingWorkflow, counterState{Target: 6, Every: 2},
+		kagzi.WithID("keyed-counter"), kagzi.WithConcurrencyKey("customer-9"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	if out, err := run.Wait(wctx); err != nil || out != 6 {
+		t.Fatalf("the chain ended with %d, %v; want 6", out, err)
+	}
+	// Three runs, one after another in the key: each started after the one before ended.
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE workflow_id = 'keyed-counter' AND flow_key = 'customer-9'
+		AND status = 'COMPLETED'`); n != 3 {
+		t.Fatalf("%d completed runs in the key, want 3", n)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs a JOIN kagzi.runs b ON b.continued_from_run_id = a.run_id
+		WHERE a.workflow_id = 'keyed-counter' AND b.started_at < a.finished_at`); n != 0 {
+		t.Fatalf("%d runs started before the run they continue ended: the key held two", n)
+	}
+}
