@@ -40,8 +40,8 @@ type FinishWrite struct {
 // process a message; one per run was a tenth of a busy worker's CPU, and the batched
 // form costs a lone end a fifth of its time). Ends of runs that held a slot of their
 // type's concurrency limit or a place of their concurrency key notify the type's
-// workers, once a type. Each input that
-// held its fence returns the status the run ended with.
+// workers, once a type. Each input that held its fence returns the status the run
+// ended with.
 var finishes = newSetWriteOf("finishes", func(many bool) string {
 	sql := `
 upd AS (
