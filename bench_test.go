@@ -295,7 +295,7 @@ func BenchmarkClaimWithFinishedRuns(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StartTimer()
-				got, err := store.ClaimRuns(ctx, pool, store.Claimer{Namespace: "default", Types: types, Versions: versions, WorkerID: "bench", Lease: time.Minute, Cursors: map[string]string{}}, 1)
+				got, _, err := store.ClaimRuns(ctx, pool, store.Claimer{Namespace: "default", Types: types, Versions: versions, WorkerID: "bench", Lease: time.Minute, Cursors: map[string]string{}}, 1)
 				if err != nil || len(got) != 1 {
 					b.Fatalf("claimed %d, %v", len(got), err)
 				}
@@ -447,7 +447,7 @@ func benchClaims(b *testing.B, c *kagzi.Client, pool *pgxpool.Pool) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		if got, err := store.ClaimRuns(ctx, pool, claimer, 1); err != nil || len(got) == 0 {
+		if got, _, err := store.ClaimRuns(ctx, pool, claimer, 1); err != nil || len(got) == 0 {
 			b.Fatalf("claimed %d, %v", len(got), err)
 		}
 	}

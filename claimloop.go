@@ -45,8 +45,8 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 	for {
 		for l.claimNow && ctx.Err() == nil {
 			l.claimNow = false
-			full, err := w.claim(ctx)
-			if err := l.claimed(ctx, full, err); err != nil {
+			full, keysPassed, err := w.claim(ctx)
+			if err := l.claimed(ctx, full, keysPassed, err); err != nil {
 				return err
 			}
 		}
@@ -113,8 +113,9 @@ func (l *claimLoop) forget(t time.Time) {
 }
 
 // claimed decides what follows a claim that got every run it asked for (full) or
-// fewer, or failed. It returns an error only when the loop must end (a closed pool).
-func (l *claimLoop) claimed(ctx context.Context, full bool, err error) error {
+// fewer, passed over concurrency keys other claims held (keysPassed), or failed. It
+// returns an error only when the loop must end (a closed pool).
+func (l *claimLoop) claimed(ctx context.Context, full, keysPassed bool, err error) error {
 	w := l.w
 	switch {
 	case err != nil:
@@ -134,6 +135,13 @@ func (l *claimLoop) claimed(ctx context.Context, full bool, err error) error {
 	case full:
 		l.more = true
 		l.claimNow = w.freeSlots() > 0 // more work may be waiting
+	case keysPassed:
+		// Other claims held keys this one passed over, and a holder may not take a
+		// held key's next run (another version's worker, or its room ran out): the
+		// notification that announced the run was spent, and only a claim after the
+		// holder's commit can tell. Soon, not at once: the holder is a claim under way.
+		l.more = true
+		l.setTimer(time.Now().Add(passedKeysRetry))
 	case l.answerStands():
 		// Fewer runs than free slots, and the last answer's time has not come:
 		// nothing that answer saw has become claimable, a run that becomes claimable
@@ -194,13 +202,18 @@ func (l *claimLoop) notified(n notifier.Notification) {
 	}
 }
 
+// passedKeysRetry is how soon a worker claims again after a claim that left slots
+// free passed over concurrency keys that other claims held: a claim holds a key's
+// lock for its transaction, a few milliseconds.
+const passedKeysRetry = 20 * time.Millisecond
+
 // claim claims up to the free slots and starts executing what it got. full reports
 // that it got as many runs as it asked for, or had no free slot (a freed slot calls
-// again).
-func (w *Worker) claim(ctx context.Context) (full bool, err error) {
+// again); keysPassed that the claim passed over concurrency keys other claims held.
+func (w *Worker) claim(ctx context.Context) (full, keysPassed bool, err error) {
 	free := w.freeSlots()
 	if free <= 0 {
-		return true, nil
+		return true, false, nil
 	}
 	began := time.Now()
 	// A claim that reached the database commits whatever happens to ctx afterwards, so
@@ -209,11 +222,11 @@ func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 	// runs of a claim that returns after ctx ended are handed back (see drain).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
 	w.claimer.Finishing = w.finishingPlaces()
-	claimed, err := store.ClaimRuns(cctx, w.client.pool, w.claimer, free)
+	claimed, passed, err := store.ClaimRuns(cctx, w.client.pool, w.claimer, free)
 	cancel()
 	w.hookClaim(ctx, free, len(claimed), began, err)
 	if err != nil {
-		return false, dbError("kagzi: claim", err)
+		return false, false, dbError("kagzi: claim", err)
 	}
 	if ctx.Err() != nil {
 		w.mu.Lock()
@@ -221,12 +234,12 @@ func (w *Worker) claim(ctx context.Context) (full bool, err error) {
 			w.handBack = append(w.handBack, run.Fence)
 		}
 		w.mu.Unlock()
-		return false, nil
+		return false, false, nil
 	}
 	now := time.Now()
 	for _, run := range claimed {
 		w.start(run, began, now)
 	}
 	w.backlog.Store(len(claimed) == free)
-	return len(claimed) == free, nil
+	return len(claimed) == free, passed > 0, nil
 }

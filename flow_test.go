@@ -582,6 +582,56 @@ func TestARunsEndThatFreesATypeSlotOrAKeyPlaceWakesAnIdleWorkerOfAnotherClient(t
 	}
 }
 
+// A claim passes over a concurrency key whose lock another claim holds (it does not
+// wait: claims visiting keys in different orders would deadlock). The holder may not
+// take the key's next run, so the worker whose claim passed the key over looks again
+// once the holder is done, instead of waiting for its poll.
+func TestAWorkerWhoseClaimPassedOverAKeyAnotherClaimHeldClaimsTheKeysRunWithoutAPoll(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("per-customer", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "per-customer", KeyConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// Another claim holds the key's lock, as one does for its transaction (migration
+	// 00003, kagzi.flow_lock_keys).
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('kagzi.flow.key|' || $1 || '|' || $2, 0))`,
+		"default|per-customer", "customer-7"); err != nil {
+		t.Fatal(err)
+	}
+	claims := &claimCounter{}
+	other, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: claims})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastWorker()
+	cfg.PollInterval = time.Hour // only a notification, or the worker's own look again, claims
+	cfg.LeaseDuration = time.Minute
+	runWorker(t, other, cfg, wf)
+	eventually(t, "the worker's first claim", func() bool { return claims.n.Load() > 0 })
+	before := claims.n.Load()
+	h, err := kagzi.Start(ctx, e.client, wf, 7, kagzi.WithConcurrencyKey("customer-7"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The start woke the worker; its claim passed the held key over.
+	eventually(t, "the worker's claim after the start", func() bool { return claims.n.Load() > before })
+	if info, err := e.client.GetRun(ctx, h.RunID); err != nil || info.Status != kagzi.StatusPending {
+		t.Fatalf("the run while its key is held: %+v, %v", info, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := h.Wait(ctx); err != nil || out != 7 {
+		t.Fatalf("the run after its key was let go: %v, %v", out, err)
+	}
+}
+
 func endFreesPlaceAndWakesOtherClient(t *testing.T, limits kagzi.Limits, opts []kagzi.StartOption, hold string) {
 	e := newEnv(t)
 	ctx := waitCtx(t)

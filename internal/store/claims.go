@@ -61,7 +61,9 @@ type StepRecord struct {
 // wake time has come, RUNNING runs whose lease expired (their worker died or stalled),
 // and the heads of concurrency keys' queues with room; each claim bumps the lease
 // epoch, and a claim of a RUNNING run counts a takeover. $4 holds the worker's key
-// cursor of each type (the last key it visited: see the rows without a run). The runs
+// cursor of each type (the last key it visited: see the rows without a run). A key
+// whose lock another claim holds is passed over, and counted in a row without a run
+// (migration 00015). The runs
 // of no key of types without limits are read from runs_claimable, one ordered range
 // per type from the worker's floor of the type ($9, see Floors), and SKIP LOCKED lets
 // any number of workers claim side by side.
@@ -102,7 +104,12 @@ FROM kagzi.steps WHERE run_id = ANY($1)`
 // after a sleep, a retry, a crash or a hand-back, or a fork). The claim has committed
 // by then: when the steps cannot be loaded, the claimed runs are handed back at once
 // (or, if that fails too, when their lease passes) and the error returned.
-func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) ([]ClaimedRun, error) {
+//
+// keysPassed counts the concurrency keys the claim passed over because other claims
+// held them: a held key's next run may have room that the holder did not take (its
+// worker registered another version, or its room ran out first), and nothing will
+// announce it again. A caller left with free slots claims again shortly.
+func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []ClaimedRun, keysPassed int, err error) {
 	cursors := make([]string, len(c.Types))
 	for i, t := range c.Types {
 		cursors[i] = c.Cursors[t]
@@ -114,12 +121,12 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) ([]ClaimedRun
 	rows, err := queryAfter(ctx, db, genericPlanSQL, claimSQL, c.Namespace, c.Types, c.Versions, cursors,
 		c.WorkerID, c.Lease.Milliseconds(), limit, c.Finishing, floors)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	var resumed [][16]byte
 	// Most claims under load fill their slots: room for them all, up to a bound, so
 	// that the slice does not grow by copying (a claimed run is a wide struct).
-	claimed := make([]ClaimedRun, 0, min(limit, 256))
+	claimed = make([]ClaimedRun, 0, min(limit, 256))
 	// The nullable columns scan into values, not pointers: a pointer target costs an
 	// allocation per column per run (pgx allocates what it points to).
 	var (
@@ -136,9 +143,12 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) ([]ClaimedRun
 			&epoch, &cancelRequested, &r.Deadline, &createdAt, &dbNow, &availableAt, &r.Carrier, &hasSteps,
 			&takeovers, &key, &holds); err != nil {
 			rows.Close()
-			return nil, err
+			return nil, 0, err
 		}
-		if !id.Valid { // a type's next key cursor, or its next floor
+		if !id.Valid { // a type's next key cursor, its next floor, or its keys passed over
+			if attempt.Valid {
+				keysPassed += int(attempt.Int32)
+			}
 			if key.Valid {
 				c.Cursors[r.WorkflowType] = key.String
 			}
@@ -161,10 +171,10 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) ([]ClaimedRun
 	}
 	rows.Close() // after the commit: Err tells whether it failed
 	if err := rows.Err(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	if len(resumed) == 0 {
-		return claimed, nil
+		return claimed, keysPassed, nil
 	}
 	if err := loadSteps(ctx, db, claimed, resumed); err != nil {
 		held := make([]Fence, len(claimed))
@@ -173,9 +183,9 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) ([]ClaimedRun
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		return nil, errors.Join(err, ReleaseRuns(rctx, db, held))
+		return nil, 0, errors.Join(err, ReleaseRuns(rctx, db, held))
 	}
-	return claimed, nil
+	return claimed, keysPassed, nil
 }
 
 // loadSteps fills in the recorded steps of the claimed runs named in ids.

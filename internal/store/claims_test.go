@@ -42,7 +42,7 @@ func TestAClaimLoadsTheRecordedStepsOfTheRunsItClaimsAndOfNoOther(t *testing.T) 
 	}
 	seen := map[uuid.UUID]bool{}
 	for claim := range 3 {
-		claimed, err := ClaimRuns(ctx, pool, testClaimer("wf"), 1)
+		claimed, _, err := ClaimRuns(ctx, pool, testClaimer("wf"), 1)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -69,7 +69,7 @@ func TestAClaimLoadsTheRecordedStepsOfTheRunsItClaimsAndOfNoOther(t *testing.T) 
 	if len(seen) != 3 {
 		t.Fatalf("claimed %d distinct runs, want 3", len(seen))
 	}
-	claimed, err := ClaimRuns(ctx, pool, testClaimer("wf"), 10)
+	claimed, _, err := ClaimRuns(ctx, pool, testClaimer("wf"), 10)
 	if err != nil || len(claimed) != 0 {
 		t.Fatalf("a claim with nothing left got %d runs, %v", len(claimed), err)
 	}
@@ -142,7 +142,7 @@ func TestAClaimWhoseStepsCannotBeLoadedHandsItsRunsBackAtOnce(t *testing.T) {
 	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET lease_epoch = 1 WHERE run_id = $1`, ids[0]); err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := ClaimRuns(ctx, failingStepsLoad{pool}, testClaimer("wf"), 10)
+	claimed, _, err := ClaimRuns(ctx, failingStepsLoad{pool}, testClaimer("wf"), 10)
 	if !errors.Is(err, errStepsLoad) || claimed != nil {
 		t.Fatalf("got %d runs and %v, want no run and the load's error", len(claimed), err)
 	}
@@ -154,7 +154,7 @@ func TestAClaimWhoseStepsCannotBeLoadedHandsItsRunsBackAtOnce(t *testing.T) {
 	if pending != 2 {
 		t.Fatalf("%d of 2 runs claimable again, want both handed back at once", pending)
 	}
-	claimed, err = ClaimRuns(ctx, pool, testClaimer("wf"), 10)
+	claimed, _, err = ClaimRuns(ctx, pool, testClaimer("wf"), 10)
 	if err != nil || len(claimed) != 2 {
 		t.Fatalf("the next claim got %d runs, %v; want both", len(claimed), err)
 	}
@@ -172,7 +172,7 @@ func TestAClaimUsesItsGenericPlanAndLeavesTheSessionsPlanSettingAlone(t *testing
 	defer conn.Release()
 	const claims = 10
 	for range claims {
-		claimed, err := ClaimRuns(ctx, conn, testClaimer("wf"), 5)
+		claimed, _, err := ClaimRuns(ctx, conn, testClaimer("wf"), 5)
 		if err != nil || len(claimed) != 5 {
 			t.Fatalf("claimed %d runs (%v), want 5", len(claimed), err)
 		}
@@ -192,7 +192,7 @@ func TestAClaimUsesItsGenericPlanAndLeavesTheSessionsPlanSettingAlone(t *testing
 	// The claim's statements (inside kagzi.claim) read runs through their indexes.
 	for _, plan := range nestedPlans(t, url, func(conn *pgx.Conn) {
 		for range claims {
-			if _, err := ClaimRuns(ctx, conn, testClaimer("wf"), 5); err != nil {
+			if _, _, err := ClaimRuns(ctx, conn, testClaimer("wf"), 5); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -272,7 +272,7 @@ func TestAClaimMakesPostgresWarnNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	claimed, err := ClaimRuns(ctx, conn, testClaimer("wf"), 5)
+	claimed, _, err := ClaimRuns(ctx, conn, testClaimer("wf"), 5)
 	if err != nil || len(claimed) != 5 {
 		t.Fatalf("claimed %d runs (%v), want 5", len(claimed), err)
 	}
@@ -300,7 +300,7 @@ func TestAClaimPlannedOnAnEmptyTableDoesNotReadTheWholeKeyQueueOnceItFills(t *te
 	defer conn.Release()
 	c := testClaimer("wf")
 	for range 6 { // the generic plans of this connection are made now, on an empty table
-		if _, err := ClaimRuns(ctx, conn, c, 10); err != nil {
+		if _, _, err := ClaimRuns(ctx, conn, c, 10); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -355,4 +355,46 @@ func TestAClaimPlannedOnAnEmptyTableDoesNotReadTheWholeKeyQueueOnceItFills(t *te
 		t.Fatalf("a claim of 10 runs touched %.0f buffers with 1,000 runs queued in one key and %.0f with 50,000: it reads the queue", small, large)
 	}
 	t.Logf("a claim of 10 runs touched %.0f buffers with 1,000 runs queued in one key and %.0f with 50,000", small, large)
+}
+
+func TestAClaimCountsTheConcurrencyKeysItPassedOverWhileAnotherClaimHeldThem(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency)
+		VALUES ('default', 'wf', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	// The key's run is of version v2: a worker of v1 locks the key and cannot take it.
+	v2 := "v2"
+	id := uuid.Must(uuid.NewV7())
+	if err := InsertManyRuns(ctx, pool, ManyRuns{Namespace: "default", WorkflowType: "wf", Version: &v2,
+		IDs: []uuid.UUID{id}, Inputs: [][]byte{[]byte(`1`)}, Carriers: [][]byte{nil}, FlowKey: "customer-7"}); err != nil {
+		t.Fatal(err)
+	}
+	holder := testClaimer("wf")
+	other := testClaimer("wf")
+	other.Versions = []string{v2}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	claimed, passed, err := ClaimRuns(ctx, tx, holder, 5)
+	if err != nil || len(claimed) != 0 || passed != 0 {
+		t.Fatalf("the v1 claim: %d runs, %d keys passed over, %v; want none, none", len(claimed), passed, err)
+	}
+	// The v1 claim holds the key's lock until it commits: the v2 claim passes the key
+	// over, and says so.
+	claimed, passed, err = ClaimRuns(ctx, pool, other, 5)
+	if err != nil || len(claimed) != 0 || passed != 1 {
+		t.Fatalf("the v2 claim while the key is held: %d runs, %d keys passed over, %v; want none, 1", len(claimed), passed, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	claimed, passed, err = ClaimRuns(ctx, pool, other, 5)
+	if err != nil || len(claimed) != 1 || claimed[0].RunID != id || passed != 0 {
+		t.Fatalf("the v2 claim after the holder's commit: %d runs, %d keys passed over, %v; want the run, none", len(claimed), passed, err)
+	}
 }

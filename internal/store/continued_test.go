@@ -20,7 +20,7 @@ func TestContinueRunIsFencedAndACancelRequestedFirstEndsTheRunWithoutANext(t *te
 	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, [][]byte{[]byte(`1`), []byte(`2`)}, make([][]byte, 2), time.Time{}, nil); err != nil {
 		t.Fatal(err)
 	}
-	claimed, err := ClaimRuns(ctx, pool, testClaimer("wf"), 2)
+	claimed, _, err := ClaimRuns(ctx, pool, testClaimer("wf"), 2)
 	if err != nil || len(claimed) != 2 {
 		t.Fatalf("claimed %d, %v", len(claimed), err)
 	}

@@ -80,7 +80,7 @@ func benchRunCycle(b *testing.B, keys int, typeLimit bool) {
 	b.ResetTimer()
 	done := 0
 	for done < b.N {
-		claimed, err := ClaimRuns(ctx, conn, testClaimer("wf"), batch)
+		claimed, _, err := ClaimRuns(ctx, conn, testClaimer("wf"), batch)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -141,7 +141,7 @@ func BenchmarkHeartbeat(b *testing.B) {
 			}
 			var fences []Fence
 			for len(fences) < held {
-				claimed, err := ClaimRuns(ctx, pool, testClaimer("wf"), min(500, held-len(fences)))
+				claimed, _, err := ClaimRuns(ctx, pool, testClaimer("wf"), min(500, held-len(fences)))
 				if err != nil {
 					b.Fatal(err)
 				}

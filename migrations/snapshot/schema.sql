@@ -43,6 +43,8 @@ DECLARE
     split integer[] := '{}';
     nokey_turn boolean[] := '{}';
     served integer[] := '{}';
+    -- Per type: how many of its keys the claim passed over (locked by other claims).
+    passed integer[] := '{}';
     plain_types text[] := '{}';
     plain_versions text[] := '{}';
     plain_floors timestamptz[] := '{}';
@@ -94,6 +96,7 @@ BEGIN
         allow := allow || budget;
         taken := taken || 0;
         served := served || 0;
+        passed := passed || 0;
         IF lims[i].concurrency IS NOT NULL THEN
             -- A holder whose lease passed (its worker died) no longer counts: its slot
             -- is free, and the claim that takes the run over holds it again.
@@ -120,8 +123,10 @@ BEGIN
         END IF;
         nokey_turn := nokey_turn || (cur = '' OR cardinality(ks) < m);
         IF lims[i].key_concurrency IS NOT NULL THEN
+            passed[i] := cardinality(ks) + cardinality(sub);
             ks := kagzi.flow_lock_keys(p_ns, p_types[i], ks);
             sub := kagzi.flow_lock_keys(p_ns, p_types[i], sub);
+            passed[i] := passed[i] - cardinality(ks) - cardinality(sub);
         END IF;
         split := split || CASE WHEN cur = '' THEN 0 ELSE cardinality(ks) END;
         ks := ks || sub;
@@ -223,6 +228,11 @@ BEGIN
         END IF;
     END LOOP;
     FOR i IN 1 .. nt LOOP
+        -- The keys passed over: the claim that held one may not take its next run.
+        IF passed[i] > 0 THEN
+            RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, passed[i], NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
+        END IF;
         -- The type's own rate window counts every claim of its runs.
         IF lims[i].rate IS NOT NULL AND taken[i] > 0 THEN
             PERFORM kagzi.flow_rate_add(p_ns, p_types[i], '', lims[i].rate_period_ms, taken[i]);
