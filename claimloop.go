@@ -32,6 +32,9 @@ type claimLoop struct {
 	// which only NextWake can find again.
 	answer time.Time
 	forgot bool
+	// passedRetry is how long the loop waited after its last claim, when that claim
+	// passed over concurrency keys that other claims held (zero when it did not).
+	passedRetry time.Duration
 }
 
 // loop claims runs until ctx is done, or the pool is closed (ErrClosed).
@@ -135,13 +138,6 @@ func (l *claimLoop) claimed(ctx context.Context, full, keysPassed bool, err erro
 	case full:
 		l.more = true
 		l.claimNow = w.freeSlots() > 0 // more work may be waiting
-	case keysPassed:
-		// Other claims held keys this one passed over, and a holder may not take a
-		// held key's next run (another version's worker, or its room ran out): the
-		// notification that announced the run was spent, and only a claim after the
-		// holder's commit can tell. Soon, not at once: the holder is a claim under way.
-		l.more = true
-		l.setTimer(time.Now().Add(passedKeysRetry))
 	case l.answerStands():
 		// Fewer runs than free slots, and the last answer's time has not come:
 		// nothing that answer saw has become claimable, a run that becomes claimable
@@ -171,6 +167,20 @@ func (l *claimLoop) claimed(ctx context.Context, full, keysPassed bool, err erro
 		}
 	}
 	l.backoff = 100 * time.Millisecond
+	if !keysPassed || full {
+		l.passedRetry = 0
+		return nil
+	}
+	// Other claims held keys this one passed over, and a holder may not take a held
+	// key's next run (another version's worker, or its room ran out): the
+	// notification that announced the run was spent, and only a claim after the
+	// holder's commit can tell. Soon, not at once: the holder is a claim under way.
+	// Each claim in a row that passes keys over waits twice as long (up to the
+	// poll), so that workers whose claims keep meeting on full keys do not poll
+	// each other every few milliseconds.
+	l.passedRetry = min(max(2*l.passedRetry, passedKeysRetry), w.cfg.PollInterval)
+	l.more = true
+	l.setTimer(time.Now().Add(l.passedRetry))
 	return nil
 }
 
@@ -204,7 +214,8 @@ func (l *claimLoop) notified(n notifier.Notification) {
 
 // passedKeysRetry is how soon a worker claims again after a claim that left slots
 // free passed over concurrency keys that other claims held: a claim holds a key's
-// lock for its transaction, a few milliseconds.
+// lock for its transaction, a few milliseconds. (Claims in a row that pass keys over
+// wait twice as long each time: claimLoop.passedRetry.)
 const passedKeysRetry = 20 * time.Millisecond
 
 // claim claims up to the free slots and starts executing what it got. full reports

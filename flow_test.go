@@ -585,7 +585,8 @@ func TestARunsEndThatFreesATypeSlotOrAKeyPlaceWakesAnIdleWorkerOfAnotherClient(t
 // A claim passes over a concurrency key whose lock another claim holds (it does not
 // wait: claims visiting keys in different orders would deadlock). The holder may not
 // take the key's next run, so the worker whose claim passed the key over looks again
-// once the holder is done, instead of waiting for its poll.
+// once the holder is done, instead of waiting for its poll, and backs off while the
+// key stays held.
 func TestAWorkerWhoseClaimPassedOverAKeyAnotherClaimHeldClaimsTheKeysRunWithoutAPoll(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
@@ -619,8 +620,14 @@ func TestAWorkerWhoseClaimPassedOverAKeyAnotherClaimHeldClaimsTheKeysRunWithoutA
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The start woke the worker; its claim passed the held key over.
+	// The start woke the worker; its claim passed the held key over, and so do the
+	// claims it makes again while the key stays held: each waits twice as long as the
+	// one before (20 ms, 40 ms, ...), not a poll of the key every few milliseconds.
 	eventually(t, "the worker's claim after the start", func() bool { return claims.n.Load() > before })
+	time.Sleep(2 * time.Second)
+	if n := claims.n.Load() - before; n > 15 {
+		t.Fatalf("the worker claimed %d times in 2 s while the key was held: it should back off", n)
+	}
 	if info, err := e.client.GetRun(ctx, h.RunID); err != nil || info.Status != kagzi.StatusPending {
 		t.Fatalf("the run while its key is held: %+v, %v", info, err)
 	}
