@@ -355,3 +355,42 @@ func TestChaosStalledWorkerProcessIsTakenOverAndItsLateWritesAreRejected(t *test
 		t.Fatalf("the step body ran in %d processes, want 2 (the stalled one and the new owner)", n)
 	}
 }
+
+// A scheduler claims due schedules by locking their rows for its transaction, and the
+// other processes' schedulers pass locked rows over. A process stopped (SIGSTOP)
+// inside that transaction keeps its connection, its transaction and the locks: the
+// schedule would not fire anywhere for as long as the stop lasts. The transaction
+// sets PostgreSQL's idle_in_transaction_session_timeout to the lease, so the stopped
+// process's session is ended and another process fires the schedule.
+func TestChaosAScheduleFiresWhileTheProcessThatClaimedItIsStoppedInItsTransaction(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	info, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "every-second", WorkflowType: steadyWorkflow.Name(),
+		Cron: "* * * * * *", Seconds: true, Input: 1, MaxCatchup: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stopped := startWorkerProcessEnv(t, e.url, crashSchedulerEnv+"=freeze")
+	eventually(t, "the scheduler's process to stop itself while it fires", func() bool {
+		return processState(t, stopped.Process.Pid) == "T"
+	})
+	// Stopped after inserting the tick's run, before its commit: nothing is fired yet,
+	// and its session sits idle in its transaction (until PostgreSQL ends it).
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE schedule_id = $1`, info.ID); n != 0 {
+		t.Fatalf("%d runs of the schedule visible while its firing is uncommitted", n)
+	}
+	startWorkerProcessEnv(t, e.url, crashSchedulerEnv+"=1")
+	eventually(t, "another process to fire the schedule and run its ticks", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE schedule_id = $1 AND status = 'COMPLETED'`,
+			info.ID) >= 2
+	})
+	if state := processState(t, stopped.Process.Pid); state != "T" {
+		t.Fatalf("the first process is %q, want still stopped (T)", state)
+	}
+	// The stopped process's session was ended by PostgreSQL, not left idle in its
+	// transaction.
+	if n := countRows(t, e.pool, `SELECT count(*) FROM pg_stat_activity
+		WHERE datname = current_database() AND state LIKE 'idle in transaction%'`); n != 0 {
+		t.Fatalf("%d sessions still idle in a transaction", n)
+	}
+}

@@ -3,6 +3,7 @@ package kagzi_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -26,6 +27,7 @@ const (
 	crashSlotsEnv       = "KAGZI_TEST_CRASH_SLOTS"         // WorkerConfig.MaxConcurrent (default 20)
 	crashDefaultsEnv    = "KAGZI_TEST_CRASH_DEFAULTS"      // "1": the default lease, heartbeat and reap interval
 	crashStartEnv       = "KAGZI_TEST_CRASH_START"         // N: the process starts N crashy runs itself (eagerly claimed)
+	crashSchedulerEnv   = "KAGZI_TEST_CRASH_SCHEDULER"     // "1": the worker runs the scheduler; "freeze": and stops its process in the first firing (see freezeOnFire)
 )
 
 // crashy records every execution of every step body in the effects table, so the
@@ -66,6 +68,24 @@ func crashyWorkflow(pool *pgxpool.Pool, block bool) *kagzi.Workflow[int, int] {
 	})
 }
 
+// freezeOnFire is a log handler that stops its process (SIGSTOP) when the scheduler
+// logs a tick it fired: inside the scheduler's transaction, after the tick's run was
+// inserted and before the commit, with the schedule's row locked.
+type freezeOnFire struct{}
+
+func (freezeOnFire) Enabled(context.Context, slog.Level) bool { return true }
+
+func (freezeOnFire) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == "kagzi: schedule fired" {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+		time.Sleep(100 * time.Millisecond) // the kernel stops every thread soon, not at once
+	}
+	return nil
+}
+
+func (h freezeOnFire) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h freezeOnFire) WithGroup(string) slog.Handler      { return h }
+
 // runCrashWorker is the main of a worker subprocess.
 func runCrashWorker() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -76,14 +96,18 @@ func runCrashWorker() int {
 		return 1
 	}
 	defer pool.Close()
-	client, err := kagzi.NewClient(pool, kagzi.Config{Logger: quietLogger()})
+	logger := quietLogger()
+	if os.Getenv(crashSchedulerEnv) == "freeze" {
+		logger = slog.New(freezeOnFire{})
+	}
+	client, err := kagzi.NewClient(pool, kagzi.Config{Logger: logger})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	cfg := fastWorker()
 	cfg.MaxConcurrent = 20
-	cfg.DisableScheduler = true
+	cfg.DisableScheduler = os.Getenv(crashSchedulerEnv) == ""
 	if n, err := strconv.Atoi(os.Getenv(crashMaxTakeoverEnv)); err == nil {
 		cfg.MaxTakeovers = n
 	}

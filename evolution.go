@@ -87,7 +87,7 @@ func (c *Client) Fork(ctx context.Context, runID, fromStep string, o ForkOptions
 		opts = append(opts, WithID(o.ID))
 	}
 	var run *Run[json.RawMessage]
-	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err = store.InTx(ctx, c.pool, store.TxIdleLimit, func(tx pgx.Tx) error {
 		run, err = c.startRun(ctx, tx, origin.WorkflowType, input, opts, func(n *store.NewRun) {
 			n.ForkedFromRunID, n.ForkedFromStep = &origin.RunID, fromStep
 		})

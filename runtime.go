@@ -45,6 +45,7 @@ type writer struct {
 	steps  *committer.Committer
 	ends   *committer.Committer
 	client uuid.UUID // the worker's client: see store.FinishWrite
+	lease  time.Duration
 }
 
 func (w *writer) recordStep(ctx context.Context, s store.StepWrite) (attempt int, err error) {
@@ -66,7 +67,7 @@ func (w *writer) finish(ctx context.Context, f store.FinishWrite) (RunStatus, er
 
 func (w *writer) continueRun(ctx context.Context, c store.ContinueWrite) (RunStatus, error) {
 	c.Client = w.client
-	return store.ContinueRun(ctx, w.pool, c)
+	return store.ContinueRun(ctx, w.pool, w.lease, c)
 }
 
 func (w *writer) retryRun(ctx context.Context, f store.Fence, detail []byte, delay time.Duration) error {

@@ -372,7 +372,7 @@ func (c *Client) UpdateSchedule(ctx context.Context, s Schedule) (*ScheduleInfo,
 		return nil, err
 	}
 	var info *ScheduleInfo
-	err = pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err = store.InTx(ctx, c.pool, store.TxIdleLimit, func(tx pgx.Tx) error {
 		cur, err := store.LockSchedule(ctx, tx, c.ns, s.ID)
 		if err != nil {
 			return err
@@ -422,7 +422,7 @@ func (c *Client) ResumeSchedule(ctx context.Context, id string) error {
 	if err := validScheduleID(id); err != nil {
 		return err
 	}
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := store.InTx(ctx, c.pool, store.TxIdleLimit, func(tx pgx.Tx) error {
 		cur, err := store.LockSchedule(ctx, tx, c.ns, id)
 		if err != nil || !cur.Paused {
 			return err
@@ -449,7 +449,7 @@ func (c *Client) TriggerSchedule(ctx context.Context, id string) (*Run[json.RawM
 		return nil, err
 	}
 	var run store.Run
-	err := pgx.BeginFunc(ctx, c.pool, func(tx pgx.Tx) error {
+	err := store.InTx(ctx, c.pool, store.TxIdleLimit, func(tx pgx.Tx) error {
 		sc, err := store.LockSchedule(ctx, tx, c.ns, id)
 		if err != nil {
 			return err

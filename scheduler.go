@@ -164,10 +164,13 @@ func (s *scheduler) pass(ctx context.Context) (wait time.Duration, blockers []uu
 }
 
 // fireBatch claims up to scheduleBatch schedules with something due at now, fires
-// them and advances them, in one transaction. It returns how many it claimed.
+// them and advances them, in one transaction. It returns how many it claimed. The
+// transaction locks the schedules it claimed, which the other processes' schedulers
+// pass over: if its process stops in it for longer than a lease, PostgreSQL ends it
+// (store.InTx), and they fire the schedules instead.
 func (s *scheduler) fireBatch(ctx context.Context, now time.Time) (int, error) {
 	claimed := 0
-	err := pgx.BeginFunc(ctx, s.c.pool, func(tx pgx.Tx) error {
+	err := store.InTx(ctx, s.c.pool, s.w.cfg.LeaseDuration, func(tx pgx.Tx) error {
 		due, err := store.ClaimDueSchedules(ctx, tx, s.c.ns, now, scheduleBatch)
 		if err != nil || len(due) == 0 {
 			return err

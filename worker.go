@@ -384,7 +384,7 @@ func (w *Worker) Run(ctx context.Context) error {
 func (w *Worker) runtime(goroutines *gopool.Pool) *runtime {
 	c := w.client
 	return &runtime{workerID: w.cfg.ID, cfg: &w.cfg, payloads: &c.payloads, hooks: c.hooks, logger: w.logger,
-		db: &writer{pool: c.pool, steps: w.db, ends: w.ends, client: c.id}, startChild: c.startChild,
+		db: &writer{pool: c.pool, steps: w.db, ends: w.ends, client: c.id, lease: w.cfg.LeaseDuration}, startChild: c.startChild,
 		abandoned: &w.abandoned, goroutines: goroutines}
 }
 

@@ -112,7 +112,7 @@ FROM target t LEFT JOIN upd u ON u.run_id = t.run_id`
 // first, in the same transaction.
 func RerunRuns(ctx context.Context, db Beginner, namespace string, ids []uuid.UUID) ([]BulkOutcome, error) {
 	var out []BulkOutcome
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := InTx(ctx, db, TxIdleLimit, func(tx pgx.Tx) error {
 		if _, err := RestoreRuns(ctx, tx, namespace, ids); err != nil {
 			return err
 		}

@@ -106,12 +106,12 @@ FROM ins`,
 // ContinueRun ends a run its worker holds and starts the next run of its workflow id
 // in one transaction (see continueEnd and continueStart): both commit, or neither. A
 // cancel requested before it wins: the run ends CANCELLED and no run starts. It
-// returns the status the run ended with, or ErrLeaseLost.
-func ContinueRun(ctx context.Context, db interface {
-	Begin(context.Context) (pgx.Tx, error)
-}, w ContinueWrite) (vocab.RunStatus, error) {
+// returns the status the run ended with, or ErrLeaseLost. The transaction locks the
+// run: if it stays idle for longer than idle (the worker's process stopped between
+// its two statements), PostgreSQL ends it (see InTx), and the run can be taken over.
+func ContinueRun(ctx context.Context, db Beginner, idle time.Duration, w ContinueWrite) (vocab.RunStatus, error) {
 	var status vocab.RunStatus
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := InTx(ctx, db, idle, func(tx pgx.Tx) error {
 		c := continued{Next: w.Next, From: w.RunID, Input: w.Input, Version: w.Version}
 		var notified string
 		err := tx.QueryRow(ctx, continueEnd.sql, continueEnd.args(&w)...).Scan(&status, &c.Namespace, &c.WorkflowID,

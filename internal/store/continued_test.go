@@ -32,14 +32,14 @@ func TestContinueRunIsFencedAndACancelRequestedFirstEndsTheRunWithoutANext(t *te
 	stale := fences[ids[0]]
 	stale.Epoch--
 	next := uuid.Must(uuid.NewV7())
-	if _, err := ContinueRun(ctx, pool, ContinueWrite{Fence: stale, Next: next, Input: []byte(`3`)}); !errors.Is(err, ErrLeaseLost) {
+	if _, err := ContinueRun(ctx, pool, time.Minute, ContinueWrite{Fence: stale, Next: next, Input: []byte(`3`)}); !errors.Is(err, ErrLeaseLost) {
 		t.Fatalf("ContinueRun with a stale epoch: %v, want ErrLeaseLost", err)
 	}
 	// A cancel requested before the continue wins.
 	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET cancel_requested = true WHERE run_id = $1`, ids[1]); err != nil {
 		t.Fatal(err)
 	}
-	status, err := ContinueRun(ctx, pool, ContinueWrite{Fence: fences[ids[1]], Next: next, Input: []byte(`3`)})
+	status, err := ContinueRun(ctx, pool, time.Minute, ContinueWrite{Fence: fences[ids[1]], Next: next, Input: []byte(`3`)})
 	if err != nil || status != vocab.StatusCancelled {
 		t.Fatalf("ContinueRun of a run with a cancel requested = %s, %v; want CANCELLED", status, err)
 	}
@@ -48,7 +48,7 @@ func TestContinueRunIsFencedAndACancelRequestedFirstEndsTheRunWithoutANext(t *te
 		t.Fatalf("a next run exists (%d, %v) after a stale or cancelled continue", n, err)
 	}
 	// The holder continues: one transaction ends the run and starts the next.
-	status, err = ContinueRun(ctx, pool, ContinueWrite{Fence: fences[ids[0]], Next: next, Input: []byte(`3`)})
+	status, err = ContinueRun(ctx, pool, time.Minute, ContinueWrite{Fence: fences[ids[0]], Next: next, Input: []byte(`3`)})
 	if err != nil || status != vocab.StatusCompleted {
 		t.Fatalf("ContinueRun = %s, %v", status, err)
 	}

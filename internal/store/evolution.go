@@ -37,7 +37,7 @@ const rerunSetSQL = `status = 'PENDING', attempt = r.attempt + 1, error = NULL,
 // into the live tables first, in the same transaction.
 func RerunRun(ctx context.Context, db Beginner, namespace string, runID uuid.UUID) (vocab.RunStatus, error) {
 	var before vocab.RunStatus
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := InTx(ctx, db, TxIdleLimit, func(tx pgx.Tx) error {
 		if _, err := RestoreRuns(ctx, tx, namespace, []uuid.UUID{runID}); err != nil {
 			return err
 		}

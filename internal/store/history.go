@@ -120,7 +120,7 @@ func EnsureHistoryPartitions(ctx context.Context, db Beginner, from, to time.Tim
 	if len(missing) == 0 {
 		return nil
 	}
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	return InTx(ctx, db, TxIdleLimit, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(`+historyLockKey+`)`); err != nil {
 			return err
 		}
@@ -504,7 +504,7 @@ SELECT count(*) FROM r`
 // whole partitions to delete a batch of their rows, which the primary keys find.
 func PruneHistory(ctx context.Context, db Beginner, namespace string, keep time.Duration, limit int) (int64, error) {
 	var n int64
-	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := InTx(ctx, db, TxIdleLimit, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true),
 			set_config('enable_seqscan', 'off', true)`); err != nil {
 			return err
