@@ -45,7 +45,9 @@ type writer struct {
 	steps  *committer.Committer
 	ends   *committer.Committer
 	client uuid.UUID // the worker's client: see store.FinishWrite
-	lease  time.Duration
+	// lease bounds how long a continue-as-new's transaction may stay idle (its
+	// process stopped) before PostgreSQL ends it: see store.InTx.
+	lease time.Duration
 }
 
 func (w *writer) recordStep(ctx context.Context, s store.StepWrite) (attempt int, err error) {

@@ -25,16 +25,16 @@ import (
 const TxIdleLimit = 10 * time.Second
 
 // InTx runs fn in a transaction of db that PostgreSQL ends, with its session, once it
-// has been idle between two statements for longer than idle. A db that cannot begin
-// one with options (a transaction: fn then runs in a savepoint) begins a plain one: the
-// outer transaction is its owner's.
+// has been idle between two statements for longer than idle (under a millisecond: no
+// limit). A db that cannot begin one with options (a transaction: fn then runs in a
+// savepoint) begins a plain one: the outer transaction is its owner's.
 func InTx(ctx context.Context, db Beginner, idle time.Duration, fn func(pgx.Tx) error) error {
 	b, ok := db.(interface {
 		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
 	})
-	if !ok {
+	if !ok || idle.Milliseconds() <= 0 {
 		return pgx.BeginFunc(ctx, db, fn)
 	}
 	return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = " +
-		strconv.FormatInt(max(idle.Milliseconds(), 1), 10)}, fn)
+		strconv.FormatInt(idle.Milliseconds(), 10)}, fn)
 }

@@ -46,6 +46,15 @@ func TestInTxLimitsItsOwnTransactionsIdleTimeAndLeavesTheSessionsAlone(t *testin
 	if after := show(conn); after != before {
 		t.Fatalf("after the transaction the session's limit is %s, want %s as before", after, before)
 	}
+	// No limit below a millisecond: the session's own setting holds.
+	if err := InTx(ctx, conn.Conn(), 0, func(tx pgx.Tx) error {
+		if got := show(tx); got != before {
+			t.Errorf("with no limit: %s, want the session's %s", got, before)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 	// A transaction that stays idle past its limit is ended with its session.
 	err = InTx(ctx, pool, 200*time.Millisecond, func(tx pgx.Tx) error {
 		time.Sleep(time.Second)
