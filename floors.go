@@ -25,7 +25,8 @@ import (
 // missed some); and every PollInterval the probe below looks under the floors, off the
 // claim loop, and lowers one that has a run beneath it. Its read is the walk the floors
 // spare the claims, so under a long pin it looks less often (at most 2% of its time is
-// spent reading). Types with limits or queued concurrency keys are read without floors.
+// spent reading). The runs of no key of types with limits or queued concurrency keys are
+// read from the floors too (migration 00016); a key's queue is read per key, without one.
 
 // probeCostShare bounds the share of its time the probe spends probing: under a pinned
 // horizon its read walks every entry left since the pin began (1.2 s after ten minutes

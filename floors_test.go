@@ -118,6 +118,11 @@ func claimBuffers(t *testing.T, ctx context.Context, conn *pgx.Conn, workflowTyp
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
+	// The settings a worker's claim runs with (store's genericPlanSQL).
+	if _, err := tx.Exec(ctx, `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+		set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`); err != nil {
+		t.Fatal(err)
+	}
 	var plan []byte
 	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM kagzi.claim('default', ARRAY[$1::text],
 		ARRAY['']::text[], ARRAY['']::text[], 'probe', 10000, 10, '{}', ARRAY[$2::timestamptz])`, workflowType, floor).Scan(&plan); err != nil {
@@ -209,5 +214,80 @@ func TestAHighPriorityStartBelowTheClaimFloorIsClaimedOnItsNotification(t *testi
 	}
 	if out, err := urgent.Wait(ctx); err != nil || out != 2 {
 		t.Fatalf("the high-priority run: %d, %v", out, err)
+	}
+}
+
+func TestALimitedTypesClaimUnderAPinnedXminHorizonReadsFromItsFloorNotEveryRunClaimedSinceThePin(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		limits kagzi.Limits
+	}{
+		{"type concurrency", kagzi.Limits{Concurrency: 20}},
+		{"rate", kagzi.Limits{Rate: 1_000_000, RatePeriod: time.Second}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			ctx := waitCtx(t)
+			name := "floor-pinned-limited"
+			wf := kagzi.Define(name, func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+			tc.limits.WorkflowType = name
+			if _, err := e.client.SetLimits(ctx, tc.limits); err != nil {
+				t.Fatal(err)
+			}
+			pin, err := pgx.Connect(ctx, e.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pin.Close(context.Background())
+			if _, err := pin.Exec(ctx, `BEGIN; SELECT txid_current()`); err != nil {
+				t.Fatal(err)
+			}
+			cfg := fastWorker()
+			cfg.MaxConcurrent = 50
+			w := startFloorWorker(t, e, cfg, wf)
+			const n = 3000
+			runs, err := kagzi.StartMany(ctx, e.client, wf, make([]int, n))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range runs {
+				if _, err := r.Wait(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			conn, err := pgx.Connect(ctx, e.url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close(context.Background())
+			var lastStart time.Time
+			if err := conn.QueryRow(ctx, `SELECT max(created_at) FROM kagzi.runs WHERE workflow_type = $1`, name).Scan(&lastStart); err != nil {
+				t.Fatal(err)
+			}
+			// The type's holders are counted among the runs whose lease has not
+			// passed: once the last lease taken in the burn-down passed, the count reads
+			// none of theirs. A run started a second after that is claimed by a claim
+			// that reads the type through to its now(), and moves the floor past the
+			// burn-down's runs and the ends of their leases.
+			time.Sleep(cfg.LeaseDuration + 1500*time.Millisecond)
+			last, err := kagzi.Start(ctx, e.client, wf, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := last.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			floorPassed(t, w, name, lastStart)
+			floor, _ := kagzi.ClaimFloor(w, name)
+			fromStart := claimBuffers(t, ctx, conn, name, nil)
+			fromFloor := claimBuffers(t, ctx, conn, name, &floor)
+			if fromStart < n/10 {
+				t.Fatalf("a claim from the start read %d buffers after %d runs under the pin; the pin did not hold their entries", fromStart, n)
+			}
+			if fromFloor > 100 {
+				t.Fatalf("a claim from the worker's floor read %d buffers (from the start: %d); want at most 100", fromFloor, fromStart)
+			}
+			t.Logf("buffers per claim after %d runs under a pinned horizon: %d from the start, %d from the floor", n, fromStart, fromFloor)
+		})
 	}
 }

@@ -63,9 +63,10 @@ type StepRecord struct {
 // epoch, and a claim of a RUNNING run counts a takeover. $4 holds the worker's key
 // cursor of each type (the last key it visited: see the rows without a run). A key
 // whose lock another claim holds is passed over, and counted in a row without a run
-// (migration 00015). The runs of no key of types without limits are read from
-// runs_claimable, one ordered range per type from the worker's floor of the type ($9,
-// see Floors), and SKIP LOCKED lets any number of workers claim side by side.
+// (migration 00015). The runs of no key are read from runs_claimable, one ordered
+// range per type from the worker's floor of the type ($9, see Floors; types with
+// limits or queued keys too since migration 00016), and SKIP LOCKED lets any number of
+// workers claim side by side.
 //
 // It runs with Postgres's generic plans (see genericPlanSQL and KeyedPlansSQL):
 // planning the claim anew at each call, as Postgres chose to, took 0.26 ms, more than

@@ -398,3 +398,71 @@ func TestAClaimCountsTheConcurrencyKeysItPassedOverWhileAnotherClaimHeldThem(t *
 		t.Fatalf("the v2 claim after the holder's commit: %d runs, %d keys passed over, %v; want the run, none", len(claimed), passed, err)
 	}
 }
+
+func TestALimitedTypesClaimReadsFromTheFloorAndReturnsTheNextOne(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency)
+		VALUES ('default', 'wf', 2)`); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uuid.UUID, 4)
+	for i := range ids {
+		ids[i] = uuid.Must(uuid.NewV7())
+	}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, [][]byte{[]byte(`1`), []byte(`2`), []byte(`3`), []byte(`4`)},
+		make([][]byte, 4), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	// The runs became claimable a minute apart, the last one a minute ago.
+	for i, id := range ids {
+		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET available_at = now() - $2::int * interval '1 minute'
+			WHERE run_id = $1`, id, 4-i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var at [4]time.Time
+	for i, id := range ids {
+		if err := pool.QueryRow(ctx, `SELECT available_at FROM kagzi.runs WHERE run_id = $1`, id).Scan(&at[i]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := testClaimer("wf")
+	c.Floors = NewFloors()
+	// The limit admits two: the read stopped at the second run, the floor a second
+	// before it.
+	claimed, _, err := ClaimRuns(ctx, pool, c, 10)
+	if err != nil || len(claimed) != 2 || claimed[0].RunID != ids[0] || claimed[1].RunID != ids[1] {
+		t.Fatalf("the first claim: %d runs, %v; want the first two", len(claimed), err)
+	}
+	floor, ok := c.Floors.Of("wf")
+	if want := at[1].Add(-time.Second); !ok || !floor.Equal(want) {
+		t.Fatalf("the floor after a full read: %v (set: %v), want %v", floor, ok, want)
+	}
+	// A run below the floor is not read until the floor is lowered to it (as a
+	// notification or the probe does).
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'COMPLETED', finished_at = now()
+		WHERE run_id = ANY($1)`, ids[:2]); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET available_at = now() - interval '1 hour' WHERE run_id = $1`, ids[3]); err != nil {
+		t.Fatal(err)
+	}
+	claimed, _, err = ClaimRuns(ctx, pool, c, 10)
+	if err != nil || len(claimed) != 1 || claimed[0].RunID != ids[2] {
+		t.Fatalf("the claim from the floor: %d runs, %v; want the third run only", len(claimed), err)
+	}
+	// That read came back short: the floor is a second before the claim's now().
+	if f, ok := c.Floors.Of("wf"); !ok || !f.After(at[3]) {
+		t.Fatalf("the floor after a short read: %v (set: %v), want one after %v", f, ok, at[3])
+	}
+	lowered, err := ProbeBelowFloors(ctx, pool, c)
+	if err != nil || !lowered {
+		t.Fatalf("the probe: lowered %v, %v; want the floor lowered to the run below it", lowered, err)
+	}
+	claimed, _, err = ClaimRuns(ctx, pool, c, 10)
+	if err != nil || len(claimed) != 1 || claimed[0].RunID != ids[3] {
+		t.Fatalf("the claim after the probe: %d runs, %v; want the run that was below the floor", len(claimed), err)
+	}
+}

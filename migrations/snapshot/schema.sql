@@ -45,6 +45,12 @@ DECLARE
     served integer[] := '{}';
     -- Per type: how many of its keys the claim passed over (locked by other claims).
     passed integer[] := '{}';
+    -- Per limited or keyed type: whether the claim read its runs of no key, whether a
+    -- read came back short (the range was read through up to now), and the latest
+    -- claimable time of the runs it claimed there: the type's next floor.
+    nk_read boolean[] := '{}';
+    nk_short boolean[] := '{}';
+    nk_last timestamptz[] := '{}';
     plain_types text[] := '{}';
     plain_versions text[] := '{}';
     plain_floors timestamptz[] := '{}';
@@ -97,6 +103,9 @@ BEGIN
         taken := taken || 0;
         served := served || 0;
         passed := passed || 0;
+        nk_read := nk_read || false;
+        nk_short := nk_short || false;
+        nk_last := nk_last || NULL::timestamptz;
         IF lims[i].concurrency IS NOT NULL THEN
             -- A holder whose lease passed (its worker died) no longer counts: its slot
             -- is free, and the claim that takes the run over holds it again.
@@ -159,12 +168,18 @@ BEGIN
                         SELECT c.run_id FROM kagzi.runs c
                         WHERE c.namespace = p_ns AND c.workflow_type = p_types[i]
                           AND c.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND c.available_at <= now()
+                          AND c.available_at >= coalesce(p_floors[i], '-infinity')
                           AND (c.flow_key IS NULL OR c.started_at IS NOT NULL)
                           AND (c.version IS NULL OR c.version = p_versions[i])
                         ORDER BY c.available_at
                         LIMIT n
                         FOR UPDATE SKIP LOCKED), array_fill(p_versions[i], ARRAY[n]),
                         p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL) c);
+                    nk_read[i] := true;
+                    IF coalesce(cardinality(batch), 0) < n THEN
+                        nk_short[i] := true;
+                    END IF;
+                    nk_last[i] := greatest(nk_last[i], (SELECT max(b.prev_available_at) FROM unnest(batch) b));
                     IF cardinality(batch) > 0 THEN
                         served[i] := greatest(served[i], 2 * split[i] + 1);
                     END IF;
@@ -236,6 +251,13 @@ BEGIN
         -- The type's own rate window counts every claim of its runs.
         IF lims[i].rate IS NOT NULL AND taken[i] > 0 THEN
             PERFORM kagzi.flow_rate_add(p_ns, p_types[i], '', lims[i].rate_period_ms, taken[i]);
+        END IF;
+        -- A limited or keyed type's next floor, when its runs of no key were read: as a
+        -- plain type's below.
+        IF nk_read[i] AND (nk_short[i] OR nk_last[i] IS NOT NULL) THEN
+            RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, now(),
+                CASE WHEN nk_short[i] THEN now() ELSE nk_last[i] END - interval '1 second',
+                NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
         END IF;
         -- The type's next cursor: the last member served, else the last one visited.
         IF key_lists[i] = '' THEN
@@ -1126,7 +1148,7 @@ CREATE INDEX runs_key_queue ON kagzi.runs USING btree (namespace, workflow_type,
 
 CREATE UNIQUE INDEX runs_one_active_per_workflow_id ON kagzi.runs USING btree (namespace, workflow_id) WHERE (status = ANY (ARRAY['PENDING'::text, 'RUNNING'::text, 'SLEEPING'::text]));
 
-CREATE INDEX runs_type_holders ON kagzi.runs USING btree (namespace, workflow_type) WHERE (holds_type_slot AND (status = 'RUNNING'::text));
+CREATE INDEX runs_type_holders ON kagzi.runs USING btree (namespace, workflow_type, available_at) WHERE (holds_type_slot AND (status = 'RUNNING'::text));
 
 CREATE INDEX schedules_due ON kagzi.schedules USING btree (namespace, next_fire_at) WHERE (NOT paused);
 

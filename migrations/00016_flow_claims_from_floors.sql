@@ -1,0 +1,580 @@
+-- +goose Up
+-- Flow control under a pinned xmin horizon (a long transaction anywhere in the
+-- database: vacuum can remove no row version written since it began, and no scan can
+-- mark their index entries dead). Since migration 00008 the claims of a type without
+-- limits read its runs from the worker's floor (store.Floors), so that they do not walk
+-- the index entries of every run claimed since the pin; a type with a concurrency or
+-- rate limit, or with queued concurrency keys, was still read from the start of its
+-- range, and its holders were counted through an index with no bound on the lease: after
+-- 3,000 runs under a pin a type-limited claim read 1,779 buffers, after ten minutes at
+-- 1,000 runs/s it would have read hundreds of thousands.
+--   * The runs of no key of every type are read from the worker's floor, and the claim
+--     returns a limited or keyed type's next floor as it does a plain type's.
+--   * runs_type_holders orders a type's holders by available_at (their lease's end):
+--     the count of live holders (available_at > now()) starts at now, so it reads the
+--     entries of runs claimed within a lease, not of every run claimed since the pin.
+DROP INDEX kagzi.runs_type_holders;
+CREATE INDEX runs_type_holders ON kagzi.runs (namespace, workflow_type, available_at)
+    WHERE holds_type_slot AND status = 'RUNNING';
+
+-- kagzi.claim claims up to p_n claimable runs of the worker's types (p_types, with the
+-- version each registered, p_versions) in one call, and returns them. Claimable: PENDING
+-- runs whose start time has come, SLEEPING runs whose wake time has come, RUNNING runs
+-- whose lease passed (their worker died or stalled), and the head of each concurrency
+-- key's queue when its key and its type have room. SKIP LOCKED lets any number of
+-- workers claim side by side.
+--
+-- Flow control (docs/flow-control.md), read from kagzi.flow_limits at every claim:
+--   * a type's concurrency limit counts the runs that hold its slots (RUNNING runs
+--     claimed under the limit, whose lease has not passed), after a lock on the type
+--     that is held to the claim's commit and taken before the counting statement
+--     starts, so the count sees every claim that committed before: two workers never
+--     admit past the limit together;
+--   * a key's concurrency limit counts the key's holders (its runs started and not
+--     finished, whether running, sleeping or waiting) after a lock on the key
+--     (pg_try_advisory_xact_lock: a key another claim holds is passed over, and the
+--     claim returns a row without a run whose attempt counts the type's keys passed
+--     over, so that its worker can look again);
+--   * neither counts the claiming worker's runs in p_finishing: their workflow
+--     functions returned, and their ends are being written;
+--   * rate limits admit under sliding windows (kagzi.flow_rate_room) locked to the
+--     commit: a type's counts every claim of its runs, a key's the first starts of the
+--     key's runs;
+--   * fairness: the keys of a type take turns in a ring, the runs of no key counting
+--     as one member placed before the first key. From the worker's cursor (p_cursors:
+--     the last member it served of each type; E'\x01' for the runs of no key), the
+--     members are visited in ring order, each getting at most a share of the type's
+--     room; the room left goes to the same members once more, and then to the runs of
+--     no key. The claim returns each type's new cursor as a row without a run.
+-- The runs of no key of types without limits and without queued keys are claimed as
+-- before flow control existed: one ordered range of runs_claimable per type
+-- (LATERAL), then in available_at order across the types. Every type's runs of no key
+-- are read from the worker's floor of the type (p_floors, see store.Floors), and the
+-- claim returns each type's next floor when it read them.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[],
+    p_worker text, p_lease_ms bigint, p_n integer, p_finishing uuid[], p_floors timestamptz[])
+    RETURNS SETOF kagzi.claimed_run
+LANGUAGE plpgsql AS $$
+DECLARE
+    nt integer := coalesce(cardinality(p_types), 0);
+    budget integer := p_n;
+    fin uuid[] := coalesce(p_finishing, '{}');
+    lims kagzi.flow_limits[] := '{}';
+    allow integer[] := '{}';
+    taken integer[] := '{}';
+    -- Per type: its visited keys (joined by \x1f), how many come before the runs of no
+    -- key (split), whether those have a turn in this claim, and the rank of the last
+    -- member served (key at position p: 2p; the runs of no key: 2 split + 1).
+    key_lists text[] := '{}';
+    split integer[] := '{}';
+    nokey_turn boolean[] := '{}';
+    served integer[] := '{}';
+    -- Per type: how many of its keys the claim passed over (locked by other claims).
+    passed integer[] := '{}';
+    -- Per limited or keyed type: whether the claim read its runs of no key, whether a
+    -- read came back short (the range was read through up to now), and the latest
+    -- claimable time of the runs it claimed there: the type's next floor.
+    nk_read boolean[] := '{}';
+    nk_short boolean[] := '{}';
+    nk_last timestamptz[] := '{}';
+    plain_types text[] := '{}';
+    plain_versions text[] := '{}';
+    plain_floors timestamptz[] := '{}';
+    plain_asked integer;
+    claimed_types text[];
+    claimed_at timestamptz[];
+    floors timestamptz[] := '{}';
+    keyed text[];
+    batch kagzi.claimed_run[];
+    ids uuid[];
+    versions text[];
+    ks text[];
+    sub text[];
+    cur text;
+    m integer;
+    i integer;
+    pass integer;
+    seg integer;
+    n integer;
+    held integer;
+    share integer;
+    rank integer;
+BEGIN
+    IF budget <= 0 THEN
+        RETURN;
+    END IF;
+    -- Each type's limits (a row of NULLs: none), and the types with queued runs of
+    -- concurrency keys, one statement each for all the types: a worker of fifty
+    -- types claimed a quarter slower when each type cost a lookup and a skip scan.
+    lims := ARRAY(SELECT l FROM unnest(p_types) WITH ORDINALITY AS t(workflow_type, o)
+        LEFT JOIN kagzi.flow_limits l ON l.namespace = p_ns AND l.workflow_type = t.workflow_type
+        ORDER BY t.o);
+    -- One index probe per type: a LATERAL with LIMIT 1 cannot become the hash semi-join
+    -- a generic plan made of an EXISTS, which read the whole namespace's key queue
+    -- (100,000 queued runs of one key: 55 ms a claim).
+    keyed := ARRAY(SELECT t.workflow_type FROM unnest(p_types) AS t(workflow_type)
+        CROSS JOIN LATERAL (SELECT 1 FROM kagzi.runs r
+            WHERE r.namespace = p_ns AND r.workflow_type = t.workflow_type
+              AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING'
+            LIMIT 1) q);
+    FOR i IN 1 .. nt LOOP
+        IF lims[i].concurrency IS NOT NULL THEN
+            PERFORM pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || p_ns || '|' || p_types[i], 0));
+        END IF;
+    END LOOP;
+    -- Each limited type's room, counted by statements that start after the locks, and
+    -- the members of each type's ring to visit.
+    FOR i IN 1 .. nt LOOP
+        allow := allow || budget;
+        taken := taken || 0;
+        served := served || 0;
+        passed := passed || 0;
+        nk_read := nk_read || false;
+        nk_short := nk_short || false;
+        nk_last := nk_last || NULL::timestamptz;
+        IF lims[i].concurrency IS NOT NULL THEN
+            -- A holder whose lease passed (its worker died) no longer counts: its slot
+            -- is free, and the claim that takes the run over holds it again.
+            SELECT count(*) INTO held FROM kagzi.runs r
+            WHERE r.namespace = p_ns AND r.workflow_type = p_types[i] AND r.holds_type_slot AND r.status = 'RUNNING'
+              AND r.available_at > now() AND r.run_id <> ALL (fin);
+            allow[i] := greatest(least(allow[i], lims[i].concurrency - held), 0);
+        END IF;
+        IF lims[i].rate IS NOT NULL THEN
+            allow[i] := least(allow[i], kagzi.flow_rate_room(p_ns, p_types[i], '', lims[i].rate, lims[i].rate_period_ms));
+        END IF;
+        -- The keys with queued runs after the cursor, then, if the ring's end came
+        -- first, the runs of no key and the keys from the first one up to the cursor;
+        -- the keys with a concurrency limit are locked.
+        cur := coalesce(p_cursors[i], '');
+        m := allow[i] + 16; -- a few more keys than the room, for keys without any
+        ks := '{}';
+        sub := '{}';
+        IF allow[i] > 0 AND p_types[i] = ANY (keyed) THEN
+            ks := kagzi.flow_keys_after(p_ns, p_types[i], cur, NULL, m);
+            IF cur > E'\x01' AND cardinality(ks) < m THEN
+                sub := kagzi.flow_keys_after(p_ns, p_types[i], '', cur, m - cardinality(ks));
+            END IF;
+        END IF;
+        nokey_turn := nokey_turn || (cur = '' OR cardinality(ks) < m);
+        IF lims[i].key_concurrency IS NOT NULL THEN
+            passed[i] := cardinality(ks) + cardinality(sub);
+            ks := kagzi.flow_lock_keys(p_ns, p_types[i], ks);
+            sub := kagzi.flow_lock_keys(p_ns, p_types[i], sub);
+            passed[i] := passed[i] - cardinality(ks) - cardinality(sub);
+        END IF;
+        split := split || CASE WHEN cur = '' THEN 0 ELSE cardinality(ks) END;
+        ks := ks || sub;
+        key_lists := key_lists || array_to_string(ks, E'\x1f');
+        IF lims[i].concurrency IS NULL AND lims[i].rate IS NULL AND cardinality(ks) = 0 THEN
+            plain_types := plain_types || p_types[i];
+            plain_versions := plain_versions || p_versions[i];
+            plain_floors := plain_floors || p_floors[i];
+            allow[i] := 0; -- claimed below with the other plain types
+        END IF;
+    END LOOP;
+
+    FOR pass IN 1 .. 2 LOOP
+        -- Pass 1: each member's share, in ring order; pass 2: the room left, to the
+        -- same members, then to the runs of no key whether or not they had a turn.
+        FOR i IN 1 .. nt LOOP
+            EXIT WHEN budget <= 0;
+            CONTINUE WHEN allow[i] <= 0;
+            ks := CASE WHEN key_lists[i] = '' THEN '{}'::text[] ELSE string_to_array(key_lists[i], E'\x1f') END;
+            share := CASE WHEN pass = 1 THEN ceil(least(allow[i], budget)::numeric / (cardinality(ks) + 1))::integer
+                ELSE least(allow[i], budget) END;
+            FOR seg IN 1 .. 4 LOOP
+                -- 1: the keys before the runs of no key, 2: those runs (when it is their
+                -- turn), 3: the keys after them, 4 (pass 2): those runs in any case.
+                EXIT WHEN budget <= 0 OR allow[i] <= 0;
+                CONTINUE WHEN (seg = 2 AND NOT nokey_turn[i]) OR (seg = 4 AND (pass = 1 OR nokey_turn[i]));
+                n := least(share, allow[i], budget);
+                IF seg IN (2, 4) THEN
+                    batch := ARRAY(SELECT c FROM kagzi.claim_runs(ARRAY(
+                        SELECT c.run_id FROM kagzi.runs c
+                        WHERE c.namespace = p_ns AND c.workflow_type = p_types[i]
+                          AND c.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND c.available_at <= now()
+                          AND c.available_at >= coalesce(p_floors[i], '-infinity')
+                          AND (c.flow_key IS NULL OR c.started_at IS NOT NULL)
+                          AND (c.version IS NULL OR c.version = p_versions[i])
+                        ORDER BY c.available_at
+                        LIMIT n
+                        FOR UPDATE SKIP LOCKED), array_fill(p_versions[i], ARRAY[n]),
+                        p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL) c);
+                    nk_read[i] := true;
+                    IF coalesce(cardinality(batch), 0) < n THEN
+                        nk_short[i] := true;
+                    END IF;
+                    nk_last[i] := greatest(nk_last[i], (SELECT max(b.prev_available_at) FROM unnest(batch) b));
+                    IF cardinality(batch) > 0 THEN
+                        served[i] := greatest(served[i], 2 * split[i] + 1);
+                    END IF;
+                ELSE
+                    sub := CASE WHEN seg = 1 THEN ks[1:split[i]] ELSE ks[split[i] + 1:cardinality(ks)] END;
+                    CONTINUE WHEN coalesce(cardinality(sub), 0) = 0;
+                    batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], sub, share,
+                        least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,
+                        lims[i].key_rate_period_ms, p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL, fin) c);
+                    IF lims[i].key_rate IS NOT NULL THEN
+                        PERFORM kagzi.flow_rate_add(p_ns, p_types[i], b.flow_key, lims[i].key_rate_period_ms, count(*)::integer)
+                        FROM unnest(batch) b GROUP BY b.flow_key;
+                    END IF;
+                    served[i] := greatest(served[i], coalesce((SELECT 2 * max(array_position(ks, b.flow_key))
+                        FROM unnest(batch) b), 0));
+                END IF;
+                n := coalesce(cardinality(batch), 0);
+                allow[i] := allow[i] - n;
+                taken[i] := taken[i] + n;
+                budget := budget - n;
+                RETURN QUERY SELECT * FROM unnest(batch);
+            END LOOP;
+        END LOOP;
+        IF pass = 1 AND budget > 0 AND cardinality(plain_types) > 0 THEN
+            plain_asked := budget;
+            SELECT array_agg(c.run_id ORDER BY c.available_at), array_agg(c.version ORDER BY c.available_at),
+                array_agg(c.workflow_type), array_agg(c.available_at)
+            INTO ids, versions, claimed_types, claimed_at
+            FROM (
+                SELECT c.run_id, c.available_at, t.version, t.workflow_type
+                FROM unnest(plain_types, plain_versions, plain_floors) AS t(workflow_type, version, floor),
+                LATERAL (
+                    SELECT r.run_id, r.available_at FROM kagzi.runs r
+                    WHERE r.namespace = p_ns AND r.workflow_type = t.workflow_type
+                      AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at <= now()
+                      AND r.available_at >= coalesce(t.floor, '-infinity')
+                      AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)
+                      AND (r.version IS NULL OR r.version = t.version)
+                    ORDER BY r.available_at
+                    LIMIT budget
+                    FOR UPDATE SKIP LOCKED
+                ) c
+                ORDER BY c.available_at
+                LIMIT budget
+            ) c;
+            IF ids IS NOT NULL THEN
+                RETURN QUERY SELECT * FROM kagzi.claim_runs(ids, versions, p_worker, p_lease_ms, false);
+                GET DIAGNOSTICS n = ROW_COUNT;
+                budget := budget - n;
+            END IF;
+            -- The plain types' next floors: fewer runs than asked means each type's
+            -- range up to now was read through; otherwise a type's range was read
+            -- up to its last claimed run. A second back covers starts that commit a
+            -- little after their statement's now().
+            floors := ARRAY(SELECT CASE WHEN coalesce(cardinality(ids), 0) < plain_asked THEN now() ELSE c.last END
+                    - interval '1 second'
+                FROM unnest(plain_types) WITH ORDINALITY AS p(t, o)
+                LEFT JOIN (SELECT x.t, max(x.a) AS last FROM unnest(claimed_types, claimed_at) AS x(t, a) GROUP BY x.t) c
+                    ON c.t = p.t
+                ORDER BY p.o);
+        END IF;
+    END LOOP;
+    FOR i IN 1 .. nt LOOP
+        -- The keys passed over: the claim that held one may not take its next run.
+        IF passed[i] > 0 THEN
+            RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, passed[i], NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
+        END IF;
+        -- The type's own rate window counts every claim of its runs.
+        IF lims[i].rate IS NOT NULL AND taken[i] > 0 THEN
+            PERFORM kagzi.flow_rate_add(p_ns, p_types[i], '', lims[i].rate_period_ms, taken[i]);
+        END IF;
+        -- A limited or keyed type's next floor, when its runs of no key were read: as a
+        -- plain type's below.
+        IF nk_read[i] AND (nk_short[i] OR nk_last[i] IS NOT NULL) THEN
+            RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, now(),
+                CASE WHEN nk_short[i] THEN now() ELSE nk_last[i] END - interval '1 second',
+                NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
+        END IF;
+        -- The type's next cursor: the last member served, else the last one visited.
+        IF key_lists[i] = '' THEN
+            -- A plain type's next floor (none when none was found).
+            n := array_position(plain_types, p_types[i]);
+            IF n IS NOT NULL AND floors[n] IS NOT NULL THEN
+                RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, now(),
+                    floors[n], NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
+            END IF;
+            CONTINUE;
+        END IF;
+        ks := string_to_array(key_lists[i], E'\x1f');
+        rank := CASE WHEN served[i] > 0 THEN served[i]
+            WHEN cardinality(ks) > split[i] THEN 2 * cardinality(ks)
+            WHEN nokey_turn[i] THEN 2 * split[i] + 1
+            ELSE 2 * cardinality(ks) END;
+        RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, CASE WHEN rank % 2 = 1 THEN E'\x01' ELSE ks[rank / 2] END, NULL)::kagzi.claimed_run;
+    END LOOP;
+END $$;
+-- +goose StatementEnd
+
+
+-- +goose Down
+DROP INDEX kagzi.runs_type_holders;
+CREATE INDEX runs_type_holders ON kagzi.runs (namespace, workflow_type) WHERE holds_type_slot AND status = 'RUNNING';
+
+-- kagzi.claim claims up to p_n claimable runs of the worker's types (p_types, with the
+-- version each registered, p_versions) in one call, and returns them. Claimable: PENDING
+-- runs whose start time has come, SLEEPING runs whose wake time has come, RUNNING runs
+-- whose lease passed (their worker died or stalled), and the head of each concurrency
+-- key's queue when its key and its type have room. SKIP LOCKED lets any number of
+-- workers claim side by side.
+--
+-- Flow control (docs/flow-control.md), read from kagzi.flow_limits at every claim:
+--   * a type's concurrency limit counts the runs that hold its slots (RUNNING runs
+--     claimed under the limit, whose lease has not passed), after a lock on the type
+--     that is held to the claim's commit and taken before the counting statement
+--     starts, so the count sees every claim that committed before: two workers never
+--     admit past the limit together;
+--   * a key's concurrency limit counts the key's holders (its runs started and not
+--     finished, whether running, sleeping or waiting) after a lock on the key
+--     (pg_try_advisory_xact_lock: a key another claim holds is passed over, and the
+--     claim returns a row without a run whose attempt counts the type's keys passed
+--     over, so that its worker can look again);
+--   * neither counts the claiming worker's runs in p_finishing: their workflow
+--     functions returned, and their ends are being written;
+--   * rate limits admit under sliding windows (kagzi.flow_rate_room) locked to the
+--     commit: a type's counts every claim of its runs, a key's the first starts of the
+--     key's runs;
+--   * fairness: the keys of a type take turns in a ring, the runs of no key counting
+--     as one member placed before the first key. From the worker's cursor (p_cursors:
+--     the last member it served of each type; E'\x01' for the runs of no key), the
+--     members are visited in ring order, each getting at most a share of the type's
+--     room; the room left goes to the same members once more, and then to the runs of
+--     no key. The claim returns each type's new cursor as a row without a run.
+-- The runs of no key of types without limits and without queued keys are claimed as
+-- before flow control existed: one ordered range of runs_claimable per type
+-- (LATERAL), then in available_at order across the types.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[],
+    p_worker text, p_lease_ms bigint, p_n integer, p_finishing uuid[], p_floors timestamptz[])
+    RETURNS SETOF kagzi.claimed_run
+LANGUAGE plpgsql AS $$
+DECLARE
+    nt integer := coalesce(cardinality(p_types), 0);
+    budget integer := p_n;
+    fin uuid[] := coalesce(p_finishing, '{}');
+    lims kagzi.flow_limits[] := '{}';
+    allow integer[] := '{}';
+    taken integer[] := '{}';
+    -- Per type: its visited keys (joined by \x1f), how many come before the runs of no
+    -- key (split), whether those have a turn in this claim, and the rank of the last
+    -- member served (key at position p: 2p; the runs of no key: 2 split + 1).
+    key_lists text[] := '{}';
+    split integer[] := '{}';
+    nokey_turn boolean[] := '{}';
+    served integer[] := '{}';
+    -- Per type: how many of its keys the claim passed over (locked by other claims).
+    passed integer[] := '{}';
+    plain_types text[] := '{}';
+    plain_versions text[] := '{}';
+    plain_floors timestamptz[] := '{}';
+    plain_asked integer;
+    claimed_types text[];
+    claimed_at timestamptz[];
+    floors timestamptz[] := '{}';
+    keyed text[];
+    batch kagzi.claimed_run[];
+    ids uuid[];
+    versions text[];
+    ks text[];
+    sub text[];
+    cur text;
+    m integer;
+    i integer;
+    pass integer;
+    seg integer;
+    n integer;
+    held integer;
+    share integer;
+    rank integer;
+BEGIN
+    IF budget <= 0 THEN
+        RETURN;
+    END IF;
+    -- Each type's limits (a row of NULLs: none), and the types with queued runs of
+    -- concurrency keys, one statement each for all the types: a worker of fifty
+    -- types claimed a quarter slower when each type cost a lookup and a skip scan.
+    lims := ARRAY(SELECT l FROM unnest(p_types) WITH ORDINALITY AS t(workflow_type, o)
+        LEFT JOIN kagzi.flow_limits l ON l.namespace = p_ns AND l.workflow_type = t.workflow_type
+        ORDER BY t.o);
+    -- One index probe per type: a LATERAL with LIMIT 1 cannot become the hash semi-join
+    -- a generic plan made of an EXISTS, which read the whole namespace's key queue
+    -- (100,000 queued runs of one key: 55 ms a claim).
+    keyed := ARRAY(SELECT t.workflow_type FROM unnest(p_types) AS t(workflow_type)
+        CROSS JOIN LATERAL (SELECT 1 FROM kagzi.runs r
+            WHERE r.namespace = p_ns AND r.workflow_type = t.workflow_type
+              AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING'
+            LIMIT 1) q);
+    FOR i IN 1 .. nt LOOP
+        IF lims[i].concurrency IS NOT NULL THEN
+            PERFORM pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || p_ns || '|' || p_types[i], 0));
+        END IF;
+    END LOOP;
+    -- Each limited type's room, counted by statements that start after the locks, and
+    -- the members of each type's ring to visit.
+    FOR i IN 1 .. nt LOOP
+        allow := allow || budget;
+        taken := taken || 0;
+        served := served || 0;
+        passed := passed || 0;
+        IF lims[i].concurrency IS NOT NULL THEN
+            -- A holder whose lease passed (its worker died) no longer counts: its slot
+            -- is free, and the claim that takes the run over holds it again.
+            SELECT count(*) INTO held FROM kagzi.runs r
+            WHERE r.namespace = p_ns AND r.workflow_type = p_types[i] AND r.holds_type_slot AND r.status = 'RUNNING'
+              AND r.available_at > now() AND r.run_id <> ALL (fin);
+            allow[i] := greatest(least(allow[i], lims[i].concurrency - held), 0);
+        END IF;
+        IF lims[i].rate IS NOT NULL THEN
+            allow[i] := least(allow[i], kagzi.flow_rate_room(p_ns, p_types[i], '', lims[i].rate, lims[i].rate_period_ms));
+        END IF;
+        -- The keys with queued runs after the cursor, then, if the ring's end came
+        -- first, the runs of no key and the keys from the first one up to the cursor;
+        -- the keys with a concurrency limit are locked.
+        cur := coalesce(p_cursors[i], '');
+        m := allow[i] + 16; -- a few more keys than the room, for keys without any
+        ks := '{}';
+        sub := '{}';
+        IF allow[i] > 0 AND p_types[i] = ANY (keyed) THEN
+            ks := kagzi.flow_keys_after(p_ns, p_types[i], cur, NULL, m);
+            IF cur > E'\x01' AND cardinality(ks) < m THEN
+                sub := kagzi.flow_keys_after(p_ns, p_types[i], '', cur, m - cardinality(ks));
+            END IF;
+        END IF;
+        nokey_turn := nokey_turn || (cur = '' OR cardinality(ks) < m);
+        IF lims[i].key_concurrency IS NOT NULL THEN
+            passed[i] := cardinality(ks) + cardinality(sub);
+            ks := kagzi.flow_lock_keys(p_ns, p_types[i], ks);
+            sub := kagzi.flow_lock_keys(p_ns, p_types[i], sub);
+            passed[i] := passed[i] - cardinality(ks) - cardinality(sub);
+        END IF;
+        split := split || CASE WHEN cur = '' THEN 0 ELSE cardinality(ks) END;
+        ks := ks || sub;
+        key_lists := key_lists || array_to_string(ks, E'\x1f');
+        IF lims[i].concurrency IS NULL AND lims[i].rate IS NULL AND cardinality(ks) = 0 THEN
+            plain_types := plain_types || p_types[i];
+            plain_versions := plain_versions || p_versions[i];
+            plain_floors := plain_floors || p_floors[i];
+            allow[i] := 0; -- claimed below with the other plain types
+        END IF;
+    END LOOP;
+
+    FOR pass IN 1 .. 2 LOOP
+        -- Pass 1: each member's share, in ring order; pass 2: the room left, to the
+        -- same members, then to the runs of no key whether or not they had a turn.
+        FOR i IN 1 .. nt LOOP
+            EXIT WHEN budget <= 0;
+            CONTINUE WHEN allow[i] <= 0;
+            ks := CASE WHEN key_lists[i] = '' THEN '{}'::text[] ELSE string_to_array(key_lists[i], E'\x1f') END;
+            share := CASE WHEN pass = 1 THEN ceil(least(allow[i], budget)::numeric / (cardinality(ks) + 1))::integer
+                ELSE least(allow[i], budget) END;
+            FOR seg IN 1 .. 4 LOOP
+                -- 1: the keys before the runs of no key, 2: those runs (when it is their
+                -- turn), 3: the keys after them, 4 (pass 2): those runs in any case.
+                EXIT WHEN budget <= 0 OR allow[i] <= 0;
+                CONTINUE WHEN (seg = 2 AND NOT nokey_turn[i]) OR (seg = 4 AND (pass = 1 OR nokey_turn[i]));
+                n := least(share, allow[i], budget);
+                IF seg IN (2, 4) THEN
+                    batch := ARRAY(SELECT c FROM kagzi.claim_runs(ARRAY(
+                        SELECT c.run_id FROM kagzi.runs c
+                        WHERE c.namespace = p_ns AND c.workflow_type = p_types[i]
+                          AND c.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND c.available_at <= now()
+                          AND (c.flow_key IS NULL OR c.started_at IS NOT NULL)
+                          AND (c.version IS NULL OR c.version = p_versions[i])
+                        ORDER BY c.available_at
+                        LIMIT n
+                        FOR UPDATE SKIP LOCKED), array_fill(p_versions[i], ARRAY[n]),
+                        p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL) c);
+                    IF cardinality(batch) > 0 THEN
+                        served[i] := greatest(served[i], 2 * split[i] + 1);
+                    END IF;
+                ELSE
+                    sub := CASE WHEN seg = 1 THEN ks[1:split[i]] ELSE ks[split[i] + 1:cardinality(ks)] END;
+                    CONTINUE WHEN coalesce(cardinality(sub), 0) = 0;
+                    batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], sub, share,
+                        least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,
+                        lims[i].key_rate_period_ms, p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL, fin) c);
+                    IF lims[i].key_rate IS NOT NULL THEN
+                        PERFORM kagzi.flow_rate_add(p_ns, p_types[i], b.flow_key, lims[i].key_rate_period_ms, count(*)::integer)
+                        FROM unnest(batch) b GROUP BY b.flow_key;
+                    END IF;
+                    served[i] := greatest(served[i], coalesce((SELECT 2 * max(array_position(ks, b.flow_key))
+                        FROM unnest(batch) b), 0));
+                END IF;
+                n := coalesce(cardinality(batch), 0);
+                allow[i] := allow[i] - n;
+                taken[i] := taken[i] + n;
+                budget := budget - n;
+                RETURN QUERY SELECT * FROM unnest(batch);
+            END LOOP;
+        END LOOP;
+        IF pass = 1 AND budget > 0 AND cardinality(plain_types) > 0 THEN
+            plain_asked := budget;
+            SELECT array_agg(c.run_id ORDER BY c.available_at), array_agg(c.version ORDER BY c.available_at),
+                array_agg(c.workflow_type), array_agg(c.available_at)
+            INTO ids, versions, claimed_types, claimed_at
+            FROM (
+                SELECT c.run_id, c.available_at, t.version, t.workflow_type
+                FROM unnest(plain_types, plain_versions, plain_floors) AS t(workflow_type, version, floor),
+                LATERAL (
+                    SELECT r.run_id, r.available_at FROM kagzi.runs r
+                    WHERE r.namespace = p_ns AND r.workflow_type = t.workflow_type
+                      AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at <= now()
+                      AND r.available_at >= coalesce(t.floor, '-infinity')
+                      AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)
+                      AND (r.version IS NULL OR r.version = t.version)
+                    ORDER BY r.available_at
+                    LIMIT budget
+                    FOR UPDATE SKIP LOCKED
+                ) c
+                ORDER BY c.available_at
+                LIMIT budget
+            ) c;
+            IF ids IS NOT NULL THEN
+                RETURN QUERY SELECT * FROM kagzi.claim_runs(ids, versions, p_worker, p_lease_ms, false);
+                GET DIAGNOSTICS n = ROW_COUNT;
+                budget := budget - n;
+            END IF;
+            -- The plain types' next floors: fewer runs than asked means each type's
+            -- range up to now was read through; otherwise a type's range was read
+            -- up to its last claimed run. A second back covers starts that commit a
+            -- little after their statement's now().
+            floors := ARRAY(SELECT CASE WHEN coalesce(cardinality(ids), 0) < plain_asked THEN now() ELSE c.last END
+                    - interval '1 second'
+                FROM unnest(plain_types) WITH ORDINALITY AS p(t, o)
+                LEFT JOIN (SELECT x.t, max(x.a) AS last FROM unnest(claimed_types, claimed_at) AS x(t, a) GROUP BY x.t) c
+                    ON c.t = p.t
+                ORDER BY p.o);
+        END IF;
+    END LOOP;
+    FOR i IN 1 .. nt LOOP
+        -- The keys passed over: the claim that held one may not take its next run.
+        IF passed[i] > 0 THEN
+            RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, passed[i], NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
+        END IF;
+        -- The type's own rate window counts every claim of its runs.
+        IF lims[i].rate IS NOT NULL AND taken[i] > 0 THEN
+            PERFORM kagzi.flow_rate_add(p_ns, p_types[i], '', lims[i].rate_period_ms, taken[i]);
+        END IF;
+        -- The type's next cursor: the last member served, else the last one visited.
+        IF key_lists[i] = '' THEN
+            -- A plain type's next floor (none when none was found).
+            n := array_position(plain_types, p_types[i]);
+            IF n IS NOT NULL AND floors[n] IS NOT NULL THEN
+                RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, now(),
+                    floors[n], NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
+            END IF;
+            CONTINUE;
+        END IF;
+        ks := string_to_array(key_lists[i], E'\x1f');
+        rank := CASE WHEN served[i] > 0 THEN served[i]
+            WHEN cardinality(ks) > split[i] THEN 2 * cardinality(ks)
+            WHEN nokey_turn[i] THEN 2 * split[i] + 1
+            ELSE 2 * cardinality(ks) END;
+        RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+            NULL, NULL, CASE WHEN rank % 2 = 1 THEN E'\x01' ELSE ks[rank / 2] END, NULL)::kagzi.claimed_run;
+    END LOOP;
+END $$;
+-- +goose StatementEnd
+
