@@ -391,13 +391,35 @@ func (r *kagziRunner) vacuum(ctx context.Context) (*vacuumResult, error) {
 		}
 		defer sc.Close()
 	}
+	var opts func(n int64) []kagzi.StartOption
+	switch vp.flow {
+	case "":
+	case "type":
+		if _, err := wc.SetLimits(ctx, kagzi.Limits{WorkflowType: "vacuum", Concurrency: r.p.slots}); err != nil {
+			return nil, err
+		}
+	case "keys":
+		if _, err := wc.SetLimits(ctx, kagzi.Limits{WorkflowType: "vacuum", KeyConcurrency: 1}); err != nil {
+			return nil, err
+		}
+		opts = func(n int64) []kagzi.StartOption {
+			return []kagzi.StartOption{kagzi.WithConcurrencyKey(fmt.Sprintf("key-%05d", n%int64(max(vp.keys, 1))))}
+		}
+	default:
+		return nil, fmt.Errorf("-vacuum-flow %q: want type, keys or nothing", vp.flow)
+	}
 	stop := runWorker(ctx, w)
 	defer stop()
 	var seq atomic.Int64
 	tg := &vacuumTarget{
 		name: colKagzi, db: r.db, obs: r.obs, schema: "kagzi", table: "kagzi.runs", index: "kagzi.runs_claimable",
 		start: func(ctx context.Context) (string, error) {
-			run, err := kagzi.Start(ctx, sc, wf, seq.Add(1))
+			n := seq.Add(1)
+			var o []kagzi.StartOption
+			if opts != nil {
+				o = opts(n)
+			}
+			run, err := kagzi.Start(ctx, sc, wf, n, o...)
 			if err != nil {
 				return "", err
 			}
@@ -419,8 +441,8 @@ func (r *kagziRunner) vacuum(ctx context.Context) (*vacuumResult, error) {
 			// for at most 10 runs, rolled back.
 			return explainNested(ctx, r.db, out, []string{
 				"SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)",
-			}, `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7, $8)`,
-				ns, []string{"vacuum"}, versions, []string{""}, "vacuum-probe", int64(10000), 10, []string{})
+			}, `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+				ns, []string{"vacuum"}, versions, []string{""}, "vacuum-probe", int64(10000), 10, []string{}, []*time.Time{nil})
 		},
 	}
 	time.Sleep(time.Until(t0))

@@ -59,6 +59,8 @@ func main() {
 	flag.DurationVar(&vac.every, "vacuum-every", 15*time.Second, "vacuum workload: VACUUM the system's tables this often, as autovacuum would (0: never)")
 	flag.DurationVar(&vac.rrScan, "vacuum-rr-scan", 20*time.Second, "vacuum workload: each REPEATABLE READ reader scans the tables this often")
 	flag.BoolVar(&vac.eager, "vacuum-eager", false, "vacuum workload: Kagzi starts from the worker's client (eager starts) instead of a client of its own")
+	flag.StringVar(&vac.flow, "vacuum-flow", "", "vacuum workload: Kagzi's runs under a limit: type (a concurrency limit of the type equal to the slots) or keys (each run with one of -vacuum-keys concurrency keys, key limit 1); empty: none")
+	flag.IntVar(&vac.keys, "vacuum-keys", 1000, "vacuum workload: concurrency keys with -vacuum-flow keys")
 	flag.StringVar(&vac.explain, "vacuum-explain", "", "vacuum workload: append the plans of the claim's nested statements (auto_explain, ANALYZE, BUFFERS) at each row's end to this file")
 	flag.Parse()
 	set := map[string]bool{}

@@ -37,6 +37,8 @@ type vacuumParams struct {
 	rrScan              time.Duration // how often each REPEATABLE READ reader scans the tables
 	eager               bool          // Kagzi: start from the worker's own client (eager starts)
 	explain             string        // file for the claim's nested plans (auto_explain) per bucket
+	flow                string        // Kagzi: "type" (a type concurrency limit of the slots), "keys" (key limit 1 over keys keys) or ""
+	keys                int           // concurrency keys with flow "keys"
 }
 
 // vacuumTarget is what the harness needs from a system.
