@@ -48,8 +48,8 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 	for {
 		for l.claimNow && ctx.Err() == nil {
 			l.claimNow = false
-			full, keysPassed, err := w.claim(ctx)
-			if err := l.claimed(ctx, full, keysPassed, err); err != nil {
+			full, report, err := w.claim(ctx)
+			if err := l.claimed(ctx, full, report, err); err != nil {
 				return err
 			}
 		}
@@ -116,10 +116,16 @@ func (l *claimLoop) forget(t time.Time) {
 }
 
 // claimed decides what follows a claim that got every run it asked for (full) or
-// fewer, passed over concurrency keys other claims held (keysPassed), or failed. It
-// returns an error only when the loop must end (a closed pool).
-func (l *claimLoop) claimed(ctx context.Context, full, keysPassed bool, err error) error {
+// fewer, with what the claim reported (keys passed over, a rate limit's hold), or
+// failed. It returns an error only when the loop must end (a closed pool).
+func (l *claimLoop) claimed(ctx context.Context, full bool, report store.ClaimReport, err error) error {
 	w := l.w
+	if err == nil && !full && report.RateHeld {
+		// A rate limit held runs back: they become claimable when its window admits
+		// again, which nothing announces and an earlier answer did not know.
+		l.forgot = true
+	}
+	keysPassed := report.KeysPassed > 0
 	switch {
 	case err != nil:
 		if ctx.Err() != nil {
@@ -220,11 +226,11 @@ const passedKeysRetry = 20 * time.Millisecond
 
 // claim claims up to the free slots and starts executing what it got. full reports
 // that it got as many runs as it asked for, or had no free slot (a freed slot calls
-// again); keysPassed that the claim passed over concurrency keys other claims held.
-func (w *Worker) claim(ctx context.Context) (full, keysPassed bool, err error) {
+// again); report what else the claim said (see store.ClaimReport).
+func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport, err error) {
 	free := w.freeSlots()
 	if free <= 0 {
-		return true, false, nil
+		return true, report, nil
 	}
 	began := time.Now()
 	// A claim that reached the database commits whatever happens to ctx afterwards, so
@@ -233,11 +239,11 @@ func (w *Worker) claim(ctx context.Context) (full, keysPassed bool, err error) {
 	// runs of a claim that returns after ctx ended are handed back (see drain).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
 	w.claimer.Finishing = w.finishingPlaces()
-	claimed, passed, err := store.ClaimRuns(cctx, w.client.pool, w.claimer, free)
+	claimed, report, err := store.ClaimRuns(cctx, w.client.pool, w.claimer, free)
 	cancel()
 	w.hookClaim(ctx, free, len(claimed), began, err)
 	if err != nil {
-		return false, false, dbError("kagzi: claim", err)
+		return false, report, dbError("kagzi: claim", err)
 	}
 	if ctx.Err() != nil {
 		w.mu.Lock()
@@ -245,12 +251,12 @@ func (w *Worker) claim(ctx context.Context) (full, keysPassed bool, err error) {
 			w.handBack = append(w.handBack, run.Fence)
 		}
 		w.mu.Unlock()
-		return false, false, nil
+		return false, store.ClaimReport{}, nil
 	}
 	now := time.Now()
 	for _, run := range claimed {
 		w.start(run, began, now)
 	}
 	w.backlog.Store(len(claimed) == free)
-	return len(claimed) == free, passed > 0, nil
+	return len(claimed) == free, report, nil
 }

@@ -705,3 +705,54 @@ func endFreesPlaceAndWakesOtherClient(t *testing.T, limits kagzi.Limits, opts []
 		t.Fatalf("second run: %+v, %v", info, err)
 	}
 }
+
+// Nothing announces when a full rate window admits again: a worker idle since its last
+// look (its answer: nothing before the next poll) and then woken by a burst of starts
+// must ask when the window admits again, not wait for its poll.
+func TestABurstHeldBackByARateLimitStartsAsTheWindowAdmitsNotAtTheNextPoll(t *testing.T) {
+	for _, c := range []struct {
+		name   string
+		limits kagzi.Limits
+		opts   []kagzi.StartOption
+	}{
+		{"type rate", kagzi.Limits{WorkflowType: "rated", Rate: 4, RatePeriod: time.Second}, nil},
+		{"key rate", kagzi.Limits{WorkflowType: "rated", KeyRate: 4, KeyRatePeriod: time.Second},
+			[]kagzi.StartOption{kagzi.WithConcurrencyKey("customer-7")}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t)
+			ctx := waitCtx(t)
+			wf := kagzi.Define("rated", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+			if _, err := e.client.SetLimits(ctx, c.limits); err != nil {
+				t.Fatal(err)
+			}
+			cfg := fastWorker()
+			// A run held back waits for the poll unless something else wakes the worker.
+			// (An answer stands only when no lease taken since could pass before it: the
+			// lease is longer than the poll.)
+			cfg.PollInterval = time.Hour
+			cfg.LeaseDuration = 2 * time.Hour
+			cfg.HeartbeatInterval = time.Hour
+			runWorker(t, newClient(t, e.pool, ""), cfg, wf)
+			// The worker runs a first run, then finds nothing more to claim: it asks
+			// when the next run becomes claimable, and hears "not before the poll".
+			first, err := kagzi.Start(ctx, e.client, wf, 0, c.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := first.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(100 * time.Millisecond)
+			burst, err := kagzi.StartMany(ctx, e.client, wf, []int{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}, c.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i, r := range burst {
+				if out, err := r.Wait(ctx); err != nil || out != i+1 {
+					t.Fatalf("run %d of the burst: %v, %v", i+1, out, err)
+				}
+			}
+		})
+	}
+}

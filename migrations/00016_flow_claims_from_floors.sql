@@ -13,6 +13,12 @@
 --   * runs_type_holders orders a type's holders by available_at (their lease's end):
 --     the count of live holders (available_at > now()) starts at now, so it reads the
 --     entries of runs claimed within a lease, not of every run claimed since the pin.
+-- And a worker woken by a burst of starts of a rate-limited type waited for its poll
+-- (5 s by default) for the runs the rate held back, not for the window to admit again:
+-- its last NextWake answer, asked while it was idle, still stood (nothing announces a
+-- rate window's turn). A claim that a rate limit may have cut short now says so, in a
+-- row without a run whose holds_slot is true, and the worker asks NextWake, which
+-- knows when each full window admits again.
 DROP INDEX kagzi.runs_type_holders;
 CREATE INDEX runs_type_holders ON kagzi.runs (namespace, workflow_type, available_at)
     WHERE holds_type_slot AND status = 'RUNNING';
@@ -39,7 +45,9 @@ CREATE INDEX runs_type_holders ON kagzi.runs (namespace, workflow_type, availabl
 --     functions returned, and their ends are being written;
 --   * rate limits admit under sliding windows (kagzi.flow_rate_room) locked to the
 --     commit: a type's counts every claim of its runs, a key's the first starts of the
---     key's runs;
+--     key's runs; a claim that came back short while a rate limit may have held runs
+--     back returns a row without a run whose holds_slot is true, so that its worker
+--     asks when the window admits again;
 --   * fairness: the keys of a type take turns in a ring, the runs of no key counting
 --     as one member placed before the first key. From the worker's cursor (p_cursors:
 --     the last member it served of each type; E'\x01' for the runs of no key), the
@@ -78,6 +86,9 @@ DECLARE
     nk_read boolean[] := '{}';
     nk_short boolean[] := '{}';
     nk_last timestamptz[] := '{}';
+    -- Per type: whether a rate limit (the type's, or its keys') may have held runs back.
+    rate_held boolean[] := '{}';
+    rate_room integer;
     plain_types text[] := '{}';
     plain_versions text[] := '{}';
     plain_floors timestamptz[] := '{}';
@@ -133,6 +144,7 @@ BEGIN
         nk_read := nk_read || false;
         nk_short := nk_short || false;
         nk_last := nk_last || NULL::timestamptz;
+        rate_held := rate_held || (lims[i].key_rate IS NOT NULL);
         IF lims[i].concurrency IS NOT NULL THEN
             -- A holder whose lease passed (its worker died) no longer counts: its slot
             -- is free, and the claim that takes the run over holds it again.
@@ -142,7 +154,9 @@ BEGIN
             allow[i] := greatest(least(allow[i], lims[i].concurrency - held), 0);
         END IF;
         IF lims[i].rate IS NOT NULL THEN
-            allow[i] := least(allow[i], kagzi.flow_rate_room(p_ns, p_types[i], '', lims[i].rate, lims[i].rate_period_ms));
+            rate_room := kagzi.flow_rate_room(p_ns, p_types[i], '', lims[i].rate, lims[i].rate_period_ms);
+            rate_held[i] := rate_held[i] OR rate_room < allow[i];
+            allow[i] := least(allow[i], rate_room);
         END IF;
         -- The keys with queued runs after the cursor, then, if the ring's end came
         -- first, the runs of no key and the keys from the first one up to the cursor;
@@ -274,6 +288,12 @@ BEGIN
         IF passed[i] > 0 THEN
             RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, passed[i], NULL, NULL, NULL, NULL, NULL,
                 NULL, NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
+        END IF;
+        -- A rate limit may have held runs back from a claim that came back short: the
+        -- worker asks when the window admits again (nothing announces it).
+        IF budget > 0 AND rate_held[i] THEN
+            RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, NULL, true)::kagzi.claimed_run;
         END IF;
         -- The type's own rate window counts every claim of its runs.
         IF lims[i].rate IS NOT NULL AND taken[i] > 0 THEN

@@ -91,6 +91,20 @@ type Claimer struct {
 	Finishing [][16]byte
 }
 
+// ClaimReport is what a claim tells its worker besides the runs it claimed.
+type ClaimReport struct {
+	// KeysPassed counts the concurrency keys the claim passed over because other
+	// claims held them: a held key's next run may have room that the holder did not
+	// take (its worker registered another version, or its room ran out first), and
+	// nothing will announce it again. A caller left with free slots claims again
+	// shortly.
+	KeysPassed int
+	// RateHeld reports that a rate limit may have held runs back from a claim that
+	// came back short: nothing announces when a rate window admits again, so a caller
+	// left with free slots asks NextWake rather than trust an earlier answer.
+	RateHeld bool
+}
+
 // claimedStepsSQL loads the recorded steps of runs the caller has just claimed ($1).
 // It runs after the claim committed, so it sees every step the previous owner
 // recorded: a fenced step write holds a lock on the run that the claim's SKIP LOCKED
@@ -105,11 +119,8 @@ FROM kagzi.steps WHERE run_id = ANY($1)`
 // by then: when the steps cannot be loaded, the claimed runs are handed back at once
 // (or, if that fails too, when their lease passes) and the error returned.
 //
-// keysPassed counts the concurrency keys the claim passed over because other claims
-// held them: a held key's next run may have room that the holder did not take (its
-// worker registered another version, or its room ran out first), and nothing will
-// announce it again. A caller left with free slots claims again shortly.
-func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []ClaimedRun, keysPassed int, err error) {
+// The report tells what else the caller must know to claim again at the right time.
+func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []ClaimedRun, report ClaimReport, err error) {
 	cursors := make([]string, len(c.Types))
 	for i, t := range c.Types {
 		cursors[i] = c.Cursors[t]
@@ -121,7 +132,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 	rows, err := queryAfter(ctx, db, genericPlanSQL, claimSQL, c.Namespace, c.Types, c.Versions, cursors,
 		c.WorkerID, c.Lease.Milliseconds(), limit, c.Finishing, floors)
 	if err != nil {
-		return nil, 0, err
+		return nil, ClaimReport{}, err
 	}
 	var resumed [][16]byte
 	// Most claims under load fill their slots: room for them all, up to a bound, so
@@ -143,11 +154,14 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 			&epoch, &cancelRequested, &r.Deadline, &createdAt, &dbNow, &availableAt, &r.Carrier, &hasSteps,
 			&takeovers, &key, &holds); err != nil {
 			rows.Close()
-			return nil, 0, err
+			return nil, ClaimReport{}, err
 		}
-		if !id.Valid { // a type's next key cursor, its next floor, or its keys passed over
+		if !id.Valid { // a type's next key cursor, its next floor, its keys passed over, a rate's hold
 			if attempt.Valid {
-				keysPassed += int(attempt.Int32)
+				report.KeysPassed += int(attempt.Int32)
+			}
+			if holds.Valid && holds.Bool {
+				report.RateHeld = true
 			}
 			if key.Valid {
 				c.Cursors[r.WorkflowType] = key.String
@@ -171,10 +185,10 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 	}
 	rows.Close() // after the commit: Err tells whether it failed
 	if err := rows.Err(); err != nil {
-		return nil, 0, err
+		return nil, ClaimReport{}, err
 	}
 	if len(resumed) == 0 {
-		return claimed, keysPassed, nil
+		return claimed, report, nil
 	}
 	if err := loadSteps(ctx, db, claimed, resumed); err != nil {
 		held := make([]Fence, len(claimed))
@@ -183,9 +197,9 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		return nil, 0, errors.Join(err, ReleaseRuns(rctx, db, held))
+		return nil, ClaimReport{}, errors.Join(err, ReleaseRuns(rctx, db, held))
 	}
-	return claimed, keysPassed, nil
+	return claimed, report, nil
 }
 
 // loadSteps fills in the recorded steps of the claimed runs named in ids.

@@ -380,22 +380,22 @@ func TestAClaimCountsTheConcurrencyKeysItPassedOverWhileAnotherClaimHeldThem(t *
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	claimed, passed, err := ClaimRuns(ctx, tx, holder, 5)
-	if err != nil || len(claimed) != 0 || passed != 0 {
-		t.Fatalf("the v1 claim: %d runs, %d keys passed over, %v; want none, none", len(claimed), passed, err)
+	claimed, report, err := ClaimRuns(ctx, tx, holder, 5)
+	if err != nil || len(claimed) != 0 || report.KeysPassed != 0 {
+		t.Fatalf("the v1 claim: %d runs, %d keys passed over, %v; want none, none", len(claimed), report.KeysPassed, err)
 	}
 	// The v1 claim holds the key's lock until it commits: the v2 claim passes the key
 	// over, and says so.
-	claimed, passed, err = ClaimRuns(ctx, pool, other, 5)
-	if err != nil || len(claimed) != 0 || passed != 1 {
-		t.Fatalf("the v2 claim while the key is held: %d runs, %d keys passed over, %v; want none, 1", len(claimed), passed, err)
+	claimed, report, err = ClaimRuns(ctx, pool, other, 5)
+	if err != nil || len(claimed) != 0 || report.KeysPassed != 1 {
+		t.Fatalf("the v2 claim while the key is held: %d runs, %d keys passed over, %v; want none, 1", len(claimed), report.KeysPassed, err)
 	}
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	claimed, passed, err = ClaimRuns(ctx, pool, other, 5)
-	if err != nil || len(claimed) != 1 || claimed[0].RunID != id || passed != 0 {
-		t.Fatalf("the v2 claim after the holder's commit: %d runs, %d keys passed over, %v; want the run, none", len(claimed), passed, err)
+	claimed, report, err = ClaimRuns(ctx, pool, other, 5)
+	if err != nil || len(claimed) != 1 || claimed[0].RunID != id || report.KeysPassed != 0 {
+		t.Fatalf("the v2 claim after the holder's commit: %d runs, %d keys passed over, %v; want the run, none", len(claimed), report.KeysPassed, err)
 	}
 }
 
@@ -464,5 +464,33 @@ func TestALimitedTypesClaimReadsFromTheFloorAndReturnsTheNextOne(t *testing.T) {
 	claimed, _, err = ClaimRuns(ctx, pool, c, 10)
 	if err != nil || len(claimed) != 1 || claimed[0].RunID != ids[3] {
 		t.Fatalf("the claim after the probe: %d runs, %v; want the run that was below the floor", len(claimed), err)
+	}
+}
+
+func TestAClaimCutShortByARateLimitSaysSoAndOneItDidNotCutDoesNot(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, rate, rate_period_ms)
+		VALUES ('default', 'tight', 2, 60000), ('default', 'loose', 100, 60000)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, wt := range []string{"tight", "loose"} {
+		ids := make([]uuid.UUID, 5)
+		for i := range ids {
+			ids[i] = uuid.Must(uuid.NewV7())
+		}
+		if err := InsertRuns(ctx, pool, "default", wt, nil, ids, [][]byte{[]byte(`1`), []byte(`2`), []byte(`3`), []byte(`4`), []byte(`5`)},
+			make([][]byte, 5), time.Time{}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimed, report, err := ClaimRuns(ctx, pool, testClaimer("tight"), 10)
+	if err != nil || len(claimed) != 2 || !report.RateHeld {
+		t.Fatalf("the claim of the rate-limited type: %d runs, %+v, %v; want 2 and the rate's hold", len(claimed), report, err)
+	}
+	claimed, report, err = ClaimRuns(ctx, pool, testClaimer("loose"), 10)
+	if err != nil || len(claimed) != 5 || report.RateHeld {
+		t.Fatalf("the claim the rate did not cut: %d runs, %+v, %v; want 5 and no hold", len(claimed), report, err)
 	}
 }
