@@ -55,6 +55,9 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	}
 	var o startOptions
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, invalidArgument("child %q: nil StartOption", name)
+		}
 		opt(&o)
 	}
 	if o.idSet && o.id == "" {

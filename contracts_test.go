@@ -324,3 +324,45 @@ func TestRunInfoAndScheduleInfoMarshalToTheCLIsSnakeCaseJSON(t *testing.T) {
 		t.Fatalf("decoded %+v, %v", back, err)
 	}
 }
+
+func TestANilOptionIsATypedErrorThatStartsNothing(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("nil-options", func(ctx *kagzi.Context, n int) (bool, error) {
+		_, err := kagzi.Step(ctx, "s", func(context.Context) (int, error) { return n, nil }, nil)
+		_, merr := kagzi.Map(ctx, "m", []int{1}, func(ctx *kagzi.Context, i int) (int, error) { return i, nil }, nil)
+		_, cerr := kagzi.StartChild(ctx, "c", kagzi.Define("nil-options-child", func(ctx *kagzi.Context, n int) (int, error) {
+			return n, nil
+		}), 1, nil)
+		return errors.Is(err, kagzi.ErrInvalidArgument) && errors.Is(merr, kagzi.ErrInvalidArgument) &&
+			errors.Is(cerr, kagzi.ErrInvalidArgument), nil
+	})
+	if _, err := kagzi.Start(ctx, e.client, wf, 1, nil); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("Start with a nil option: %v, want ErrInvalidArgument", err)
+	}
+	if _, err := kagzi.StartMany(ctx, e.client, wf, []int{1, 2}, nil); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("StartMany with a nil option: %v, want ErrInvalidArgument", err)
+	}
+	if _, err := e.client.StartByName(ctx, "nil-options", 1, kagzi.WithPriority(1), nil); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("StartByName with a nil option: %v, want ErrInvalidArgument", err)
+	}
+	bad := kagzi.Define("nil-define-option", func(ctx *kagzi.Context, n int) (int, error) { return n, nil }, nil)
+	if _, err := kagzi.Start(ctx, e.client, bad, 1); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("Start of a workflow defined with a nil option: %v, want ErrInvalidArgument", err)
+	}
+	var n int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("runs after the rejected starts: %d, %v; want none", n, err)
+	}
+	runWorker(t, e.client, kagzi.WorkerConfig{}, wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run.Wait(ctx); err != nil || !out {
+		t.Fatalf("Step, Map and StartChild with a nil option inside a workflow: all ErrInvalidArgument = %v, %v", out, err)
+	}
+	if err := e.client.Signal(ctx, run.RunID, "go", 1, nil); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("Signal with a nil option: %v, want ErrInvalidArgument", err)
+	}
+}

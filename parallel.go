@@ -154,6 +154,9 @@ func Map[In, Out any](ctx *Context, name string, items []In, fn func(ctx *Contex
 	}
 	o := mapOptions{limit: DefaultMapParallelism}
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, invalidArgument("map %q: nil MapOption", name)
+		}
 		opt(&o)
 	}
 	if o.limit < 1 {

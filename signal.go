@@ -72,6 +72,9 @@ func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, 
 	}
 	var o signalOptions
 	for _, opt := range opts {
+		if opt == nil {
+			return invalidArgument("signal %q: nil SignalOption", name)
+		}
 		opt(&o)
 	}
 	var key *string

@@ -235,6 +235,9 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	link func(*store.NewRun)) (*Run[json.RawMessage], error) {
 	var o startOptions
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, invalidArgument("start of %q: nil StartOption", workflowType)
+		}
 		opt(&o)
 	}
 	n, err := c.newRun(&o, workflowType, input)

@@ -27,6 +27,9 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 	}
 	o := startOptions{version: &wf.version}
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, invalidArgument("StartMany of %q: nil StartOption", wf.name)
+		}
 		opt(&o)
 	}
 	if o.idSet {

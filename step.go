@@ -124,6 +124,9 @@ func (c *Context) newStepCall(name string, nilFn bool, opts []StepOption) (*step
 	}
 	s := &stepCall{ctx: c, x: c.x, name: name, key: key, pos: pos}
 	for _, opt := range opts {
+		if opt == nil {
+			return nil, invalidArgument("step %q: nil StepOption", name)
+		}
 		opt(&s.opts)
 	}
 	if s.opts.timeout < 0 {

@@ -51,12 +51,19 @@ func WithWorkflowRetry(r Retry) DefineOption { return func(o *workflowOptions) {
 // wrapping ErrInvalidArgument.
 func Define[In, Out any](name string, fn func(ctx *Context, input In) (Out, error), opts ...DefineOption) *Workflow[In, Out] {
 	var o workflowOptions
+	nilOption := false
 	for _, opt := range opts {
+		if opt == nil {
+			nilOption = true
+			continue
+		}
 		opt(&o)
 	}
 	w := &Workflow[In, Out]{name: name, fn: fn, retry: o.retry, version: o.version}
 	if err := validName("workflow type", name); err != nil {
 		w.err = err
+	} else if nilOption {
+		w.err = invalidArgument("workflow %q: nil DefineOption", name)
 	} else if fn == nil {
 		w.err = invalidArgument("workflow %q has a nil function", name)
 	} else if len(o.version) > 255 || strings.ContainsFunc(o.version, func(r rune) bool { return r < 0x20 }) {
