@@ -51,6 +51,9 @@ DECLARE
     nk_read boolean[] := '{}';
     nk_short boolean[] := '{}';
     nk_last timestamptz[] := '{}';
+    -- Per type: whether a rate limit (the type's, or its keys') may have held runs back.
+    rate_held boolean[] := '{}';
+    rate_room integer;
     plain_types text[] := '{}';
     plain_versions text[] := '{}';
     plain_floors timestamptz[] := '{}';
@@ -106,6 +109,7 @@ BEGIN
         nk_read := nk_read || false;
         nk_short := nk_short || false;
         nk_last := nk_last || NULL::timestamptz;
+        rate_held := rate_held || (lims[i].key_rate IS NOT NULL);
         IF lims[i].concurrency IS NOT NULL THEN
             -- A holder whose lease passed (its worker died) no longer counts: its slot
             -- is free, and the claim that takes the run over holds it again.
@@ -115,7 +119,9 @@ BEGIN
             allow[i] := greatest(least(allow[i], lims[i].concurrency - held), 0);
         END IF;
         IF lims[i].rate IS NOT NULL THEN
-            allow[i] := least(allow[i], kagzi.flow_rate_room(p_ns, p_types[i], '', lims[i].rate, lims[i].rate_period_ms));
+            rate_room := kagzi.flow_rate_room(p_ns, p_types[i], '', lims[i].rate, lims[i].rate_period_ms);
+            rate_held[i] := rate_held[i] OR rate_room < allow[i];
+            allow[i] := least(allow[i], rate_room);
         END IF;
         -- The keys with queued runs after the cursor, then, if the ring's end came
         -- first, the runs of no key and the keys from the first one up to the cursor;
@@ -247,6 +253,12 @@ BEGIN
         IF passed[i] > 0 THEN
             RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, passed[i], NULL, NULL, NULL, NULL, NULL,
                 NULL, NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
+        END IF;
+        -- A rate limit may have held runs back from a claim that came back short: the
+        -- worker asks when the window admits again (nothing announces it).
+        IF budget > 0 AND rate_held[i] THEN
+            RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, NULL, true)::kagzi.claimed_run;
         END IF;
         -- The type's own rate window counts every claim of its runs.
         IF lims[i].rate IS NOT NULL AND taken[i] > 0 THEN
