@@ -144,36 +144,11 @@ func TestAClaimUnderAPinnedXminHorizonReadsFromItsFloorNotEveryRunClaimedSinceTh
 	e := newEnv(t)
 	ctx := waitCtx(t)
 	wf := kagzi.Define("floor-pinned", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
-	// A forgotten transaction that took a transaction id: vacuum can remove nothing
-	// written after it, and no scan can mark such entries dead.
-	pin, err := pgx.Connect(ctx, e.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pin.Close(context.Background())
-	if _, err := pin.Exec(ctx, `BEGIN; SELECT txid_current()`); err != nil {
-		t.Fatal(err)
-	}
+	pinHorizon(t, ctx, e.url)
 	runWorker(t, newClient(t, e.pool, ""), kagzi.WorkerConfig{MaxConcurrent: 50}, wf)
 	const n = 3000
-	inputs := make([]int, n)
-	for i := range inputs {
-		inputs[i] = i
-	}
-	runs, err := kagzi.StartMany(ctx, e.client, wf, inputs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, r := range runs {
-		if _, err := r.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	conn, err := pgx.Connect(ctx, e.url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	startAndWait(t, ctx, e.client, wf, n)
+	conn := connect(t, ctx, e.url)
 	// The runs above were started and claimed within the last second or so: a floor of
 	// now stands for a floor after them.
 	var now time.Time
@@ -234,32 +209,13 @@ func TestALimitedTypesClaimUnderAPinnedXminHorizonReadsFromItsFloorNotEveryRunCl
 			if _, err := e.client.SetLimits(ctx, tc.limits); err != nil {
 				t.Fatal(err)
 			}
-			pin, err := pgx.Connect(ctx, e.url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pin.Close(context.Background())
-			if _, err := pin.Exec(ctx, `BEGIN; SELECT txid_current()`); err != nil {
-				t.Fatal(err)
-			}
+			pinHorizon(t, ctx, e.url)
 			cfg := fastWorker()
 			cfg.MaxConcurrent = 50
 			w := startFloorWorker(t, e, cfg, wf)
 			const n = 3000
-			runs, err := kagzi.StartMany(ctx, e.client, wf, make([]int, n))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, r := range runs {
-				if _, err := r.Wait(ctx); err != nil {
-					t.Fatal(err)
-				}
-			}
-			conn, err := pgx.Connect(ctx, e.url)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close(context.Background())
+			startAndWait(t, ctx, e.client, wf, n)
+			conn := connect(t, ctx, e.url)
 			var lastStart time.Time
 			if err := conn.QueryRow(ctx, `SELECT max(created_at) FROM kagzi.runs WHERE workflow_type = $1`, name).Scan(&lastStart); err != nil {
 				t.Fatal(err)
@@ -289,5 +245,45 @@ func TestALimitedTypesClaimUnderAPinnedXminHorizonReadsFromItsFloorNotEveryRunCl
 			}
 			t.Logf("buffers per claim after %d runs under a pinned horizon: %d from the start, %d from the floor", n, fromStart, fromFloor)
 		})
+	}
+}
+
+// pinHorizon opens a transaction that took a transaction id, as a forgotten one would,
+// and keeps it open until the test ends: vacuum can remove nothing written after it,
+// and no scan can mark such entries dead.
+func pinHorizon(t *testing.T, ctx context.Context, url string) {
+	t.Helper()
+	pin := connect(t, ctx, url)
+	if _, err := pin.Exec(ctx, `BEGIN; SELECT txid_current()`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// connect opens a connection of the test's own, closed when the test ends.
+func connect(t *testing.T, ctx context.Context, url string) *pgx.Conn {
+	t.Helper()
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// startAndWait starts n runs of wf (inputs 0..n-1) and waits for them all.
+func startAndWait(t *testing.T, ctx context.Context, c *kagzi.Client, wf *kagzi.Workflow[int, int], n int) {
+	t.Helper()
+	inputs := make([]int, n)
+	for i := range inputs {
+		inputs[i] = i
+	}
+	runs, err := kagzi.StartMany(ctx, c, wf, inputs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range runs {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
