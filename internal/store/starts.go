@@ -1,0 +1,471 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Starts: the statements that insert runs (one, debounced, eager, or many of a type).
+
+// NewRun is what InsertRun needs to start a run.
+type NewRun struct {
+	RunID        uuid.UUID
+	Namespace    string
+	WorkflowID   string
+	WorkflowType string
+	Input        []byte
+	// StartAt delays the first claim; zero means now (the database's clock).
+	StartAt time.Time
+	// ReuseNever keeps the workflow id an idempotency key after the run finishes.
+	ReuseNever bool
+	// IDNotBefore, with ReuseNever, is a time before which no run of the workflow id
+	// can have been created (a child's derived id names its parent, created then): the
+	// look for a finished run of the id then reads only the history's partitions from
+	// that day on. Nil: every partition.
+	IDNotBefore *time.Time
+	// Deadline, when set, ends the run FAILED once it passes.
+	Deadline *time.Time
+	// ScheduleID and ScheduleTick, when set, record the schedule tick that fired the run.
+	ScheduleID   string
+	ScheduleTick *time.Time
+	// ParentRunID and ParentStepKey, when set, make the run a child of that run's step.
+	ParentRunID   *uuid.UUID
+	ParentStepKey string
+	// Version, when set, is the workflow version the run starts with; nil lets the
+	// first worker to claim it pin its own, or with NewestVersion, takes the version
+	// of the most recently started live worker of the type (none: nil).
+	Version       *string
+	NewestVersion bool
+	// ForkedFromRunID and ForkedFromStep record the origin of a fork.
+	ForkedFromRunID *uuid.UUID
+	ForkedFromStep  string
+	// NotifyLater leaves the workers' notification to the caller, to be sent after
+	// the insert commits. Transactions that notify serialise their commits on one
+	// server-wide lock; a start that commits on its own can let a notifier.Sender
+	// send its notification, coalesced with others, once it is committed.
+	NotifyLater bool
+	// Carrier, when set, is the trace context captured at the start (JSON object).
+	Carrier []byte
+	// Attributes, when set, are the run's searchable attributes (a JSON object).
+	Attributes []byte
+	// CheckWorker asks the insert to tell whether no live worker registered the run's
+	// type (and Version, when set): see InsertRunChecked.
+	CheckWorker bool
+	// Priority orders the run as if it had started Priority seconds earlier (a start
+	// time, StartAt, is kept as it is); FlowKey is its concurrency key ("": none).
+	Priority int
+	FlowKey  string
+	// Debounce, when set, makes the start one of a debounce key's: see insertDebounced.
+	Debounce *Debounce
+	// Eager, when set, names a worker of the starting process with a slot reserved
+	// for the run: the insert claims the run for it (RUNNING, lease epoch 1) unless its
+	// type has limits, and notifies no other worker. The caller sets it only for a run
+	// that starts now, without a concurrency key, at the worker's version.
+	Eager *Eager
+}
+
+// Eager is the worker an eager start claims its run for: its id, its lease, and the
+// version it registered for the run's type.
+type Eager struct {
+	WorkerID string
+	Lease    time.Duration
+	Version  string
+}
+
+// Debounce collapses the starts of one key (in a namespace) within a window into one
+// run: a start of a key whose run has not started yet updates that run's input and
+// pushes its start to Window from now, but never past MaxWait after the first start.
+type Debounce struct {
+	Key     string
+	Window  time.Duration
+	MaxWait time.Duration
+}
+
+// runsCreatedSQL, followed by a FROM whose rows have namespace, created_at, run_id and
+// workflow_type,
+// enters new runs in ListRuns' order (kagzi.runs_created): written
+// once with its run, never updated, so rewrites of the run add nothing to it.
+const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, run_id, workflow_type)
+	SELECT namespace, created_at, run_id, workflow_type`
+
+// insertRun starts a run in one statement and notifies the workers of its type in the
+// same transaction (unless @notify_later: the caller notifies after the commit, see
+// NewRun.NotifyLater). It returns the new run (inserted = true) or, when the workflow
+// id is taken, the run holding it (inserted = false): the active one, or with
+// @reuse_never the newest run of that id whatever its status. With @check_worker it
+// also tells whether no live worker registered the run's type (and version); see
+// NewRun.CheckWorker.
+//
+// Under a concurrent start of the same id, ON CONFLICT waits for the other transaction;
+// when it commits, neither branch may see its row in this statement's snapshot, and the
+// statement returns nothing: InsertRun then runs it again.
+// insertRunSQL is insertRun's statement; with eager, its eager CTE decides whether
+// the insert claims the run (see Eager). Without, eager is the constant false, which
+// the planner folds away. Nothing in either depends on a parameter's value in a way
+// the planner could fold: a CTE that did (eager_worker IS NOT NULL, ...) made custom
+// plans look cheaper than the generic one, and Postgres planned every start anew
+// (1.8 ms a start, more than the start's own work).
+//
+// With reuseNever (IDReuseNever: children, schedules, callers that ask), the id's
+// newest finished run is looked up too, in the live table and kagzi.history_ids (see
+// reuseNeverSQL); without, the statement reads active runs only. With notBefore too
+// (NewRun.IDNotBefore), only runs finished from that time on are looked up.
+func insertRunSQL(eager, reuseNever, notBefore bool) string {
+	cte := `
+	SELECT false AS ok`
+	if eager {
+		cte = `
+	-- An eager start (see Eager) inserts the run claimed unless its type has
+	-- flow-control limits (the claim applies them). The caller checked the rest: the
+	-- run starts now, has no concurrency key, and its version is the worker's.
+	SELECT NOT EXISTS (SELECT 1 FROM kagzi.flow_limits l WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type)
+		AS ok`
+	}
+	prev := newestByWorkflowIDSQL("@namespace", "@workflow_id", "")
+	if reuseNever {
+		since := ""
+		if notBefore {
+			since = "@id_not_before::timestamptz"
+		}
+		prev = reuseNeverSQL("@namespace", "@workflow_id", since)
+	}
+	return insertRunTemplate(cte, prev)
+}
+
+// archivedStatus is the status reuseNeverSQL gives a run of kagzi.history_ids, whose
+// row is in the history: only its run_id, namespace, workflow_id, created_at and
+// finished_at (the partition key of its history row) are read; archivedRun reads the
+// rest.
+const archivedStatus = "ARCHIVED"
+
+// reuseNeverSQL selects (runColumns and a rank) the run that keeps a workflow id from
+// a start with IDReuseNever: its active run, else its newest finished run that was
+// started with IDReuseNever, live or archived (and, with since set, a placeholder of a
+// time, finished from then on). An archived run is read from kagzi.history_ids, one
+// index, and not from the history's partitions, which a statement naming them would
+// lock and probe one by one at every start: it comes back as a row of archivedStatus.
+func reuseNeverSQL(ns, id, since string) string {
+	liveSince, archivedSince := "", ""
+	if since != "" {
+		liveSince = " AND finished_at >= " + since
+		archivedSince = " AND h.run_finished_at >= " + since
+	}
+	return `
+	SELECT * FROM (
+		(` + newestByWorkflowIDSQL(ns, id, "") + `)
+		UNION ALL
+		(SELECT * FROM (
+			(SELECT ` + runColumns + `, 1 AS rank FROM kagzi.runs
+			 WHERE namespace = ` + ns + ` AND workflow_id = ` + id + ` AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+			   AND id_reuse_never` + liveSince + `
+			 ORDER BY created_at DESC LIMIT 1)
+			UNION ALL
+			(SELECT h.run_id, h.namespace, h.workflow_id, '', '` + archivedStatus + `', NULL::jsonb, NULL::jsonb, NULL::jsonb,
+				0, NULL::timestamptz, NULL::text, 0::bigint, false, NULL::timestamptz, h.created_at,
+				NULL::timestamptz, h.run_finished_at, h.created_at, NULL::text, NULL::timestamptz, NULL::uuid, NULL::text,
+				NULL::text, NULL::uuid, NULL::text, 0, NULL::jsonb, 0::smallint, NULL::text, NULL::text,
+				NULL::uuid, NULL::uuid, 1
+			 FROM kagzi.history_ids h
+			 WHERE h.namespace = ` + ns + ` AND h.workflow_id = ` + id + archivedSince + `
+			 ORDER BY h.created_at DESC LIMIT 1)
+		) finished ORDER BY created_at DESC LIMIT 1)
+	) newest ORDER BY rank LIMIT 1`
+}
+
+func insertRunTemplate(eager, prev string) string {
+	return `
+WITH prev AS (` + prev + `
+), eager AS (` + eager + `
+), ins AS (
+	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
+		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
+		version, forked_from_run_id, forked_from_step, trace_carrier, attributes, priority, flow_key,
+		locked_by, lease_epoch, started_at)
+	SELECT @run_id, @namespace, @workflow_id, @workflow_type, CASE WHEN e.ok THEN 'RUNNING' ELSE 'PENDING' END, @input,
+		CASE WHEN e.ok THEN now() + @eager_lease_ms * interval '1 millisecond'
+			ELSE least(coalesce(@start_at, now() - @priority * interval '1 second'), @deadline) END,
+		@reuse_never, @deadline, nullif(@schedule_id::text, ''),
+		@schedule_tick::timestamptz, @parent_run_id::uuid, nullif(@parent_step_key::text, ''),
+		CASE WHEN e.ok THEN @eager_version::text
+			ELSE coalesce(@version::text, CASE WHEN @newest_version THEN (` + newestVersionSQL + `) END) END,
+		@forked_from_run_id::uuid, nullif(@forked_from_step::text, ''), @carrier::jsonb, @attributes::jsonb,
+		@priority, nullif(@flow_key::text, ''),
+		CASE WHEN e.ok THEN @eager_worker::text END, CASE WHEN e.ok THEN 1 ELSE 0 END, CASE WHEN e.ok THEN now() END
+	FROM eager e
+	WHERE NOT EXISTS (SELECT 1 FROM prev)
+	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
+	RETURNING ` + runColumns + `
+), listed AS (
+	` + runsCreatedSQL + ` FROM ins
+)
+SELECT ins.*, true, CASE WHEN @notify_later OR ins.status = 'RUNNING' THEN '' ELSE pg_notify('` + Channel + `',
+	'w|' || octet_length(ins.namespace) || ':' || ins.namespace || '|' || ins.workflow_type || '|'
+	|| (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
+	|| coalesce(` + notifyDeadlineSQL("ins.namespace", "ins.deadline_at") + `, '') END,
+	CASE WHEN @check_worker THEN NOT ` + liveWorkerSQL("@namespace", "@workflow_type", "@version::text") + ` ELSE false END
+FROM ins
+UNION ALL
+SELECT ` + runColumns + `, false, '', false FROM prev`
+}
+
+var insertRunParams = []param[*NewRun]{
+	arg("run_id", "uuid", func(n *NewRun) uuid.UUID { return n.RunID }),
+	arg("namespace", "text", func(n *NewRun) string { return n.Namespace }),
+	arg("workflow_id", "text", func(n *NewRun) string { return n.WorkflowID }),
+	arg("workflow_type", "text", func(n *NewRun) string { return n.WorkflowType }),
+	arg("input", "jsonb", func(n *NewRun) []byte { return n.Input }),
+	arg("start_at", "timestamptz", func(n *NewRun) *time.Time {
+		if n.StartAt.IsZero() {
+			return nil
+		}
+		return &n.StartAt
+	}),
+	arg("reuse_never", "boolean", func(n *NewRun) bool { return n.ReuseNever }),
+	arg("deadline", "timestamptz", func(n *NewRun) *time.Time { return n.Deadline }),
+	arg("schedule_id", "text", func(n *NewRun) string { return n.ScheduleID }),
+	arg("schedule_tick", "timestamptz", func(n *NewRun) *time.Time { return n.ScheduleTick }),
+	arg("parent_run_id", "uuid", func(n *NewRun) *uuid.UUID { return n.ParentRunID }),
+	arg("parent_step_key", "text", func(n *NewRun) string { return n.ParentStepKey }),
+	arg("version", "text", func(n *NewRun) *string { return n.Version }),
+	arg("forked_from_run_id", "uuid", func(n *NewRun) *uuid.UUID { return n.ForkedFromRunID }),
+	arg("forked_from_step", "text", func(n *NewRun) string { return n.ForkedFromStep }),
+	arg("carrier", "jsonb", func(n *NewRun) []byte { return n.Carrier }),
+	arg("notify_later", "boolean", func(n *NewRun) bool { return n.NotifyLater }),
+	arg("newest_version", "boolean", func(n *NewRun) bool { return n.NewestVersion }),
+	arg("attributes", "jsonb", func(n *NewRun) []byte { return n.Attributes }),
+	arg("check_worker", "boolean", func(n *NewRun) bool { return n.CheckWorker }),
+	arg("priority", "integer", func(n *NewRun) int { return n.Priority }),
+	arg("flow_key", "text", func(n *NewRun) string { return n.FlowKey }),
+	arg("eager_worker", "text", func(n *NewRun) *string {
+		if n.Eager == nil {
+			return nil
+		}
+		return &n.Eager.WorkerID
+	}),
+	arg("eager_version", "text", func(n *NewRun) string {
+		if n.Eager == nil {
+			return ""
+		}
+		return n.Eager.Version
+	}),
+	arg("eager_lease_ms", "bigint", func(n *NewRun) int64 {
+		if n.Eager == nil {
+			return 0
+		}
+		return n.Eager.Lease.Milliseconds()
+	}),
+}
+
+var (
+	insertRun                = named(insertRunSQL(false, false, false), insertRunParams...)
+	insertRunEager           = named(insertRunSQL(true, false, false), insertRunParams...)
+	insertRunNever           = named(insertRunSQL(false, true, false), insertRunParams...)
+	insertRunEagerNever      = named(insertRunSQL(true, true, false), insertRunParams...)
+	insertRunNeverSince      = named(insertRunSQL(false, true, true), insertRunSinceParams...)
+	insertRunEagerNeverSince = named(insertRunSQL(true, true, true), insertRunSinceParams...)
+)
+
+// insertRunSinceParams are the parameters of the statements with NewRun.IDNotBefore.
+var insertRunSinceParams = append(slices.Clip(insertRunParams),
+	arg("id_not_before", "timestamptz", func(n *NewRun) *time.Time { return n.IDNotBefore }))
+
+// notifyDeadlineSQL notifies DeadlineTopic of the namespace when deadline is not
+// null (it is NULL, as text, otherwise).
+func notifyDeadlineSQL(namespace, deadline string) string {
+	return `CASE WHEN ` + deadline + ` IS NOT NULL THEN pg_notify('` + Channel + `', 't|' || ` + namespace +
+		` || '|' || (extract(epoch FROM ` + deadline + `) * 1000)::bigint)::text END`
+}
+
+// InsertRun starts a run, or returns the run that already holds its workflow id.
+func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, err error) {
+	run, inserted, _, err = InsertRunChecked(ctx, db, n)
+	return run, inserted, err
+}
+
+// InsertRunChecked is InsertRun that also reports, when n.CheckWorker is set and the
+// run was inserted, that no live worker registered its type (and version).
+func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, inserted, noWorker bool, err error) {
+	if n.Debounce != nil {
+		run, inserted, err = insertDebounced(ctx, db, n)
+		return run, inserted, false, err
+	}
+	for range 5 {
+		var notified string
+		stmt := insertRun
+		switch {
+		case n.Eager != nil && n.ReuseNever && n.IDNotBefore != nil:
+			stmt = insertRunEagerNeverSince
+		case n.ReuseNever && n.IDNotBefore != nil:
+			stmt = insertRunNeverSince
+		case n.Eager != nil && n.ReuseNever:
+			stmt = insertRunEagerNever
+		case n.Eager != nil:
+			stmt = insertRunEager
+		case n.ReuseNever:
+			stmt = insertRunNever
+		}
+		run, err = scanRun(db.QueryRow(ctx, stmt.sql, stmt.args(&n)...), &inserted, &notified, &noWorker)
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // lost a race with a concurrent start of the same id: look again
+		}
+		if err == nil && !inserted && run.Status == archivedStatus {
+			var found bool
+			if run, found, err = archivedRun(ctx, db, run); err == nil && !found {
+				continue // its history row is gone (retention): the id is free, look again
+			}
+		}
+		return run, inserted, noWorker, err
+	}
+	return Run{}, false, false, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
+}
+
+// archivedRun reads the run a reuseNeverSQL row of archivedStatus names from its
+// history partition. When the run is no longer there (its partition was dropped, or
+// its namespace's retention deleted it, and its kagzi.history_ids row was left
+// behind), it deletes that row and returns found false.
+func archivedRun(ctx context.Context, db DBTX, a Run) (run Run, found bool, err error) {
+	run, err = scanRun(db.QueryRow(ctx, `SELECT `+runColumns+` FROM kagzi.runs_history
+		WHERE run_id = $1 AND finished_at = $2`, a.RunID, a.FinishedAt))
+	if errors.Is(err, pgx.ErrNoRows) {
+		_, err = db.Exec(ctx, `DELETE FROM kagzi.history_ids
+			WHERE namespace = $1 AND workflow_id = $2 AND created_at = $3 AND run_id = $4`,
+			a.Namespace, a.WorkflowID, a.CreatedAt, a.RunID)
+		return Run{}, false, err
+	}
+	return run, err == nil, err
+}
+
+// liveWorkerSQL is true when a live (ONLINE or DRAINING) worker of namespace ns
+// registered the workflow type typ and, unless version is NULL, that version of it.
+func liveWorkerSQL(ns, typ, version string) string {
+	return `EXISTS (SELECT 1 FROM kagzi.workers w, unnest(w.workflow_types, w.workflow_versions) AS t(workflow_type, version)
+		WHERE w.namespace = ` + ns + ` AND w.status <> 'OFFLINE' AND t.workflow_type = ` + typ + `
+		  AND (` + version + ` IS NULL OR t.version = ` + version + `))`
+}
+
+// LiveWorkerRegistered tells whether a live (ONLINE or DRAINING) worker of the
+// namespace registered the workflow type and, unless version is nil, that version.
+func LiveWorkerRegistered(ctx context.Context, db DBTX, namespace, workflowType string, version *string) (bool, error) {
+	var ok bool
+	err := db.QueryRow(ctx, `SELECT `+liveWorkerSQL("$1", "$2", "$3::text"), namespace, workflowType, version).Scan(&ok)
+	return ok, err
+}
+
+// insertDebounced starts a run of a debounce key, or, when the key's run has not
+// started yet, gives that run the new input (the last start's input wins) and pushes
+// its start to the window from now, never past its debounce_until (the first start
+// plus the maximum wait) nor its deadline. inserted tells which.
+var insertDebouncedRun = named(`
+WITH ins AS (
+	INSERT INTO kagzi.runs AS r (run_id, namespace, workflow_id, workflow_type, status, input, available_at,
+		deadline_at, version, trace_carrier, attributes, priority, flow_key, debounce_key, debounce_until)
+	SELECT @run_id, @namespace, @workflow_id, @workflow_type, 'PENDING', @input,
+		least(now() + @window_ms * interval '1 millisecond', @deadline), @deadline,
+		coalesce(@version::text, CASE WHEN @newest_version THEN (`+newestVersionSQL+`) END), @carrier::jsonb,
+		@attributes::jsonb, @priority, nullif(@flow_key::text, ''), @debounce_key,
+		now() + @max_wait_ms * interval '1 millisecond'
+	ON CONFLICT (namespace, workflow_type, debounce_key) WHERE debounce_key IS NOT NULL AND started_at IS NULL AND status = 'PENDING'
+	DO UPDATE SET input = excluded.input,
+		available_at = least(now() + @window_ms * interval '1 millisecond', r.debounce_until, r.deadline_at),
+		updated_at = now()
+	RETURNING `+runColumns+`, xmax = 0 AS inserted
+), listed AS (
+	`+runsCreatedSQL+` FROM ins WHERE inserted
+)
+SELECT ins.*, pg_notify('`+Channel+`', 'w|' || octet_length(ins.namespace) || ':' || ins.namespace || '|'
+	|| ins.workflow_type || '|' || (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
+FROM ins`,
+	arg("run_id", "uuid", func(n *NewRun) uuid.UUID { return n.RunID }),
+	arg("namespace", "text", func(n *NewRun) string { return n.Namespace }),
+	arg("workflow_id", "text", func(n *NewRun) string { return n.WorkflowID }),
+	arg("workflow_type", "text", func(n *NewRun) string { return n.WorkflowType }),
+	arg("input", "jsonb", func(n *NewRun) []byte { return n.Input }),
+	arg("window_ms", "bigint", func(n *NewRun) int64 { return n.Debounce.Window.Milliseconds() }),
+	arg("deadline", "timestamptz", func(n *NewRun) *time.Time { return n.Deadline }),
+	arg("version", "text", func(n *NewRun) *string { return n.Version }),
+	arg("newest_version", "boolean", func(n *NewRun) bool { return n.NewestVersion }),
+	arg("carrier", "jsonb", func(n *NewRun) []byte { return n.Carrier }),
+	arg("attributes", "jsonb", func(n *NewRun) []byte { return n.Attributes }),
+	arg("priority", "integer", func(n *NewRun) int { return n.Priority }),
+	arg("flow_key", "text", func(n *NewRun) string { return n.FlowKey }),
+	arg("debounce_key", "text", func(n *NewRun) string { return n.Debounce.Key }),
+	arg("max_wait_ms", "bigint", func(n *NewRun) int64 { return n.Debounce.MaxWait.Milliseconds() }))
+
+func insertDebounced(ctx context.Context, db DBTX, n NewRun) (Run, bool, error) {
+	var inserted bool
+	var notified string
+	r, err := scanRun(db.QueryRow(ctx, insertDebouncedRun.sql, insertDebouncedRun.args(&n)...), &inserted, &notified)
+	return r, inserted, err
+}
+
+// ManyRuns is what InsertManyRuns needs to start many runs of one type.
+type ManyRuns struct {
+	Namespace    string
+	WorkflowType string
+	Version      *string
+	// IDs are the runs' ids, which are also their workflow ids; Inputs and Carriers
+	// (nil or one per run) go with them.
+	IDs      []uuid.UUID
+	Inputs   [][]byte
+	Carriers [][]byte
+	StartAt  time.Time
+	Deadline *time.Time
+	// Attributes, when set, are every run's attributes (a JSON object).
+	Attributes []byte
+	// Priority and FlowKey: see NewRun.
+	Priority int
+	FlowKey  string
+}
+
+// InsertRuns starts many runs of one type in one statement, their workflow ids their
+// run ids, and notifies the workers of the type once.
+func InsertRuns(ctx context.Context, db DBTX, namespace, workflowType string, version *string,
+	ids []uuid.UUID, inputs, carriers [][]byte, startAt time.Time, deadline *time.Time) error {
+	return InsertManyRuns(ctx, db, ManyRuns{Namespace: namespace, WorkflowType: workflowType, Version: version,
+		IDs: ids, Inputs: inputs, Carriers: carriers, StartAt: startAt, Deadline: deadline})
+}
+
+// InsertManyRuns is InsertRuns with every option.
+func InsertManyRuns(ctx context.Context, db DBTX, m ManyRuns) error {
+	var start *time.Time
+	if !m.StartAt.IsZero() {
+		start = &m.StartAt
+	}
+	texts := make([]string, len(m.Inputs))
+	for i, in := range m.Inputs {
+		texts[i] = string(in)
+	}
+	raw := make([][16]byte, len(m.IDs)) // binary, not a driver.Valuer string per id
+	for i, id := range m.IDs {
+		raw[i] = id
+	}
+	var n int
+	var ignored *string
+	err := db.QueryRow(ctx, `
+		WITH ins AS (
+			INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
+				available_at, deadline_at, version, trace_carrier, attributes, priority, flow_key)
+			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now() - $10 * interval '1 second'), $6), $6, $7,
+				carrier, $9::jsonb, $10, nullif($11::text, '')
+			FROM unnest($3::uuid[], $4::jsonb[], $8::jsonb[]) AS t(id, input, carrier)
+			RETURNING namespace, created_at, run_id, workflow_type, available_at
+		), listed AS (
+			`+runsCreatedSQL+` FROM ins
+		)
+		SELECT count(*), (SELECT pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':' || $1 || '|' || $2 || '|'
+			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins),
+			`+notifyDeadlineSQL("$1::text", "$6::timestamptz")+`
+		FROM ins`, m.Namespace, m.WorkflowType, raw, texts, start, m.Deadline, m.Version, m.Carriers, m.Attributes,
+		m.Priority, m.FlowKey).
+		Scan(&n, &ignored, &ignored)
+	if err == nil && n != len(m.IDs) {
+		err = fmt.Errorf("inserted %d of %d runs", n, len(m.IDs))
+	}
+	return err
+}
