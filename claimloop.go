@@ -120,11 +120,6 @@ func (l *claimLoop) forget(t time.Time) {
 // failed. It returns an error only when the loop must end (a closed pool).
 func (l *claimLoop) claimed(ctx context.Context, full bool, report store.ClaimReport, err error) error {
 	w := l.w
-	if err == nil && !full && report.RateHeld {
-		// A rate limit held runs back: they become claimable when its window admits
-		// again, which nothing announces and an earlier answer did not know.
-		l.forgot = true
-	}
 	keysPassed := report.KeysPassed > 0
 	switch {
 	case err != nil:
@@ -173,6 +168,12 @@ func (l *claimLoop) claimed(ctx context.Context, full bool, report store.ClaimRe
 		}
 	}
 	l.backoff = 100 * time.Millisecond
+	if !full && !report.RateNext.IsZero() {
+		// A rate window held runs back: they become claimable when it admits again,
+		// which nothing announces (an answer asked before they were started knew
+		// nothing of them). The time is the database's, as an announced time is.
+		l.setTimer(report.RateNext)
+	}
 	if !keysPassed || full {
 		l.passedRetry = 0
 		return nil

@@ -99,10 +99,10 @@ type ClaimReport struct {
 	// nothing will announce it again. A caller left with free slots claims again
 	// shortly.
 	KeysPassed int
-	// RateHeld reports that a rate limit may have held runs back from a claim that
-	// came back short: nothing announces when a rate window admits again, so a caller
-	// left with free slots asks NextWake rather than trust an earlier answer.
-	RateHeld bool
+	// RateNext is when the soonest rate window that held runs back from a claim that
+	// came back short admits again (zero: none held any back). Nothing announces it: a
+	// caller left with free slots claims again then.
+	RateNext time.Time
 }
 
 // claimedStepsSQL loads the recorded steps of runs the caller has just claimed ($1).
@@ -160,8 +160,8 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 			if attempt.Valid {
 				report.KeysPassed += int(attempt.Int32)
 			}
-			if holds.Valid && holds.Bool {
-				report.RateHeld = true
+			if r.Deadline != nil && (report.RateNext.IsZero() || r.Deadline.Before(report.RateNext)) {
+				report.RateNext = *r.Deadline
 			}
 			if key.Valid {
 				c.Cursors[r.WorkflowType] = key.String

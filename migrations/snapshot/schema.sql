@@ -51,9 +51,13 @@ DECLARE
     nk_read boolean[] := '{}';
     nk_short boolean[] := '{}';
     nk_last timestamptz[] := '{}';
-    -- Per type: whether a rate limit (the type's, or its keys') may have held runs back.
+    -- Per type: whether its own rate window held runs back; the keys of key-rate types
+    -- that the claim visited and took nothing from (the type's position, \x1f, the key);
+    -- and when the soonest of those full windows admits again.
     rate_held boolean[] := '{}';
     rate_room integer;
+    unserved text[] := '{}';
+    next_at timestamptz;
     plain_types text[] := '{}';
     plain_versions text[] := '{}';
     plain_floors timestamptz[] := '{}';
@@ -109,7 +113,7 @@ BEGIN
         nk_read := nk_read || false;
         nk_short := nk_short || false;
         nk_last := nk_last || NULL::timestamptz;
-        rate_held := rate_held || (lims[i].key_rate IS NOT NULL);
+        rate_held := rate_held || false;
         IF lims[i].concurrency IS NOT NULL THEN
             -- A holder whose lease passed (its worker died) no longer counts: its slot
             -- is free, and the claim that takes the run over holds it again.
@@ -198,6 +202,8 @@ BEGIN
                     IF lims[i].key_rate IS NOT NULL THEN
                         PERFORM kagzi.flow_rate_add(p_ns, p_types[i], b.flow_key, lims[i].key_rate_period_ms, count(*)::integer)
                         FROM unnest(batch) b GROUP BY b.flow_key;
+                        unserved := unserved || ARRAY(SELECT i || E'\x1f' || k FROM unnest(sub) k
+                            WHERE k <> ALL (ARRAY(SELECT b.flow_key FROM unnest(batch) b)));
                     END IF;
                     served[i] := greatest(served[i], coalesce((SELECT 2 * max(array_position(ks, b.flow_key))
                         FROM unnest(batch) b), 0));
@@ -254,15 +260,26 @@ BEGIN
             RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, passed[i], NULL, NULL, NULL, NULL, NULL,
                 NULL, NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
         END IF;
-        -- A rate limit may have held runs back from a claim that came back short: the
-        -- worker asks when the window admits again (nothing announces it).
-        IF budget > 0 AND rate_held[i] THEN
-            RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                NULL, NULL, NULL, true)::kagzi.claimed_run;
-        END IF;
         -- The type's own rate window counts every claim of its runs.
         IF lims[i].rate IS NOT NULL AND taken[i] > 0 THEN
             PERFORM kagzi.flow_rate_add(p_ns, p_types[i], '', lims[i].rate_period_ms, taken[i]);
+        END IF;
+        -- A claim that came back short while rate windows held runs back: when the
+        -- soonest of them admits again, for the worker's timer (nothing announces it).
+        IF budget > 0 AND (rate_held[i] OR lims[i].key_rate IS NOT NULL) THEN
+            next_at := NULL;
+            IF rate_held[i] THEN
+                next_at := kagzi.flow_rate_next(p_ns, p_types[i], '', lims[i].rate, lims[i].rate_period_ms);
+            END IF;
+            IF lims[i].key_rate IS NOT NULL THEN
+                next_at := least(next_at, (SELECT min(kagzi.flow_rate_next(p_ns, p_types[i], split_part(u, E'\x1f', 2),
+                        lims[i].key_rate, lims[i].key_rate_period_ms))
+                    FROM unnest(unserved) u WHERE split_part(u, E'\x1f', 1) = i::text));
+            END IF;
+            IF next_at IS NOT NULL THEN
+                RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, next_at, NULL, NULL, NULL,
+                    NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
+            END IF;
         END IF;
         -- A limited or keyed type's next floor, when its runs of no key were read: as a
         -- plain type's below.
