@@ -58,6 +58,14 @@ DECLARE
     rate_room integer;
     unserved text[] := '{}';
     next_at timestamptz;
+    -- Per type: whether the walk of the ring stopped at its cap, whether it came round
+    -- past the key space's end, the last key it walked, and the cursor after a walk
+    -- beyond the cap (NULL: none).
+    walk_capped boolean[] := '{}';
+    walk_wrapped boolean[] := '{}';
+    walk_end text[] := '{}';
+    beyond_cursor text[] := '{}';
+    beyond text[];
     plain_types text[] := '{}';
     plain_versions text[] := '{}';
     plain_floors timestamptz[] := '{}';
@@ -141,6 +149,10 @@ BEGIN
             END IF;
         END IF;
         nokey_turn := nokey_turn || (cur = '' OR cardinality(ks) < m);
+        walk_capped := walk_capped || (cardinality(ks) + cardinality(sub) >= m);
+        walk_wrapped := walk_wrapped || (cardinality(sub) > 0);
+        walk_end := walk_end || (ks || sub)[cardinality(ks) + cardinality(sub)];
+        beyond_cursor := beyond_cursor || NULL::text;
         IF lims[i].key_concurrency IS NOT NULL THEN
             passed[i] := cardinality(ks) + cardinality(sub);
             ks := kagzi.flow_lock_keys(p_ns, p_types[i], ks);
@@ -254,6 +266,48 @@ BEGIN
                 ORDER BY p.o);
         END IF;
     END LOOP;
+    -- A claim left with room whose walk of the ring stopped at its cap: keys beyond it
+    -- may have room (a key freed among many whose holders run long), so it walks up to
+    -- 1,000 more, up to its cursor, and takes from them as from the others.
+    FOR i IN 1 .. nt LOOP
+        EXIT WHEN budget <= 0;
+        CONTINUE WHEN allow[i] <= 0 OR NOT walk_capped[i];
+        cur := coalesce(p_cursors[i], '');
+        IF walk_wrapped[i] THEN
+            beyond := kagzi.flow_keys_after(p_ns, p_types[i], walk_end[i], cur, 1000);
+        ELSE
+            beyond := kagzi.flow_keys_after(p_ns, p_types[i], walk_end[i], NULL, 1000);
+            IF cur > E'\x01' AND cardinality(beyond) < 1000 THEN
+                beyond := beyond || kagzi.flow_keys_after(p_ns, p_types[i], '', cur, 1000 - cardinality(beyond));
+            END IF;
+        END IF;
+        CONTINUE WHEN cardinality(beyond) = 0;
+        beyond_cursor[i] := beyond[cardinality(beyond)];
+        IF lims[i].key_concurrency IS NOT NULL THEN
+            n := cardinality(beyond);
+            beyond := kagzi.flow_lock_keys(p_ns, p_types[i], beyond);
+            passed[i] := passed[i] + n - cardinality(beyond);
+            CONTINUE WHEN cardinality(beyond) = 0;
+        END IF;
+        share := ceil(least(allow[i], budget)::numeric / cardinality(beyond))::integer;
+        batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], beyond, share,
+            least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,
+            lims[i].key_rate_period_ms, p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL, fin) c);
+        IF lims[i].key_rate IS NOT NULL THEN
+            PERFORM kagzi.flow_rate_add(p_ns, p_types[i], b.flow_key, lims[i].key_rate_period_ms, count(*)::integer)
+            FROM unnest(batch) b GROUP BY b.flow_key;
+            unserved := unserved || ARRAY(SELECT i || E'\x1f' || k FROM unnest(beyond) k
+                WHERE k <> ALL (ARRAY(SELECT b.flow_key FROM unnest(batch) b)));
+        END IF;
+        -- The next cursor: the last key served beyond the cap, else the last walked.
+        beyond_cursor[i] := coalesce((SELECT beyond[max(array_position(beyond, b.flow_key))] FROM unnest(batch) b),
+            beyond_cursor[i]);
+        n := coalesce(cardinality(batch), 0);
+        allow[i] := allow[i] - n;
+        taken[i] := taken[i] + n;
+        budget := budget - n;
+        RETURN QUERY SELECT * FROM unnest(batch);
+    END LOOP;
     FOR i IN 1 .. nt LOOP
         -- The keys passed over: the claim that held one may not take its next run.
         IF passed[i] > 0 THEN
@@ -289,6 +343,11 @@ BEGIN
                 NULL, NULL, NULL, NULL, NULL)::kagzi.claimed_run;
         END IF;
         -- The type's next cursor: the last member served, else the last one visited.
+        IF beyond_cursor[i] IS NOT NULL THEN
+            RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                NULL, NULL, beyond_cursor[i], NULL)::kagzi.claimed_run;
+            CONTINUE;
+        END IF;
         IF key_lists[i] = '' THEN
             -- A plain type's next floor (none when none was found).
             n := array_position(plain_types, p_types[i]);
