@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/kagzi/kagzi/internal/notifier"
@@ -205,7 +204,11 @@ func (l *claimLoop) notified(n notifier.Notification) {
 		l.claimNow, l.more = true, true
 	default:
 		l.w.sawWork.Store(time.Now().UnixNano()) // runs of its types, claimable now or at a time
-		ms, err := strconv.ParseInt(n.Extra, 10, 64)
+		ms, freed, err := store.KeyFreed(n.Extra)
+		if freed {
+			// A key's place was freed: the next claim looks further round the ring.
+			l.w.claimer.KeysFreed[l.w.wakeTypes[n.Topic]] = true
+		}
 		if err == nil {
 			// A run of the type claimable from then on (in the database's time,
 			// rounded to the millisecond): the claims read from there at the latest.
@@ -259,5 +262,9 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 		w.start(run, began, now)
 	}
 	w.backlog.Store(len(claimed) == free)
+	if len(claimed) < free {
+		// The claim had room for whatever a freed key held back, and looked for it.
+		clear(w.claimer.KeysFreed)
+	}
 	return len(claimed) == free, report, nil
 }

@@ -125,7 +125,7 @@ func claimBuffers(t *testing.T, ctx context.Context, conn *pgx.Conn, workflowTyp
 	}
 	var plan []byte
 	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM kagzi.claim('default', ARRAY[$1::text],
-		ARRAY['']::text[], ARRAY['']::text[], 'probe', 10000, 10, '{}', ARRAY[$2::timestamptz])`, workflowType, floor).Scan(&plan); err != nil {
+		ARRAY['']::text[], ARRAY['']::text[], 'probe', 10000, 10, '{}', ARRAY[$2::timestamptz], NULL)`, workflowType, floor).Scan(&plan); err != nil {
 		t.Fatal(err)
 	}
 	var out []struct {

@@ -357,7 +357,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer goroutines.Close()
 	w.rt = w.runtime(goroutines)
 	w.claimer = store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
-		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}, Floors: w.floors}
+		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}, Floors: w.floors, KeysFreed: map[string]bool{}}
 	bg.start(ctx, service{"floors probe", w.probeFloors})
 	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
 	w.mu.Lock()

@@ -441,8 +441,8 @@ func (r *kagziRunner) vacuum(ctx context.Context) (*vacuumResult, error) {
 			// for at most 10 runs, rolled back.
 			return explainNested(ctx, r.db, out, []string{
 				"SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)",
-			}, `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
-				ns, []string{"vacuum"}, versions, []string{""}, "vacuum-probe", int64(10000), 10, []string{}, []*time.Time{nil})
+			}, `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
+				ns, []string{"vacuum"}, versions, []string{""}, "vacuum-probe", int64(10000), 10, []string{}, []*time.Time{nil}, []bool{false})
 		},
 	}
 	time.Sleep(time.Until(t0))

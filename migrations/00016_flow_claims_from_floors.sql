@@ -22,11 +22,75 @@
 -- And a key freed among many keys whose holders run long (orders that sleep for days,
 -- each customer's next order queued) waited for the ring to come round to it: a claim
 -- visits the room plus 16 keys from its cursor, finds them all full, and the next claim
--- comes at the next notification or poll. A claim left with room whose walk of the ring
--- stopped at that cap now walks up to 1,000 more keys, never past its cursor.
+-- comes at the next notification or poll. The notification of a freed key's place now
+-- says so (its time ends in 'k': here for a cancel or a failure, in store.FinishRun for
+-- a worker's end), and a worker that heard one asks its next claim to walk further
+-- (p_walk): a claim left with room whose walk of the ring stopped at its cap then walks
+-- up to 1,000 more keys, never past its cursor. Claims for any other reason (a start
+-- into a full key, say) walk as before, so that a type with many full keys does not pay
+-- the longer walk at every start.
 DROP INDEX kagzi.runs_type_holders;
 CREATE INDEX runs_type_holders ON kagzi.runs (namespace, workflow_type, available_at)
     WHERE holds_type_slot AND status = 'RUNNING';
+
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION kagzi.run_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    parent_type text;
+    parent_status text;
+    child record;
+BEGIN
+    IF NEW.parent_run_id IS NOT NULL
+       AND NEW.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+       AND OLD.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED') THEN
+        UPDATE kagzi.runs p SET wake_pending = true,
+            available_at = CASE WHEN p.status = 'SLEEPING' AND p.available_at > now() THEN now() ELSE p.available_at END
+        WHERE p.run_id = NEW.parent_run_id AND p.status IN ('PENDING', 'RUNNING', 'SLEEPING')
+        RETURNING p.workflow_type, p.status INTO parent_type, parent_status;
+        IF parent_status = 'SLEEPING' THEN
+            PERFORM pg_notify('kagzi', 'w|' || octet_length(NEW.namespace) || ':' || NEW.namespace || '|' || parent_type || '|'
+                || (extract(epoch FROM now()) * 1000)::bigint);
+        END IF;
+    END IF;
+    IF (NEW.cancel_requested AND NOT OLD.cancel_requested)
+       OR (NEW.status = 'CANCELLED' AND OLD.status <> 'CANCELLED')
+       OR (NEW.status = 'FAILED' AND OLD.status <> 'FAILED' AND NEW.error->>'code' = 'DEADLINE_EXCEEDED') THEN
+        FOR child IN
+            UPDATE kagzi.runs c SET
+                cancel_requested = true,
+                status = CASE WHEN c.status IN ('PENDING', 'SLEEPING') THEN 'CANCELLED' ELSE c.status END,
+                finished_at = CASE WHEN c.status IN ('PENDING', 'SLEEPING') THEN now() ELSE c.finished_at END,
+                updated_at = now()
+            WHERE c.parent_run_id = NEW.run_id AND c.status IN ('PENDING', 'RUNNING', 'SLEEPING')
+              AND NOT c.cancel_requested
+            RETURNING c.run_id, c.namespace, c.status
+        LOOP
+            IF child.status = 'CANCELLED' THEN
+                PERFORM pg_notify('kagzi', 'd|' || child.run_id || '|CANCELLED');
+            ELSE
+                PERFORM pg_notify('kagzi', 'c|' || child.namespace || '|' || child.run_id);
+            END IF;
+        END LOOP;
+    END IF;
+    -- A run that held a slot of its type's concurrency limit and stops running, or a
+    -- run that held a place of its concurrency key and ends (from RUNNING, or from
+    -- SLEEPING or PENDING: a cancel, a deadline): the workers of its type may claim
+    -- another. A worker's end of a run that held a slot clears holds_type_slot and
+    -- notifies once for the ends of its statement (store.FinishRun), so not here.
+    IF OLD.status IS DISTINCT FROM NEW.status
+       AND ((OLD.status = 'RUNNING' AND OLD.holds_type_slot AND NEW.holds_type_slot)
+            OR (NEW.flow_key IS NOT NULL AND NEW.started_at IS NOT NULL
+                AND NEW.status IN ('COMPLETED', 'FAILED', 'CANCELLED'))) THEN
+        PERFORM pg_notify('kagzi', 'w|' || octet_length(NEW.namespace) || ':' || NEW.namespace || '|'
+            || NEW.workflow_type || '|' || (extract(epoch FROM now()) * 1000)::bigint
+            || CASE WHEN NEW.flow_key IS NOT NULL AND NEW.started_at IS NOT NULL THEN 'k' ELSE '' END);
+    END IF;
+    RETURN NEW;
+END $$;
+
+-- +goose StatementEnd
+
+DROP FUNCTION kagzi.claim(text, text[], text[], text[], text, bigint, integer, uuid[], timestamptz[]);
 
 -- kagzi.claim claims up to p_n claimable runs of the worker's types (p_types, with the
 -- version each registered, p_versions) in one call, and returns them. Claimable: PENDING
@@ -65,8 +129,8 @@ CREATE INDEX runs_type_holders ON kagzi.runs (namespace, workflow_type, availabl
 -- are read from the worker's floor of the type (p_floors, see store.Floors), and the
 -- claim returns each type's next floor when it read them.
 -- +goose StatementBegin
-CREATE OR REPLACE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[],
-    p_worker text, p_lease_ms bigint, p_n integer, p_finishing uuid[], p_floors timestamptz[])
+CREATE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[],
+    p_worker text, p_lease_ms bigint, p_n integer, p_finishing uuid[], p_floors timestamptz[], p_walk boolean[])
     RETURNS SETOF kagzi.claimed_run
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -306,12 +370,13 @@ BEGIN
                 ORDER BY p.o);
         END IF;
     END LOOP;
-    -- A claim left with room whose walk of the ring stopped at its cap: keys beyond it
-    -- may have room (a key freed among many whose holders run long), so it walks up to
-    -- 1,000 more, up to its cursor, and takes from them as from the others.
+    -- A claim left with room whose walk of the ring stopped at its cap, after its worker
+    -- heard of a freed key's place (p_walk): the freed key may lie beyond the cap, among
+    -- many whose holders run long, so it walks up to 1,000 more, up to its cursor, and
+    -- takes from them as from the others.
     FOR i IN 1 .. nt LOOP
         EXIT WHEN budget <= 0;
-        CONTINUE WHEN allow[i] <= 0 OR NOT walk_capped[i];
+        CONTINUE WHEN allow[i] <= 0 OR NOT walk_capped[i] OR NOT coalesce(p_walk[i], false);
         cur := coalesce(p_cursors[i], '');
         IF walk_wrapped[i] THEN
             beyond := kagzi.flow_keys_after(p_ns, p_types[i], walk_end[i], cur, 1000);
@@ -321,14 +386,15 @@ BEGIN
                 beyond := beyond || kagzi.flow_keys_after(p_ns, p_types[i], '', cur, 1000 - cardinality(beyond));
             END IF;
         END IF;
-        CONTINUE WHEN cardinality(beyond) = 0;
-        beyond_cursor[i] := beyond[cardinality(beyond)];
         IF lims[i].key_concurrency IS NOT NULL THEN
             n := cardinality(beyond);
             beyond := kagzi.flow_lock_keys(p_ns, p_types[i], beyond);
             passed[i] := passed[i] + n - cardinality(beyond);
-            CONTINUE WHEN cardinality(beyond) = 0;
         END IF;
+        -- The keys another claim held are not passed by the cursor: the look again
+        -- that their count asks for visits them.
+        CONTINUE WHEN cardinality(beyond) = 0;
+        beyond_cursor[i] := beyond[cardinality(beyond)];
         share := ceil(least(allow[i], budget)::numeric / cardinality(beyond))::integer;
         batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], beyond, share,
             least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,
@@ -410,6 +476,63 @@ END $$;
 
 
 -- +goose Down
+DROP FUNCTION kagzi.claim(text, text[], text[], text[], text, bigint, integer, uuid[], timestamptz[], boolean[]);
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION kagzi.run_changed() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    parent_type text;
+    parent_status text;
+    child record;
+BEGIN
+    IF NEW.parent_run_id IS NOT NULL
+       AND NEW.status IN ('COMPLETED', 'FAILED', 'CANCELLED')
+       AND OLD.status NOT IN ('COMPLETED', 'FAILED', 'CANCELLED') THEN
+        UPDATE kagzi.runs p SET wake_pending = true,
+            available_at = CASE WHEN p.status = 'SLEEPING' AND p.available_at > now() THEN now() ELSE p.available_at END
+        WHERE p.run_id = NEW.parent_run_id AND p.status IN ('PENDING', 'RUNNING', 'SLEEPING')
+        RETURNING p.workflow_type, p.status INTO parent_type, parent_status;
+        IF parent_status = 'SLEEPING' THEN
+            PERFORM pg_notify('kagzi', 'w|' || octet_length(NEW.namespace) || ':' || NEW.namespace || '|' || parent_type || '|'
+                || (extract(epoch FROM now()) * 1000)::bigint);
+        END IF;
+    END IF;
+    IF (NEW.cancel_requested AND NOT OLD.cancel_requested)
+       OR (NEW.status = 'CANCELLED' AND OLD.status <> 'CANCELLED')
+       OR (NEW.status = 'FAILED' AND OLD.status <> 'FAILED' AND NEW.error->>'code' = 'DEADLINE_EXCEEDED') THEN
+        FOR child IN
+            UPDATE kagzi.runs c SET
+                cancel_requested = true,
+                status = CASE WHEN c.status IN ('PENDING', 'SLEEPING') THEN 'CANCELLED' ELSE c.status END,
+                finished_at = CASE WHEN c.status IN ('PENDING', 'SLEEPING') THEN now() ELSE c.finished_at END,
+                updated_at = now()
+            WHERE c.parent_run_id = NEW.run_id AND c.status IN ('PENDING', 'RUNNING', 'SLEEPING')
+              AND NOT c.cancel_requested
+            RETURNING c.run_id, c.namespace, c.status
+        LOOP
+            IF child.status = 'CANCELLED' THEN
+                PERFORM pg_notify('kagzi', 'd|' || child.run_id || '|CANCELLED');
+            ELSE
+                PERFORM pg_notify('kagzi', 'c|' || child.namespace || '|' || child.run_id);
+            END IF;
+        END LOOP;
+    END IF;
+    -- A run that held a slot of its type's concurrency limit and stops running, or a
+    -- run that held a place of its concurrency key and ends (from RUNNING, or from
+    -- SLEEPING or PENDING: a cancel, a deadline): the workers of its type may claim
+    -- another. A worker's end of a run that held a slot clears holds_type_slot and
+    -- notifies once for the ends of its statement (store.FinishRun), so not here.
+    IF OLD.status IS DISTINCT FROM NEW.status
+       AND ((OLD.status = 'RUNNING' AND OLD.holds_type_slot AND NEW.holds_type_slot)
+            OR (NEW.flow_key IS NOT NULL AND NEW.started_at IS NOT NULL
+                AND NEW.status IN ('COMPLETED', 'FAILED', 'CANCELLED'))) THEN
+        PERFORM pg_notify('kagzi', 'w|' || octet_length(NEW.namespace) || ':' || NEW.namespace || '|'
+            || NEW.workflow_type || '|' || (extract(epoch FROM now()) * 1000)::bigint);
+    END IF;
+    RETURN NEW;
+END $$;
+
+-- +goose StatementEnd
+
 DROP INDEX kagzi.runs_type_holders;
 CREATE INDEX runs_type_holders ON kagzi.runs (namespace, workflow_type) WHERE holds_type_slot AND status = 'RUNNING';
 

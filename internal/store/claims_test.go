@@ -334,7 +334,7 @@ func TestAClaimPlannedOnAnEmptyTableDoesNotReadTheWholeKeyQueueOnceItFills(t *te
 		}
 		var plan []map[string]any
 		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+claimSQL, c.Namespace, c.Types, c.Versions,
-			[]string{""}, c.WorkerID, c.Lease.Milliseconds(), 10, [][16]byte{}, []*time.Time{nil}).Scan(&plan); err != nil {
+			[]string{""}, c.WorkerID, c.Lease.Milliseconds(), 10, [][16]byte{}, []*time.Time{nil}, []bool{false}).Scan(&plan); err != nil {
 			t.Fatal(err)
 		}
 		top := plan[0]["Plan"].(map[string]any)

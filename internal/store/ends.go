@@ -60,8 +60,9 @@ upd AS (
 	-- type, not one a run from the run_changed trigger, which the cleared
 	-- holds_type_slot keeps quiet, and which a keyed run's completion does not fire:
 	-- migration 00014).
+	-- A time ending in 'k' says a key's place was freed (see KeyFreed).
 	SELECT pg_notify('` + Channel + `', 'w|' || octet_length(namespace) || ':' || namespace || '|' || workflow_type || '|'
-		|| (extract(epoch FROM now()) * 1000)::bigint)
+		|| (extract(epoch FROM now()) * 1000)::bigint || CASE WHEN bool_or(flow_key IS NOT NULL) THEN 'k' ELSE '' END)
 	FROM upd WHERE held_slot OR flow_key IS NOT NULL
 	GROUP BY namespace, workflow_type
 ), step AS (

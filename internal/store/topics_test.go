@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/kagzi/kagzi/internal/testdb"
+	"github.com/kagzi/kagzi/internal/vocab"
 )
 
 // barPairs are (namespace, workflow type) pairs whose topics the plain "w|ns|type"
@@ -106,5 +107,51 @@ func TestEveryWakeNotificationCarriesTheTopicWakeTopicBuilds(t *testing.T) {
 			t.Fatal(err)
 		}
 		check("a child's end")
+	}
+}
+
+// wakeExtraOf reads one notification and returns its part after the topic.
+func wakeExtraOf(t *testing.T, listener *pgx.Conn, what string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	msg, err := listener.WaitForNotification(ctx)
+	if err != nil {
+		t.Fatalf("%s: no notification: %v", what, err)
+	}
+	return msg.Payload[strings.LastIndexByte(msg.Payload, '|')+1:]
+}
+
+func TestTheNotificationOfAFreedKeysPlaceSaysSoAndAStartsDoesNot(t *testing.T) {
+	t.Parallel()
+	pool, url := testdb.NewPool(t)
+	ctx := context.Background()
+	ids := []uuid.UUID{uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())}
+	listener := listen(t, url)
+	if err := InsertManyRuns(ctx, pool, ManyRuns{Namespace: "default", WorkflowType: "wf", IDs: ids,
+		Inputs: [][]byte{[]byte(`1`), []byte(`2`)}, Carriers: make([][]byte, 2), FlowKey: "customer-7"}); err != nil {
+		t.Fatal(err)
+	}
+	if ms, freed, err := KeyFreed(wakeExtraOf(t, listener, "the start")); err != nil || freed || ms == 0 {
+		t.Fatalf("the start's notification: %d, freed %v, %v; want a time and no freed key", ms, freed, err)
+	}
+	// Both runs hold the key's place (started), as claims leave them.
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', started_at = now(), lease_epoch = 1
+		WHERE run_id = ANY($1)`, ids); err != nil {
+		t.Fatal(err)
+	}
+	// A worker's end (store.FinishRun) and a cancel (the run_changed trigger).
+	if _, err := FinishRun(ctx, Direct(pool), FinishWrite{Fence: Fence{RunID: ids[0], Epoch: 1}, Status: vocab.StatusCompleted,
+		Output: []byte(`1`)}); err != nil {
+		t.Fatal(err)
+	}
+	if ms, freed, err := KeyFreed(wakeExtraOf(t, listener, "the end")); err != nil || !freed || ms == 0 {
+		t.Fatalf("the end's notification: %d, freed %v, %v; want a time and a freed key", ms, freed, err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'CANCELLED', finished_at = now() WHERE run_id = $1`, ids[1]); err != nil {
+		t.Fatal(err)
+	}
+	if ms, freed, err := KeyFreed(wakeExtraOf(t, listener, "the cancel")); err != nil || !freed || ms == 0 {
+		t.Fatalf("the cancel's notification: %d, freed %v, %v; want a time and a freed key", ms, freed, err)
 	}
 }

@@ -26,7 +26,7 @@ CREATE TYPE kagzi.claimed_run AS (
 	holds_slot boolean
 );
 
-CREATE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[], p_worker text, p_lease_ms bigint, p_n integer, p_finishing uuid[], p_floors timestamp with time zone[]) RETURNS SETOF kagzi.claimed_run
+CREATE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[], p_worker text, p_lease_ms bigint, p_n integer, p_finishing uuid[], p_floors timestamp with time zone[], p_walk boolean[]) RETURNS SETOF kagzi.claimed_run
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -266,12 +266,13 @@ BEGIN
                 ORDER BY p.o);
         END IF;
     END LOOP;
-    -- A claim left with room whose walk of the ring stopped at its cap: keys beyond it
-    -- may have room (a key freed among many whose holders run long), so it walks up to
-    -- 1,000 more, up to its cursor, and takes from them as from the others.
+    -- A claim left with room whose walk of the ring stopped at its cap, after its worker
+    -- heard of a freed key's place (p_walk): the freed key may lie beyond the cap, among
+    -- many whose holders run long, so it walks up to 1,000 more, up to its cursor, and
+    -- takes from them as from the others.
     FOR i IN 1 .. nt LOOP
         EXIT WHEN budget <= 0;
-        CONTINUE WHEN allow[i] <= 0 OR NOT walk_capped[i];
+        CONTINUE WHEN allow[i] <= 0 OR NOT walk_capped[i] OR NOT coalesce(p_walk[i], false);
         cur := coalesce(p_cursors[i], '');
         IF walk_wrapped[i] THEN
             beyond := kagzi.flow_keys_after(p_ns, p_types[i], walk_end[i], cur, 1000);
@@ -281,14 +282,15 @@ BEGIN
                 beyond := beyond || kagzi.flow_keys_after(p_ns, p_types[i], '', cur, 1000 - cardinality(beyond));
             END IF;
         END IF;
-        CONTINUE WHEN cardinality(beyond) = 0;
-        beyond_cursor[i] := beyond[cardinality(beyond)];
         IF lims[i].key_concurrency IS NOT NULL THEN
             n := cardinality(beyond);
             beyond := kagzi.flow_lock_keys(p_ns, p_types[i], beyond);
             passed[i] := passed[i] + n - cardinality(beyond);
-            CONTINUE WHEN cardinality(beyond) = 0;
         END IF;
+        -- The keys another claim held are not passed by the cursor: the look again
+        -- that their count asks for visits them.
+        CONTINUE WHEN cardinality(beyond) = 0;
+        beyond_cursor[i] := beyond[cardinality(beyond)];
         share := ceil(least(allow[i], budget)::numeric / cardinality(beyond))::integer;
         batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], beyond, share,
             least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,
@@ -574,7 +576,8 @@ BEGIN
             OR (NEW.flow_key IS NOT NULL AND NEW.started_at IS NOT NULL
                 AND NEW.status IN ('COMPLETED', 'FAILED', 'CANCELLED'))) THEN
         PERFORM pg_notify('kagzi', 'w|' || octet_length(NEW.namespace) || ':' || NEW.namespace || '|'
-            || NEW.workflow_type || '|' || (extract(epoch FROM now()) * 1000)::bigint);
+            || NEW.workflow_type || '|' || (extract(epoch FROM now()) * 1000)::bigint
+            || CASE WHEN NEW.flow_key IS NOT NULL AND NEW.started_at IS NOT NULL THEN 'k' ELSE '' END);
     END IF;
     RETURN NEW;
 END $$;
