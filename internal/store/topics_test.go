@@ -35,6 +35,20 @@ func TestWakeTopicsOfNamespacesAndTypesHoldingABarAreDistinct(t *testing.T) {
 // it: the payload up to its last '|'.
 func wakeTopicOf(t *testing.T, listener *pgx.Conn, what string) string {
 	t.Helper()
+	topic, _ := nextPayload(t, listener, what)
+	return topic
+}
+
+// wakeExtraOf reads one notification and returns its part after the topic.
+func wakeExtraOf(t *testing.T, listener *pgx.Conn, what string) string {
+	t.Helper()
+	_, extra := nextPayload(t, listener, what)
+	return extra
+}
+
+// nextPayload reads one notification and splits its payload at its last '|'.
+func nextPayload(t *testing.T, listener *pgx.Conn, what string) (topic, extra string) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	msg, err := listener.WaitForNotification(ctx)
@@ -45,7 +59,7 @@ func wakeTopicOf(t *testing.T, listener *pgx.Conn, what string) string {
 	if i < 0 {
 		t.Fatalf("%s: payload %q has no '|'", what, msg.Payload)
 	}
-	return msg.Payload[:i]
+	return msg.Payload[:i], msg.Payload[i+1:]
 }
 
 func TestEveryWakeNotificationCarriesTheTopicWakeTopicBuilds(t *testing.T) {
@@ -108,18 +122,6 @@ func TestEveryWakeNotificationCarriesTheTopicWakeTopicBuilds(t *testing.T) {
 		}
 		check("a child's end")
 	}
-}
-
-// wakeExtraOf reads one notification and returns its part after the topic.
-func wakeExtraOf(t *testing.T, listener *pgx.Conn, what string) string {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	msg, err := listener.WaitForNotification(ctx)
-	if err != nil {
-		t.Fatalf("%s: no notification: %v", what, err)
-	}
-	return msg.Payload[strings.LastIndexByte(msg.Payload, '|')+1:]
 }
 
 func TestTheNotificationOfAFreedKeysPlaceSaysSoAndAStartsDoesNot(t *testing.T) {
