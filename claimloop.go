@@ -73,6 +73,7 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 			// Notifications came faster than the loop took them and some were
 			// dropped: what they announced is known only to the database now.
 			l.claimNow, l.more, l.forgot = true, true, true
+			l.keysMayBeFreed()
 		}
 	}
 }
@@ -201,6 +202,7 @@ func (l *claimLoop) notified(n notifier.Notification) {
 		// The listener reconnected: notifications may have been missed, among them
 		// runs that became claimable below a floor.
 		l.w.floors.Reset()
+		l.keysMayBeFreed()
 		l.claimNow, l.more = true, true
 	default:
 		l.w.sawWork.Store(time.Now().UnixNano()) // runs of its types, claimable now or at a time
@@ -219,6 +221,15 @@ func (l *claimLoop) notified(n notifier.Notification) {
 		} else {
 			l.setTimer(time.UnixMilli(ms))
 		}
+	}
+}
+
+// keysMayBeFreed makes the next claim look further round every type's ring of keys, as
+// after hearing that a key's place was freed: notifications were lost, and one of them
+// may have said so.
+func (l *claimLoop) keysMayBeFreed() {
+	for _, t := range l.w.types {
+		l.w.claimer.KeysFreed[t] = true
 	}
 }
 
