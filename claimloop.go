@@ -202,6 +202,7 @@ func (l *claimLoop) notified(n notifier.Notification) {
 		// The listener reconnected: notifications may have been missed, among them
 		// runs that became claimable below a floor.
 		l.w.floors.Reset()
+		l.w.keyFloors.Reset()
 		l.keysMayBeFreed()
 		l.claimNow, l.more = true, true
 	default:
@@ -215,6 +216,7 @@ func (l *claimLoop) notified(n notifier.Notification) {
 			// A run of the type claimable from then on (in the database's time,
 			// rounded to the millisecond): the claims read from there at the latest.
 			l.w.floors.Lower(l.w.wakeTypes[n.Topic], time.UnixMilli(ms-1))
+			l.w.keyFloors.Lower(l.w.wakeTypes[n.Topic], time.UnixMilli(ms-1))
 		}
 		if err != nil || time.Until(time.UnixMilli(ms)) <= 5*time.Millisecond {
 			l.claimNow, l.more = true, true

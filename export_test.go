@@ -8,3 +8,9 @@ func SetWaitPoll(c *Client, d time.Duration) { c.waitPoll = d }
 
 // ClaimFloor returns where the worker's next claim starts reading the type's runs.
 func ClaimFloor(w *Worker, workflowType string) (time.Time, bool) { return w.floors.Of(workflowType) }
+
+// KeyQueueFloor returns where the worker's next claim starts reading the queues of the
+// type's concurrency keys.
+func KeyQueueFloor(w *Worker, workflowType string) (time.Time, bool) {
+	return w.keyFloors.Of(workflowType)
+}

@@ -26,7 +26,14 @@ import (
 // claim loop, and lowers one that has a run beneath it. Its read is the walk the floors
 // spare the claims, so under a long pin it looks less often (at most 2% of its time is
 // spent reading). The runs of no key of types with limits or queued concurrency keys are
-// read from the floors too (migration 00016); a key's queue is read per key, without one.
+// read from the floors too (migration 00016).
+//
+// The queues of concurrency keys have floors of their own (migration 00017): a keyed
+// run waits in its key's queue with the time it was started at, however long its key
+// stays full, so a type's key floor is a second before its earliest queued keyed run
+// (before now() when none is queued). The claim reads from it whether any is queued, the
+// keys of the ring and each key's head; notifications, the reconnect and the probe lower
+// or drop it as they do the other floors.
 
 // probeCostShare bounds the share of its time the probe spends probing: under a pinned
 // horizon its read walks every entry left since the pin began (1.2 s after ten minutes
@@ -37,7 +44,8 @@ const probeCostShare = 50
 // (or, while its read is slow, probeCostShare times its duration) until ctx ends, and
 // has the claim loop claim them.
 func (w *Worker) probeFloors(ctx context.Context) {
-	c := store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, Floors: w.floors}
+	c := store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, Floors: w.floors,
+		KeyFloors: w.keyFloors}
 	t := time.NewTimer(w.cfg.PollInterval)
 	defer t.Stop()
 	for {

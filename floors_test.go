@@ -3,6 +3,7 @@ package kagzi_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -110,8 +111,8 @@ func TestARunSkippedBelowTheClaimFloorIsFoundByTheProbe(t *testing.T) {
 }
 
 // claimBuffers returns how many buffers one claim of the type reads, from the given
-// floor (nil: from the start of the type's runs).
-func claimBuffers(t *testing.T, ctx context.Context, conn *pgx.Conn, workflowType string, floor *time.Time) int {
+// floors of its runs and of its key queue (nil: from the start).
+func claimBuffers(t *testing.T, ctx context.Context, conn *pgx.Conn, workflowType string, floor, keyFloor *time.Time) int {
 	t.Helper()
 	tx, err := conn.Begin(ctx)
 	if err != nil {
@@ -125,7 +126,7 @@ func claimBuffers(t *testing.T, ctx context.Context, conn *pgx.Conn, workflowTyp
 	}
 	var plan []byte
 	if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT * FROM kagzi.claim('default', ARRAY[$1::text],
-		ARRAY['']::text[], ARRAY['']::text[], 'probe', 10000, 10, '{}', ARRAY[$2::timestamptz], NULL)`, workflowType, floor).Scan(&plan); err != nil {
+		ARRAY['']::text[], ARRAY['']::text[], 'probe', 10000, 10, '{}', ARRAY[$2::timestamptz], NULL, ARRAY[$3::timestamptz], NULL)`, workflowType, floor, keyFloor).Scan(&plan); err != nil {
 		t.Fatal(err)
 	}
 	var out []struct {
@@ -155,8 +156,8 @@ func TestAClaimUnderAPinnedXminHorizonReadsFromItsFloorNotEveryRunClaimedSinceTh
 	if err := conn.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		t.Fatal(err)
 	}
-	fromStart := claimBuffers(t, ctx, conn, "floor-pinned", nil)
-	fromFloor := claimBuffers(t, ctx, conn, "floor-pinned", &now)
+	fromStart := claimBuffers(t, ctx, conn, "floor-pinned", nil, nil)
+	fromFloor := claimBuffers(t, ctx, conn, "floor-pinned", &now, nil)
 	if fromStart < n/10 {
 		t.Fatalf("a claim from the start read %d buffers after %d runs under the pin; the pin did not hold their entries", fromStart, n)
 	}
@@ -235,8 +236,8 @@ func TestALimitedTypesClaimUnderAPinnedXminHorizonReadsFromItsFloorNotEveryRunCl
 			}
 			floorPassed(t, w, name, lastStart)
 			floor, _ := kagzi.ClaimFloor(w, name)
-			fromStart := claimBuffers(t, ctx, conn, name, nil)
-			fromFloor := claimBuffers(t, ctx, conn, name, &floor)
+			fromStart := claimBuffers(t, ctx, conn, name, nil, nil)
+			fromFloor := claimBuffers(t, ctx, conn, name, &floor, nil)
 			if fromStart < n/10 {
 				t.Fatalf("a claim from the start read %d buffers after %d runs under the pin; the pin did not hold their entries", fromStart, n)
 			}
@@ -245,6 +246,102 @@ func TestALimitedTypesClaimUnderAPinnedXminHorizonReadsFromItsFloorNotEveryRunCl
 			}
 			t.Logf("buffers per claim after %d runs under a pinned horizon: %d from the start, %d from the floor", n, fromStart, fromFloor)
 		})
+	}
+}
+
+func TestAKeyedTypesClaimUnderAPinnedXminHorizonReadsItsKeyQueueFromItsFloor(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	name := "floor-pinned-keys"
+	wf := kagzi.Define(name, func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: name, KeyConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	pinHorizon(t, ctx, e.url)
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 50
+	w := startFloorWorker(t, e, cfg, wf)
+	// 3,000 runs over 100 keys, each key's runs one at a time: every one of them
+	// queued in its key and left an entry there that the pin keeps.
+	const keys, perKey = 100, 30
+	var runs []*kagzi.Run[int]
+	for k := range keys {
+		inputs := make([]int, perKey)
+		rs, err := kagzi.StartMany(ctx, e.client, wf, inputs, kagzi.WithConcurrencyKey(fmt.Sprint("customer-", k)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		runs = append(runs, rs...)
+	}
+	for _, r := range runs {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	conn := connect(t, ctx, e.url)
+	var lastStart time.Time
+	if err := conn.QueryRow(ctx, `SELECT max(created_at) FROM kagzi.runs WHERE workflow_type = $1`, name).Scan(&lastStart); err != nil {
+		t.Fatal(err)
+	}
+	// A keyed run started a second later is claimed by a claim that finds the queue
+	// empty from its floor on, and moves the floor past every run above.
+	time.Sleep(1500 * time.Millisecond)
+	last, err := kagzi.Start(ctx, e.client, wf, 1, kagzi.WithConcurrencyKey("customer-0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := last.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the key queue's floor to pass the runs", func() bool {
+		f, ok := kagzi.KeyQueueFloor(w, name)
+		return ok && f.After(lastStart)
+	})
+	floor, _ := kagzi.ClaimFloor(w, name)
+	keyFloor, _ := kagzi.KeyQueueFloor(w, name)
+	fromStart := claimBuffers(t, ctx, conn, name, &floor, nil)
+	fromFloor := claimBuffers(t, ctx, conn, name, &floor, &keyFloor)
+	if fromStart < keys*perKey/10 {
+		t.Fatalf("a claim reading the key queue from its start read %d buffers after %d keyed runs under the pin; the pin did not hold their entries",
+			fromStart, keys*perKey)
+	}
+	if fromFloor > 100 {
+		t.Fatalf("a claim reading the key queue from the worker's floor read %d buffers (from the start: %d); want at most 100", fromFloor, fromStart)
+	}
+	t.Logf("buffers per claim after %d keyed runs under a pinned horizon: %d reading the key queue from its start, %d from the floor",
+		keys*perKey, fromStart, fromFloor)
+}
+
+func TestAHighPriorityKeyedStartBelowTheKeyQueuesFloorIsClaimedOnItsNotification(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	name := "floor-priority-keyed"
+	wf := kagzi.Define(name, func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: name, KeyConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastWorker()
+	cfg.PollInterval = time.Hour // neither a poll nor the floors' probe may find the run
+	w := startFloorWorker(t, e, cfg, wf)
+	first, err := kagzi.Start(ctx, e.client, wf, 1, kagzi.WithConcurrencyKey("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the key queue's floor to pass a minute ago", func() bool {
+		f, ok := kagzi.KeyQueueFloor(w, name)
+		return ok && f.After(time.Now().Add(-time.Minute))
+	})
+	// A priority of an hour queues the run in its key an hour before its start time:
+	// far below the floor, which its start's notification lowers.
+	urgent, err := kagzi.Start(ctx, e.client, wf, 2, kagzi.WithConcurrencyKey("b"), kagzi.WithPriority(kagzi.MaxPriority))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := urgent.Wait(ctx); err != nil || out != 2 {
+		t.Fatalf("the high-priority keyed run: %d, %v", out, err)
 	}
 }
 

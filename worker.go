@@ -158,8 +158,9 @@ type Worker struct {
 	// claimer is who claims, with the worker's cursors in the concurrency-key queues
 	// (used by the claim loop alone) and its floors (see floors.go).
 	claimer store.Claimer
-	// floors are where the claims start reading each type's runs (floors.go).
-	floors *store.Floors
+	// floors are where the claims start reading each type's runs, keyFloors each
+	// type's queues of concurrency keys (floors.go).
+	floors, keyFloors *store.Floors
 	// wakeTypes maps the wake topic of each of the worker's types to the type.
 	wakeTypes map[string]string
 	// floorHit tells the claim loop that the floors' probe lowered a floor.
@@ -186,7 +187,7 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
 		active: map[uuid.UUID]*execution{}, finishingHolders: map[uuid.UUID]struct{}{},
 		slotFree: make(chan struct{}, 1), floorHit: make(chan struct{}, 1), wakeTypes: map[string]string{},
-		floors: store.NewFloors()}
+		floors: store.NewFloors(), keyFloors: store.NewFloors()}
 	w.ends.GatherWhenBusy(endsGather, endsGatherMin, w.backlog.Load)
 	for _, c := range []*committer.Committer{w.db, w.ends} {
 		c.SetupMergedBatches(store.KeyedPlansSQL)
@@ -357,7 +358,8 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer goroutines.Close()
 	w.rt = w.runtime(goroutines)
 	w.claimer = store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
-		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}, Floors: w.floors, KeysFreed: map[string]bool{}}
+		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}, Floors: w.floors, KeyFloors: w.keyFloors,
+		KeyScans: map[string]bool{}, KeysFreed: map[string]bool{}}
 	bg.start(ctx, service{"floors probe", w.probeFloors})
 	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
 	w.mu.Lock()

@@ -438,11 +438,14 @@ func (r *kagziRunner) vacuum(ctx context.Context) (*vacuumResult, error) {
 				return err
 			}
 			// The claim as store.ClaimRuns sends it (generic plan, no seq/bitmap scans),
-			// for at most 10 runs, rolled back.
+			// for at most 10 runs, rolled back, with floors two seconds back (a worker's
+			// are a second before its last claim's now() when its queues ran dry).
+			floor := time.Now().Add(-2 * time.Second)
 			return explainNested(ctx, r.db, out, []string{
 				"SELECT set_config('plan_cache_mode', 'force_generic_plan', true), set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)",
-			}, `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`,
-				ns, []string{"vacuum"}, versions, []string{""}, "vacuum-probe", int64(10000), 10, []string{}, []*time.Time{nil}, []bool{false})
+			}, `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+				ns, []string{"vacuum"}, versions, []string{""}, "vacuum-probe", int64(10000), 10, []string{},
+				[]*time.Time{&floor}, []bool{false}, []*time.Time{&floor}, []bool{false})
 		},
 	}
 	time.Sleep(time.Until(t0))

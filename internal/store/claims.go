@@ -67,13 +67,15 @@ type StepRecord struct {
 // whose lock another claim holds is passed over, and counted in a row without a run
 // (migration 00015). The runs of no key are read from runs_claimable, one ordered
 // range per type from the worker's floor of the type ($9, see Floors; types with
-// limits or queued keys too since migration 00016), and SKIP LOCKED lets any number of
-// workers claim side by side.
+// limits or queued keys too since migration 00016), the queues of concurrency keys from
+// the worker's floor of each type's key queue ($11, migration 00017; $12 says which
+// types' rings of keys to walk with a skip scan rather than read from that floor), and
+// SKIP LOCKED lets any number of workers claim side by side.
 //
 // It runs with Postgres's generic plans (see genericPlanSQL and KeyedPlansSQL):
 // planning the claim anew at each call, as Postgres chose to, took 0.26 ms, more than
 // the claim of one run itself (0.15 ms).
-const claimSQL = `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)`
+const claimSQL = `SELECT * FROM kagzi.claim($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`
 
 // Claimer is who claims: a worker of a namespace, the workflow types it registered
 // (with the version of each), and its lease. Cursors holds the last key the worker
@@ -85,12 +87,18 @@ type Claimer struct {
 	WorkerID  string
 	Lease     time.Duration
 	Cursors   map[string]string
-	// Floors are where the claims start reading each type's runs (nil: at the start).
-	Floors *Floors
+	// Floors are where the claims start reading each type's runs (nil: at the start);
+	// KeyFloors where they start reading each type's queues of concurrency keys.
+	Floors    *Floors
+	KeyFloors *Floors
 	// Finishing are the worker's runs that hold a type slot or a key's place and whose
 	// workflow functions returned: their ends are being written, and the claim does
 	// not count them against the limits.
 	Finishing [][16]byte
+	// KeyScans holds the types whose next claim walks the ring of keys with a skip scan
+	// of the key queue: their last claim found many runs queued from the key floor on
+	// (nil: none; ClaimRuns keeps it when it is not nil).
+	KeyScans map[string]bool
 	// KeysFreed holds the types of which the worker heard that a key's place was
 	// freed since its last claim that left slots free: for those, a claim whose visit
 	// of the keys' ring found no room walks further (the freed key may lie beyond the
@@ -140,16 +148,19 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 	for i, t := range c.Types {
 		cursors[i] = c.Cursors[t]
 	}
-	var floors []*time.Time
+	var floors, keyFloors []*time.Time
 	if c.Floors != nil {
 		floors = c.Floors.read(c.Types)
 	}
-	walk := make([]bool, len(c.Types))
+	if c.KeyFloors != nil {
+		keyFloors = c.KeyFloors.read(c.Types)
+	}
+	walk, scans := make([]bool, len(c.Types)), make([]bool, len(c.Types))
 	for i, t := range c.Types {
-		walk[i] = c.KeysFreed[t]
+		walk[i], scans[i] = c.KeysFreed[t], c.KeyScans[t]
 	}
 	rows, err := queryAfter(ctx, db, genericPlanSQL, claimSQL, c.Namespace, c.Types, c.Versions, cursors,
-		c.WorkerID, c.Lease.Milliseconds(), limit, c.Finishing, floors, walk)
+		c.WorkerID, c.Lease.Milliseconds(), limit, c.Finishing, floors, walk, keyFloors, scans)
 	if err != nil {
 		return nil, ClaimReport{}, err
 	}
@@ -175,7 +186,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 			rows.Close()
 			return nil, ClaimReport{}, err
 		}
-		if !id.Valid { // a type's next key cursor, its next floor, its keys passed over, a rate's hold
+		if !id.Valid { // a type's next key cursor, its next floors, its keys passed over, a rate's hold
 			if attempt.Valid {
 				report.KeysPassed += int(attempt.Int32)
 			}
@@ -187,6 +198,12 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 			}
 			if availableAt.Valid && c.Floors != nil {
 				c.Floors.advance(r.WorkflowType, availableAt.Time)
+			}
+			if createdAt.Valid && c.KeyFloors != nil {
+				c.KeyFloors.advance(r.WorkflowType, createdAt.Time)
+			}
+			if createdAt.Valid && c.KeyScans != nil {
+				c.KeyScans[r.WorkflowType] = holds.Bool
 			}
 			continue
 		}

@@ -323,7 +323,9 @@ func TestAClaimPlannedOnAnEmptyTableDoesNotReadTheWholeKeyQueueOnceItFills(t *te
 	// back, so that each measure sees the same queue): the least of three, since a
 	// claim that must reload the backend's catalog caches (reset when the suite's other
 	// databases' DDL overflows the invalidation queue) counts those reads too.
-	claimBuffers := func() float64 {
+	// scan: whether the claim walks the ring of keys with the skip scan, or reads the
+	// queued keys from the key floor first (and falls back to the scan: 1,000 or more).
+	claimBuffers := func(scan bool) float64 {
 		tx, err := conn.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -334,27 +336,31 @@ func TestAClaimPlannedOnAnEmptyTableDoesNotReadTheWholeKeyQueueOnceItFills(t *te
 		}
 		var plan []map[string]any
 		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+claimSQL, c.Namespace, c.Types, c.Versions,
-			[]string{""}, c.WorkerID, c.Lease.Milliseconds(), 10, [][16]byte{}, []*time.Time{nil}, []bool{false}).Scan(&plan); err != nil {
+			[]string{""}, c.WorkerID, c.Lease.Milliseconds(), 10, [][16]byte{}, []*time.Time{nil}, []bool{false},
+			[]*time.Time{nil}, []bool{scan}).Scan(&plan); err != nil {
 			t.Fatal(err)
 		}
 		top := plan[0]["Plan"].(map[string]any)
 		return top["Shared Hit Blocks"].(float64) + top["Shared Read Blocks"].(float64)
 	}
-	buffers := func() float64 {
-		least := claimBuffers()
+	buffers := func(scan bool) float64 {
+		least := claimBuffers(scan)
 		for range 2 {
-			least = min(least, claimBuffers())
+			least = min(least, claimBuffers(scan))
 		}
 		return least
 	}
 	queue(1_000)
-	small := buffers()
+	small := [2]float64{buffers(true), buffers(false)}
 	queue(49_000)
-	large := buffers()
-	if large-small > 500 {
-		t.Fatalf("a claim of 10 runs touched %.0f buffers with 1,000 runs queued in one key and %.0f with 50,000: it reads the queue", small, large)
+	large := [2]float64{buffers(true), buffers(false)}
+	for i, how := range []string{"walking the keys with the skip scan", "reading the keys from the key floor"} {
+		if large[i]-small[i] > 500 {
+			t.Fatalf("a claim of 10 runs %s touched %.0f buffers with 1,000 runs queued in one key and %.0f with 50,000: it reads the queue",
+				how, small[i], large[i])
+		}
+		t.Logf("a claim of 10 runs %s touched %.0f buffers with 1,000 runs queued in one key and %.0f with 50,000", how, small[i], large[i])
 	}
-	t.Logf("a claim of 10 runs touched %.0f buffers with 1,000 runs queued in one key and %.0f with 50,000", small, large)
 }
 
 func TestAClaimCountsTheConcurrencyKeysItPassedOverWhileAnotherClaimHeldThem(t *testing.T) {
@@ -496,4 +502,137 @@ func TestAClaimCutShortByARateLimitSaysWhenTheWindowAdmitsAgainAndOneItDidNotCut
 	if err != nil || len(claimed) != 5 || !report.RateNext.IsZero() {
 		t.Fatalf("the claim the rate did not cut: %d runs, %+v, %v; want 5 and no hold", len(claimed), report, err)
 	}
+}
+
+func TestAKeyedClaimReadsTheKeyQueueFromItsFloorAndReturnsTheNextOne(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency)
+		VALUES ('default', 'wf', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	// Two runs of key a, one of key b, started three, two and a half and two minutes ago.
+	insert := func(key string, ago time.Duration) uuid.UUID {
+		t.Helper()
+		id := uuid.Must(uuid.NewV7())
+		if err := InsertManyRuns(ctx, pool, ManyRuns{Namespace: "default", WorkflowType: "wf", IDs: []uuid.UUID{id},
+			Inputs: [][]byte{[]byte(`1`)}, Carriers: make([][]byte, 1), FlowKey: key}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET available_at = now() - $2::bigint * interval '1 microsecond'
+			WHERE run_id = $1`, id, ago.Microseconds()); err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	a1, a2, b := insert("a", 3*time.Minute), insert("a", 150*time.Second), insert("b", 2*time.Minute)
+	var a2At time.Time
+	if err := pool.QueryRow(ctx, `SELECT available_at FROM kagzi.runs WHERE run_id = $1`, a2).Scan(&a2At); err != nil {
+		t.Fatal(err)
+	}
+	c := testClaimer("wf")
+	c.Floors, c.KeyFloors = NewFloors(), NewFloors()
+	// Key a admits one: a2 stays queued. The claim's floor is a second before the
+	// earliest run queued when it began (a1); the next claim's, a second before a2.
+	claimed, _, err := ClaimRuns(ctx, pool, c, 10)
+	if err != nil || len(claimed) != 2 || claimed[0].RunID != a1 || claimed[1].RunID != b {
+		t.Fatalf("the first claim: %d runs, %v; want a1 and b", len(claimed), err)
+	}
+	if claimed, _, err := ClaimRuns(ctx, pool, c, 10); err != nil || len(claimed) != 0 {
+		t.Fatalf("the claim while key a is full: %d runs, %v; want none", len(claimed), err)
+	}
+	floor, ok := c.KeyFloors.Of("wf")
+	if want := a2At.Add(-time.Second); !ok || !floor.Equal(want) {
+		t.Fatalf("the key queue's floor: %v (set: %v), want %v, a second before the queued run", floor, ok, want)
+	}
+	// a1 ends; a run of key d queued an hour ago (as a start that committed late) lies
+	// below the floor: the claim takes a2, not d, until the floor is lowered (as the
+	// start's notification or the probe does).
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'COMPLETED', finished_at = now() WHERE run_id = $1`, a1); err != nil {
+		t.Fatal(err)
+	}
+	d := insert("d", time.Hour)
+	claimed, _, err = ClaimRuns(ctx, pool, c, 10)
+	if err != nil || len(claimed) != 1 || claimed[0].RunID != a2 {
+		t.Fatalf("the claim from the key floor: %d runs, %v; want a2 only", len(claimed), err)
+	}
+	claimed, _, err = ClaimRuns(ctx, pool, c, 10)
+	if err != nil || len(claimed) != 0 {
+		t.Fatalf("the next claim from the key floor: %d runs, %v; want none", len(claimed), err)
+	}
+	// Nothing queued from the floor on: the floor is a second before the claim's now().
+	if f, ok := c.KeyFloors.Of("wf"); !ok || f.Before(time.Now().Add(-time.Minute)) {
+		t.Fatalf("the key queue's floor with nothing queued above it: %v (set: %v), want about a second ago", f, ok)
+	}
+	lowered, err := ProbeBelowFloors(ctx, pool, c)
+	if err != nil || !lowered {
+		t.Fatalf("the probe: lowered %v, %v; want the key queue's floor lowered to the run below it", lowered, err)
+	}
+	claimed, _, err = ClaimRuns(ctx, pool, c, 10)
+	if err != nil || len(claimed) != 1 || claimed[0].RunID != d {
+		t.Fatalf("the claim after the probe: %d runs, %v; want d, which was below the floor", len(claimed), err)
+	}
+}
+
+func TestAClaimReadsTheRingOfKeysFromTheKeyFloorUntilABacklogMakesItScanTheKeyQueue(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency)
+		VALUES ('default', 'wf', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	queue := func(key string, n int) []uuid.UUID {
+		t.Helper()
+		ids := make([]uuid.UUID, n)
+		inputs := make([][]byte, n)
+		for i := range ids {
+			ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
+		}
+		if err := InsertManyRuns(ctx, pool, ManyRuns{Namespace: "default", WorkflowType: "wf", IDs: ids,
+			Inputs: inputs, Carriers: make([][]byte, n), FlowKey: key}); err != nil {
+			t.Fatal(err)
+		}
+		return ids
+	}
+	c := testClaimer("wf")
+	c.Floors, c.KeyFloors, c.KeyScans = NewFloors(), NewFloors(), map[string]bool{}
+	claim := func(want ...uuid.UUID) {
+		t.Helper()
+		claimed, _, err := ClaimRuns(ctx, pool, c, 10)
+		if err != nil || len(claimed) != len(want) {
+			t.Fatalf("the claim: %d runs, %v; want %d", len(claimed), err, len(want))
+		}
+		for i, r := range claimed {
+			if r.RunID != want[i] {
+				t.Fatalf("the claim's run %d is %v, want %v", i, r.RunID, want[i])
+			}
+		}
+	}
+	// Few runs queued: the keys come from the key floor, and stay so.
+	a, b := queue("a", 2), queue("b", 1)
+	claim(a[0], b[0])
+	if c.KeyScans["wf"] {
+		t.Fatal("after a claim that found 3 runs queued, the next one scans the key queue; want it to read the keys from the floor")
+	}
+	// A backlog of 1,200 runs of key c: the read from the floor gives up at 1,000, the
+	// claim walks the ring with the skip scan and takes c's head all the same, and the
+	// next claim scans.
+	backlog := queue("c", 1200)
+	claim(backlog[0])
+	if !c.KeyScans["wf"] {
+		t.Fatal("after a claim that found 1,200 runs queued, the next one reads the keys from the floor; want it to scan")
+	}
+	// The backlog ends: nothing queued, and the next claim reads from the floor again.
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'CANCELLED', finished_at = now() WHERE flow_key IN ('a', 'b', 'c')`); err != nil {
+		t.Fatal(err)
+	}
+	claim()
+	if c.KeyScans["wf"] {
+		t.Fatal("after a claim that found nothing queued, the next one scans the key queue; want it to read the keys from the floor")
+	}
+	// Runs queued after that are claimed from the floor, each key's head.
+	d, e := queue("d", 2), queue("e", 1)
+	claim(d[0], e[0])
 }

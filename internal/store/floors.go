@@ -8,11 +8,12 @@ import (
 )
 
 // Floors are where a worker's claims start reading each type's claimable runs
-// (runs_claimable), kept so that a claim does not walk the index entries of every run
-// claimed before: under a pinned xmin horizon (a long transaction anywhere in the
-// database) those entries cannot be removed or marked dead, and a claim reading from
-// the start of a type's range walked them all (migration 00008). A type without a
-// floor is read from its start.
+// (runs_claimable), or, in a second set, each type's queues of concurrency keys
+// (runs_key_queue and runs_key_due, migration 00017), kept so that a claim does not
+// walk the index entries of every run claimed before: under a pinned xmin horizon (a
+// long transaction anywhere in the database) those entries cannot be removed or marked
+// dead, and a claim reading from the start of a type's range walked them all
+// (migration 00008). A type without a floor is read from its start.
 //
 // The claim advances a floor (see kagzi.claim); notifications and the probe
 // (ProbeBelowFloors) lower it. Every run below a floor is claimable all the same:
@@ -101,11 +102,12 @@ func (f *Floors) Reset() {
 
 // probeSQL finds, for each type with a floor ($4), the earliest run below it that is
 // claimable now: a run whose start committed well after its statement's now(), or
-// that a claim skipped because another transaction held its row. It reads the index
-// entries the floors spare the claims, so it runs seldom (every PollInterval) and off
-// the claim loop.
+// that a claim skipped because another transaction held its row; and for each type
+// with a floor of its key queue ($5), the earliest queued keyed run below it (a start
+// that committed late). It reads the index entries the floors spare the claims, so it
+// runs seldom (every PollInterval) and off the claim loop.
 const probeSQL = `
-SELECT t.workflow_type, x.available_at
+SELECT t.workflow_type, x.available_at, false
 FROM unnest($2::text[], $3::text[], $4::timestamptz[]) AS t(workflow_type, version, floor),
 LATERAL (
 	SELECT r.available_at FROM kagzi.runs r
@@ -116,16 +118,30 @@ LATERAL (
 	ORDER BY r.available_at
 	LIMIT 1
 ) x
+WHERE t.floor IS NOT NULL
+UNION ALL
+SELECT t.workflow_type, x.available_at, true
+FROM unnest($2::text[], $5::timestamptz[]) AS t(workflow_type, floor),
+LATERAL (
+	SELECT q.available_at FROM kagzi.runs q
+	WHERE q.namespace = $1 AND q.workflow_type = t.workflow_type
+	  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING' AND q.priority >= 0
+	  AND q.available_at < t.floor
+	ORDER BY q.available_at
+	LIMIT 1
+) x
 WHERE t.floor IS NOT NULL`
 
 // ProbeBelowFloors lowers each floor of the claimer's types below which a run is
-// claimable now, to that run, and reports whether it lowered any.
+// claimable now, to that run, and each floor of a type's key queue below which a keyed
+// run is queued, to that run; it reports whether it lowered any.
 func ProbeBelowFloors(ctx context.Context, db DBTX, c Claimer) (bool, error) {
-	at := c.Floors.current(c.Types)
-	if !slices.ContainsFunc(at, func(t *time.Time) bool { return t != nil }) {
+	at, keyAt := c.Floors.current(c.Types), c.KeyFloors.current(c.Types)
+	some := func(t *time.Time) bool { return t != nil }
+	if !slices.ContainsFunc(at, some) && !slices.ContainsFunc(keyAt, some) {
 		return false, nil
 	}
-	rows, err := db.Query(ctx, probeSQL, c.Namespace, c.Types, c.Versions, at)
+	rows, err := db.Query(ctx, probeSQL, c.Namespace, c.Types, c.Versions, at, keyAt)
 	if err != nil {
 		return false, err
 	}
@@ -134,10 +150,15 @@ func ProbeBelowFloors(ctx context.Context, db DBTX, c Claimer) (bool, error) {
 	for rows.Next() {
 		var t string
 		var a time.Time
-		if err := rows.Scan(&t, &a); err != nil {
+		var keyed bool
+		if err := rows.Scan(&t, &a, &keyed); err != nil {
 			return false, err
 		}
-		c.Floors.Lower(t, a)
+		if keyed {
+			c.KeyFloors.Lower(t, a)
+		} else {
+			c.Floors.Lower(t, a)
+		}
 		lowered = true
 	}
 	return lowered, rows.Err()

@@ -26,7 +26,7 @@ CREATE TYPE kagzi.claimed_run AS (
 	holds_slot boolean
 );
 
-CREATE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[], p_worker text, p_lease_ms bigint, p_n integer, p_finishing uuid[], p_floors timestamp with time zone[], p_walk boolean[]) RETURNS SETOF kagzi.claimed_run
+CREATE FUNCTION kagzi.claim(p_ns text, p_types text[], p_versions text[], p_cursors text[], p_worker text, p_lease_ms bigint, p_n integer, p_finishing uuid[], p_floors timestamp with time zone[], p_walk boolean[], p_key_floors timestamp with time zone[], p_key_scans boolean[]) RETURNS SETOF kagzi.claimed_run
     LANGUAGE plpgsql
     AS $$
 DECLARE
@@ -66,6 +66,11 @@ DECLARE
     walk_end text[] := '{}';
     beyond_cursor text[] := '{}';
     beyond text[];
+    -- Per type: whether its next claim walks the ring with the skip scan rather than
+    -- read its queued keys from the floor (see below); the keys this one read there
+    -- (NULL: it did not, or there were too many).
+    scan_next boolean[] := '{}';
+    ring text[];
     plain_types text[] := '{}';
     plain_versions text[] := '{}';
     plain_floors timestamptz[] := '{}';
@@ -73,7 +78,8 @@ DECLARE
     claimed_types text[];
     claimed_at timestamptz[];
     floors timestamptz[] := '{}';
-    keyed text[];
+    key_first timestamptz[];
+    kf timestamptz;
     batch kagzi.claimed_run[];
     ids uuid[];
     versions text[];
@@ -98,14 +104,20 @@ BEGIN
     lims := ARRAY(SELECT l FROM unnest(p_types) WITH ORDINALITY AS t(workflow_type, o)
         LEFT JOIN kagzi.flow_limits l ON l.namespace = p_ns AND l.workflow_type = t.workflow_type
         ORDER BY t.o);
-    -- One index probe per type: a LATERAL with LIMIT 1 cannot become the hash semi-join
-    -- a generic plan made of an EXISTS, which read the whole namespace's key queue
-    -- (100,000 queued runs of one key: 55 ms a claim).
-    keyed := ARRAY(SELECT t.workflow_type FROM unnest(p_types) AS t(workflow_type)
-        CROSS JOIN LATERAL (SELECT 1 FROM kagzi.runs r
+    -- The earliest queued run of a concurrency key of each type (NULL: none), read from
+    -- the worker's floor of the type's key queue (p_key_floors) through runs_key_due:
+    -- one index probe per type (a LATERAL with LIMIT 1 cannot become the hash semi-join
+    -- a generic plan made of an EXISTS, which read the whole namespace's key queue).
+    key_first := ARRAY(SELECT q.available_at
+        FROM unnest(p_types, p_key_floors) WITH ORDINALITY AS t(workflow_type, floor, o)
+        LEFT JOIN LATERAL (SELECT r.available_at FROM kagzi.runs r
             WHERE r.namespace = p_ns AND r.workflow_type = t.workflow_type
-              AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING'
-            LIMIT 1) q);
+              AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING' AND r.priority >= 0
+              AND r.available_at >= coalesce(t.floor, '-infinity')
+            ORDER BY r.available_at
+            LIMIT 1) q ON true
+        WHERE t.o <= nt
+        ORDER BY t.o);
     FOR i IN 1 .. nt LOOP
         IF lims[i].concurrency IS NOT NULL THEN
             PERFORM pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || p_ns || '|' || p_types[i], 0));
@@ -139,13 +151,43 @@ BEGIN
         -- first, the runs of no key and the keys from the first one up to the cursor;
         -- the keys with a concurrency limit are locked.
         cur := coalesce(p_cursors[i], '');
+        kf := coalesce(p_key_floors[i], '-infinity');
         m := allow[i] + 16; -- a few more keys than the room, for keys without any
         ks := '{}';
         sub := '{}';
-        IF allow[i] > 0 AND p_types[i] = ANY (keyed) THEN
-            ks := kagzi.flow_keys_after(p_ns, p_types[i], cur, NULL, m);
-            IF cur > E'\x01' AND cardinality(ks) < m THEN
-                sub := kagzi.flow_keys_after(p_ns, p_types[i], '', cur, m - cardinality(ks));
+        scan_next := scan_next || (key_first[i] IS NOT NULL AND coalesce(p_key_scans[i], false));
+        IF allow[i] > 0 AND key_first[i] IS NOT NULL THEN
+            -- The ring's keys from the queue's floor (runs_key_due, in time order), unless
+            -- the worker's last claim found many runs queued there (p_key_scans): under
+            -- a pinned horizon the skip scan below walks every entry left in
+            -- runs_key_queue since the pin (in the index: their times are below the
+            -- floor), while this read walks those since the floor. More than 1,000 runs
+            -- queued from the floor on: the skip scan, and the next claim too.
+            ring := NULL;
+            IF NOT coalesce(p_key_scans[i], false) THEN
+                SELECT CASE WHEN count(*) < 1000 THEN coalesce(array_agg(DISTINCT q.flow_key), '{}') END INTO ring
+                FROM (SELECT r.flow_key FROM kagzi.runs r
+                    WHERE r.namespace = p_ns AND r.workflow_type = p_types[i]
+                      AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING' AND r.priority >= 0
+                      AND r.available_at >= kf
+                    ORDER BY r.available_at
+                    LIMIT 1000) q;
+            END IF;
+            IF ring IS NOT NULL THEN
+                ks := ARRAY(SELECT k FROM unnest(ring) k WHERE k > cur ORDER BY k LIMIT m);
+                IF cur > E'\x01' AND cardinality(ks) < m THEN
+                    sub := ARRAY(SELECT k FROM unnest(ring) k WHERE k <= cur ORDER BY k LIMIT m - cardinality(ks));
+                END IF;
+            ELSE
+                ks := kagzi.flow_keys_after(p_ns, p_types[i], cur, NULL, m, kf);
+                IF cur > E'\x01' AND cardinality(ks) < m THEN
+                    sub := kagzi.flow_keys_after(p_ns, p_types[i], '', cur, m - cardinality(ks), kf);
+                END IF;
+                -- Back to the read from the floor when the read was not just tried and
+                -- the ring holds few keys, all queued within the last two seconds: few
+                -- runs from the floor on, most likely (a backlog is queued from further back).
+                scan_next[i] := NOT coalesce(p_key_scans[i], false) OR cardinality(ks) + cardinality(sub) >= m
+                    OR key_first[i] < now() - interval '2 seconds';
             END IF;
         END IF;
         nokey_turn := nokey_turn || (cur = '' OR cardinality(ks) < m);
@@ -210,7 +252,8 @@ BEGIN
                     CONTINUE WHEN coalesce(cardinality(sub), 0) = 0;
                     batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], sub, share,
                         least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,
-                        lims[i].key_rate_period_ms, p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL, fin) c);
+                        lims[i].key_rate_period_ms, p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL, fin,
+                        coalesce(p_key_floors[i], '-infinity')) c);
                     IF lims[i].key_rate IS NOT NULL THEN
                         PERFORM kagzi.flow_rate_add(p_ns, p_types[i], b.flow_key, lims[i].key_rate_period_ms, count(*)::integer)
                         FROM unnest(batch) b GROUP BY b.flow_key;
@@ -274,12 +317,13 @@ BEGIN
         EXIT WHEN budget <= 0;
         CONTINUE WHEN allow[i] <= 0 OR NOT walk_capped[i] OR NOT coalesce(p_walk[i], false);
         cur := coalesce(p_cursors[i], '');
+        kf := coalesce(p_key_floors[i], '-infinity');
         IF walk_wrapped[i] THEN
-            beyond := kagzi.flow_keys_after(p_ns, p_types[i], walk_end[i], cur, 1000);
+            beyond := kagzi.flow_keys_after(p_ns, p_types[i], walk_end[i], cur, 1000, kf);
         ELSE
-            beyond := kagzi.flow_keys_after(p_ns, p_types[i], walk_end[i], NULL, 1000);
+            beyond := kagzi.flow_keys_after(p_ns, p_types[i], walk_end[i], NULL, 1000, kf);
             IF cur > E'\x01' AND cardinality(beyond) < 1000 THEN
-                beyond := beyond || kagzi.flow_keys_after(p_ns, p_types[i], '', cur, 1000 - cardinality(beyond));
+                beyond := beyond || kagzi.flow_keys_after(p_ns, p_types[i], '', cur, 1000 - cardinality(beyond), kf);
             END IF;
         END IF;
         IF lims[i].key_concurrency IS NOT NULL THEN
@@ -294,7 +338,7 @@ BEGIN
         share := ceil(least(allow[i], budget)::numeric / cardinality(beyond))::integer;
         batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], beyond, share,
             least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,
-            lims[i].key_rate_period_ms, p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL, fin) c);
+            lims[i].key_rate_period_ms, p_worker, p_lease_ms, lims[i].concurrency IS NOT NULL, fin, kf) c);
         IF lims[i].key_rate IS NOT NULL THEN
             PERFORM kagzi.flow_rate_add(p_ns, p_types[i], b.flow_key, lims[i].key_rate_period_ms, count(*)::integer)
             FROM unnest(batch) b GROUP BY b.flow_key;
@@ -311,6 +355,13 @@ BEGIN
         RETURN QUERY SELECT * FROM unnest(batch);
     END LOOP;
     FOR i IN 1 .. nt LOOP
+        -- The type's next key-queue floor (in created_at): a second before its earliest
+        -- queued keyed run, or before now() when it has none, and never below the floor
+        -- the worker sent, under which the claim looked for none; and whether the next
+        -- claim walks the ring with the skip scan instead (in holds_slot).
+        RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, NULL, NULL, NULL, NULL,
+            greatest(p_key_floors[i], least(key_first[i], now()) - interval '1 second'), NULL, NULL, NULL, NULL, NULL,
+            NULL, scan_next[i])::kagzi.claimed_run;
         -- The keys passed over: the claim that held one may not take its next run.
         IF passed[i] > 0 THEN
             RETURN NEXT ROW(NULL, p_ns, NULL, p_types[i], NULL, NULL, passed[i], NULL, NULL, NULL, NULL, NULL,
@@ -369,7 +420,7 @@ BEGIN
     END LOOP;
 END $$;
 
-CREATE FUNCTION kagzi.claim_keyed(p_ns text, p_type text, p_version text, ks text[], p_share integer, p_max integer, p_key_concurrency integer, p_key_rate integer, p_key_rate_period_ms bigint, p_worker text, p_lease_ms bigint, p_holds_slot boolean, p_finishing uuid[]) RETURNS SETOF kagzi.claimed_run
+CREATE FUNCTION kagzi.claim_keyed(p_ns text, p_type text, p_version text, ks text[], p_share integer, p_max integer, p_key_concurrency integer, p_key_rate integer, p_key_rate_period_ms bigint, p_worker text, p_lease_ms bigint, p_holds_slot boolean, p_finishing uuid[], p_floor timestamp with time zone) RETURNS SETOF kagzi.claimed_run
     LANGUAGE plpgsql
     AS $$
 BEGIN
@@ -389,7 +440,8 @@ BEGIN
             SELECT c.run_id FROM kagzi.runs c
             WHERE c.namespace = p_ns AND c.workflow_type = p_type AND c.flow_key = k.k
               AND c.flow_key IS NOT NULL AND c.started_at IS NULL AND c.status = 'PENDING'
-              AND c.available_at <= now() AND (c.version IS NULL OR c.version = p_version)
+              AND c.available_at <= now() AND c.available_at >= p_floor
+              AND (c.version IS NULL OR c.version = p_version)
             ORDER BY c.available_at
             LIMIT rm.room
             FOR UPDATE SKIP LOCKED
@@ -424,7 +476,7 @@ BEGIN
         r.lease_epoch > 1 OR r.forked_from_run_id IS NOT NULL, r.takeovers, r.flow_key, r.holds_type_slot;
 END $$;
 
-CREATE FUNCTION kagzi.flow_keys_after(p_ns text, p_type text, p_after text, p_until text, p_n integer) RETURNS text[]
+CREATE FUNCTION kagzi.flow_keys_after(p_ns text, p_type text, p_after text, p_until text, p_n integer, p_floor timestamp with time zone) RETURNS text[]
     LANGUAGE plpgsql STABLE
     AS $$
 BEGIN
@@ -432,11 +484,13 @@ BEGIN
         SELECT (SELECT r.flow_key FROM kagzi.runs r
                 WHERE r.namespace = p_ns AND r.workflow_type = p_type AND r.flow_key > p_after
                   AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING'
+                  AND r.available_at >= p_floor
                 ORDER BY r.flow_key LIMIT 1), 1
         UNION ALL
         SELECT (SELECT r.flow_key FROM kagzi.runs r
                 WHERE r.namespace = p_ns AND r.workflow_type = p_type AND r.flow_key > ks.k
                   AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING'
+                  AND r.available_at >= p_floor
                 ORDER BY r.flow_key LIMIT 1), ks.n + 1
         FROM ks WHERE ks.k IS NOT NULL AND ks.n < p_n
     )
