@@ -30,43 +30,64 @@ func floorPassed(t *testing.T, w *kagzi.Worker, workflowType string, at time.Tim
 }
 
 func TestAStartCommittedLongAfterItsStatementIsClaimedOnItsNotification(t *testing.T) {
-	e := newEnv(t)
-	ctx := waitCtx(t)
-	wf := kagzi.Define("floor-late-commit", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
-	cfg := fastWorker()
-	cfg.PollInterval = time.Hour // neither a poll nor the floors' probe may find the run
-	w := startFloorWorker(t, e, cfg, wf)
+	for _, tc := range []struct {
+		name string
+		opts []kagzi.StartOption
+	}{
+		{"a run of no key", nil},
+		// A keyed run waits in its key's queue, read from the key queue's floor.
+		{"a keyed run", []kagzi.StartOption{kagzi.WithConcurrencyKey("customer-1")}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			ctx := waitCtx(t)
+			wf := kagzi.Define("floor-late-commit", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+			if len(tc.opts) > 0 {
+				if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "floor-late-commit", KeyConcurrency: 1}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			cfg := fastWorker()
+			cfg.PollInterval = time.Hour // neither a poll nor the floors' probe may find the run
+			w := startFloorWorker(t, e, cfg, wf)
 
-	tx, err := e.pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(context.Background())
-	late, err := kagzi.StartTx(ctx, tx, e.client, wf, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var createdAt time.Time
-	if err := tx.QueryRow(ctx, `SELECT available_at FROM kagzi.runs WHERE run_id = $1`, late.RunID).Scan(&createdAt); err != nil {
-		t.Fatal(err)
-	}
-	// Runs started after it are claimed meanwhile, and the floor passes its start time.
-	time.Sleep(1100 * time.Millisecond)
-	for i := range 3 {
-		r, err := kagzi.Start(ctx, e.client, wf, 10+i)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := r.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-	}
-	floorPassed(t, w, "floor-late-commit", createdAt)
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if out, err := late.Wait(ctx); err != nil || out != 1 {
-		t.Fatalf("the late start: %d, %v", out, err)
+			tx, err := e.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer tx.Rollback(context.Background())
+			late, err := kagzi.StartTx(ctx, tx, e.client, wf, 1, tc.opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var createdAt time.Time
+			if err := tx.QueryRow(ctx, `SELECT available_at FROM kagzi.runs WHERE run_id = $1`, late.RunID).Scan(&createdAt); err != nil {
+				t.Fatal(err)
+			}
+			// Runs started after it (of another key) are claimed meanwhile, and the
+			// floors pass its start time.
+			time.Sleep(1100 * time.Millisecond)
+			for i := range 3 {
+				r, err := kagzi.Start(ctx, e.client, wf, 10+i, kagzi.WithConcurrencyKey(fmt.Sprint("other-", i)))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if _, err := r.Wait(ctx); err != nil {
+					t.Fatal(err)
+				}
+			}
+			floorPassed(t, w, "floor-late-commit", createdAt)
+			eventually(t, "the key queue's floor to pass the run", func() bool {
+				f, ok := kagzi.KeyQueueFloor(w, "floor-late-commit")
+				return ok && f.After(createdAt)
+			})
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if out, err := late.Wait(ctx); err != nil || out != 1 {
+				t.Fatalf("the late start: %d, %v", out, err)
+			}
+		})
 	}
 }
 
