@@ -136,6 +136,20 @@ const claimedStepsSQL = `
 SELECT run_id, step_key, name, position, kind, status, output, error, attempts, wake_at
 FROM kagzi.steps WHERE run_id = ANY($1)`
 
+// claimSetupSQL is genericPlanSQL, and a tcp_user_timeout of the lease for the claim's
+// transaction: a claim whose result is larger than the socket buffers (runs with large
+// inputs) blocks sending it while its client reads nothing, and a client process that
+// was stopped (SIGSTOP, a paused VM) reads nothing until it resumes. The transaction
+// held its locks all that time (a limited type's: every other worker's claims of the
+// type waited), and PostgreSQL has no timeout for a blocked write to the client. With
+// the socket option, the kernel gives up on the connection once its data has gone
+// unacknowledged for the lease, the backend ends and the transaction rolls back: the
+// runs were never claimed. No effect over a Unix socket.
+func claimSetupSQL(lease time.Duration) string {
+	return genericPlanSQL + `, set_config('tcp_user_timeout', '` +
+		strconv.FormatInt(max(lease.Milliseconds(), 0), 10) + `', true)`
+}
+
 // ClaimRuns claims up to limit runs for the worker and loads their recorded steps:
 // one round trip, and a second one when a claimed run can have steps (a run resumed
 // after a sleep, a retry, a crash or a hand-back, or a fork). The claim has committed
@@ -159,7 +173,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 	for i, t := range c.Types {
 		walk[i], scans[i] = c.KeysFreed[t], c.KeyScans[t]
 	}
-	rows, err := queryAfter(ctx, db, genericPlanSQL, claimSQL, c.Namespace, c.Types, c.Versions, cursors,
+	rows, err := queryAfter(ctx, db, claimSetupSQL(c.Lease), claimSQL, c.Namespace, c.Types, c.Versions, cursors,
 		c.WorkerID, c.Lease.Milliseconds(), limit, c.Finishing, floors, walk, keyFloors, scans)
 	if err != nil {
 		return nil, ClaimReport{}, err
