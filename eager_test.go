@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/kagzi/kagzi"
 )
 
@@ -163,9 +165,13 @@ func TestAnEagerlyClaimedRunOfAProcessKilledBeforeItsFirstStepIsTakenOver(t *tes
 		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'COMPLETED'`) == 3
 	})
 	// Each run was taken over from the dead process (at least once: on a loaded box
-	// the new process's one-second leases can pass too, and a run be taken over again).
-	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE takeovers >= 1 AND lease_epoch = takeovers + 1`); n != 3 {
-		t.Fatalf("%d runs taken over after the kill, want 3", n)
+	// the new process's one-second leases can pass too, and a run be taken over again,
+	// or a claim whose steps did not load within its lease hand its runs back).
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE lease_epoch <> takeovers + 1`); n > 0 {
+		t.Logf("runs claimed again after their takeover (id, status, epoch, takeovers):\n%s", runsState(e.pool))
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE takeovers >= 1`); n != 3 {
+		t.Fatalf("%d runs taken over after the kill, want 3; the runs (id, status, epoch, takeovers):\n%s", n, runsState(e.pool))
 	}
 	if n := countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = 'one'`); n != 3 {
 		t.Fatalf("step one ran %d times for 3 runs: a recorded step ran again", n)
@@ -193,4 +199,14 @@ func TestAWorkerWithEagerStartsDisabledClaimsTheRunsOfItsProcess(t *testing.T) {
 	if rt.count("kagzi.claim(") == before {
 		t.Fatal("no claim: the start claimed its run although the worker declines eager starts")
 	}
+}
+
+// runsState lists every run's id, status, lease epoch and takeovers, for a failure's message.
+func runsState(pool interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) string {
+	var s string
+	_ = pool.QueryRow(context.Background(), `SELECT string_agg(concat_ws(', ', run_id, status, lease_epoch, takeovers), E'\n')
+		FROM kagzi.runs`).Scan(&s)
+	return s
 }
