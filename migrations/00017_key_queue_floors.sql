@@ -25,6 +25,12 @@
 -- walked all the same). A claim that found 1,000 or more tells its worker to walk the
 -- ring with the skip scan next time (a backlog: its keys are dense in the index), until
 -- a claim finds the ring's keys few and all queued within the last two seconds.
+-- And a claim's second pass over the ring (the room left after each key's share) visited
+-- every key of the first pass again and counted its holders again, though a key that
+-- gave less than its share, or reached its limit, has nothing more to give: when few
+-- keys have queued runs (a claim takes them all in the first pass), every claim counted
+-- each key's holders twice. The second pass now visits only the keys that gave their
+-- whole share and may have room left.
 DROP FUNCTION kagzi.claim(text, text[], text[], text[], text, bigint, integer, uuid[], timestamptz[], boolean[]);
 DROP FUNCTION kagzi.claim_keyed(text, text, text, text[], integer, integer, integer, integer, bigint, text, bigint,
     boolean, uuid[]);
@@ -172,6 +178,9 @@ DECLARE
     rate_held boolean[] := '{}';
     rate_room integer;
     unserved text[] := '{}';
+    -- The keys (the type's position, \x1f, the key) that the first pass left with
+    -- nothing more to give.
+    spent text[] := '{}';
     next_at timestamptz;
     -- Per type: whether the walk of the ring stopped at its cap, whether it came round
     -- past the key space's end, the last key it walked, and the cursor after a walk
@@ -364,6 +373,9 @@ BEGIN
                     END IF;
                 ELSE
                     sub := CASE WHEN seg = 1 THEN ks[1:split[i]] ELSE ks[split[i] + 1:cardinality(ks)] END;
+                    IF pass = 2 THEN
+                        sub := ARRAY(SELECT k FROM unnest(sub) k WHERE i || E'\x1f' || k <> ALL (spent));
+                    END IF;
                     CONTINUE WHEN coalesce(cardinality(sub), 0) = 0;
                     batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], sub, share,
                         least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,
@@ -377,6 +389,16 @@ BEGIN
                     END IF;
                     served[i] := greatest(served[i], coalesce((SELECT 2 * max(array_position(ks, b.flow_key))
                         FROM unnest(batch) b), 0));
+                    -- The keys that gave less than their share (their room, their queue or
+                    -- their rate window ran out) or reached their limit have nothing more for
+                    -- the second pass, which would only count their holders again (noted
+                    -- when this call left room for a second pass).
+                    IF pass = 1 AND coalesce(cardinality(batch), 0) < least(allow[i], budget) THEN
+                        spent := spent || ARRAY(SELECT i || E'\x1f' || u.k FROM unnest(sub) u(k)
+                            LEFT JOIN (SELECT b.flow_key, count(*) AS took FROM unnest(batch) b GROUP BY b.flow_key) t
+                                ON t.flow_key = u.k
+                            WHERE coalesce(t.took, 0) < share OR t.took >= coalesce(lims[i].key_concurrency, share + 1));
+                    END IF;
                 END IF;
                 n := coalesce(cardinality(batch), 0);
                 allow[i] := allow[i] - n;

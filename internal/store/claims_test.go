@@ -636,3 +636,38 @@ func TestAClaimReadsTheRingOfKeysFromTheKeyFloorUntilABacklogMakesItScanTheKeyQu
 	d, e := queue("d", 2), queue("e", 1)
 	claim(d[0], e[0])
 }
+
+func TestAClaimsSecondPassTakesMoreOnlyFromTheKeysThatGaveTheirWholeShare(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency)
+		VALUES ('default', 'wf', 5)`); err != nil {
+		t.Fatal(err)
+	}
+	for key, n := range map[string]int{"a": 6, "b": 1} {
+		ids := make([]uuid.UUID, n)
+		inputs := make([][]byte, n)
+		for i := range ids {
+			ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
+		}
+		if err := InsertManyRuns(ctx, pool, ManyRuns{Namespace: "default", WorkflowType: "wf", IDs: ids,
+			Inputs: inputs, Carriers: make([][]byte, n), FlowKey: key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Room for 10 among two keys and the runs of no key: a share of 4 each. Key a gives
+	// its 4 and has room for one more (its limit is 5), key b gives its only run: the
+	// second pass takes a's fifth.
+	claimed, _, err := ClaimRuns(ctx, pool, testClaimer("wf"), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	per := map[string]int{}
+	for _, r := range claimed {
+		per[r.ConcurrencyKey]++
+	}
+	if per["a"] != 5 || per["b"] != 1 || len(claimed) != 6 {
+		t.Fatalf("the claim took %v, want 5 of key a (its limit) and 1 of key b", per)
+	}
+}

@@ -57,6 +57,9 @@ DECLARE
     rate_held boolean[] := '{}';
     rate_room integer;
     unserved text[] := '{}';
+    -- The keys (the type's position, \x1f, the key) that the first pass left with
+    -- nothing more to give.
+    spent text[] := '{}';
     next_at timestamptz;
     -- Per type: whether the walk of the ring stopped at its cap, whether it came round
     -- past the key space's end, the last key it walked, and the cursor after a walk
@@ -249,6 +252,9 @@ BEGIN
                     END IF;
                 ELSE
                     sub := CASE WHEN seg = 1 THEN ks[1:split[i]] ELSE ks[split[i] + 1:cardinality(ks)] END;
+                    IF pass = 2 THEN
+                        sub := ARRAY(SELECT k FROM unnest(sub) k WHERE i || E'\x1f' || k <> ALL (spent));
+                    END IF;
                     CONTINUE WHEN coalesce(cardinality(sub), 0) = 0;
                     batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], sub, share,
                         least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,
@@ -262,6 +268,16 @@ BEGIN
                     END IF;
                     served[i] := greatest(served[i], coalesce((SELECT 2 * max(array_position(ks, b.flow_key))
                         FROM unnest(batch) b), 0));
+                    -- The keys that gave less than their share (their room, their queue or
+                    -- their rate window ran out) or reached their limit have nothing more for
+                    -- the second pass, which would only count their holders again (noted
+                    -- when this call left room for a second pass).
+                    IF pass = 1 AND coalesce(cardinality(batch), 0) < least(allow[i], budget) THEN
+                        spent := spent || ARRAY(SELECT i || E'\x1f' || u.k FROM unnest(sub) u(k)
+                            LEFT JOIN (SELECT b.flow_key, count(*) AS took FROM unnest(batch) b GROUP BY b.flow_key) t
+                                ON t.flow_key = u.k
+                            WHERE coalesce(t.took, 0) < share OR t.took >= coalesce(lims[i].key_concurrency, share + 1));
+                    END IF;
                 END IF;
                 n := coalesce(cardinality(batch), 0);
                 allow[i] := allow[i] - n;
