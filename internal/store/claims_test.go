@@ -508,18 +508,11 @@ func TestAKeyedClaimReadsTheKeyQueueFromItsFloorAndReturnsTheNextOne(t *testing.
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency)
-		VALUES ('default', 'wf', 1)`); err != nil {
-		t.Fatal(err)
-	}
+	setLimit(t, pool, "key_concurrency", 1)
 	// Two runs of key a, one of key b, started three, two and a half and two minutes ago.
 	insert := func(key string, ago time.Duration) uuid.UUID {
 		t.Helper()
-		id := uuid.Must(uuid.NewV7())
-		if err := InsertManyRuns(ctx, pool, ManyRuns{Namespace: "default", WorkflowType: "wf", IDs: []uuid.UUID{id},
-			Inputs: [][]byte{[]byte(`1`)}, Carriers: make([][]byte, 1), FlowKey: key}); err != nil {
-			t.Fatal(err)
-		}
+		id := queueKeyed(t, pool, key, 1)[0]
 		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET available_at = now() - $2::bigint * interval '1 microsecond'
 			WHERE run_id = $1`, id, ago.Microseconds()); err != nil {
 			t.Fatal(err)
@@ -579,23 +572,8 @@ func TestAClaimReadsTheRingOfKeysFromTheKeyFloorUntilABacklogMakesItScanTheKeyQu
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency)
-		VALUES ('default', 'wf', 1)`); err != nil {
-		t.Fatal(err)
-	}
-	queue := func(key string, n int) []uuid.UUID {
-		t.Helper()
-		ids := make([]uuid.UUID, n)
-		inputs := make([][]byte, n)
-		for i := range ids {
-			ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
-		}
-		if err := InsertManyRuns(ctx, pool, ManyRuns{Namespace: "default", WorkflowType: "wf", IDs: ids,
-			Inputs: inputs, Carriers: make([][]byte, n), FlowKey: key}); err != nil {
-			t.Fatal(err)
-		}
-		return ids
-	}
+	setLimit(t, pool, "key_concurrency", 1)
+	queue := func(key string, n int) []uuid.UUID { return queueKeyed(t, pool, key, n) }
 	c := testClaimer("wf")
 	c.Floors, c.KeyFloors, c.KeyScans = NewFloors(), NewFloors(), map[string]bool{}
 	claim := func(want ...uuid.UUID) {
@@ -641,21 +619,9 @@ func TestAClaimsSecondPassTakesMoreOnlyFromTheKeysThatGaveTheirWholeShare(t *tes
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency)
-		VALUES ('default', 'wf', 5)`); err != nil {
-		t.Fatal(err)
-	}
-	for key, n := range map[string]int{"a": 6, "b": 1} {
-		ids := make([]uuid.UUID, n)
-		inputs := make([][]byte, n)
-		for i := range ids {
-			ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
-		}
-		if err := InsertManyRuns(ctx, pool, ManyRuns{Namespace: "default", WorkflowType: "wf", IDs: ids,
-			Inputs: inputs, Carriers: make([][]byte, n), FlowKey: key}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	setLimit(t, pool, "key_concurrency", 5)
+	queueKeyed(t, pool, "a", 6)
+	queueKeyed(t, pool, "b", 1)
 	// Room for 10 among two keys and the runs of no key: a share of 4 each. Key a gives
 	// its 4 and has room for one more (its limit is 5), key b gives its only run: the
 	// second pass takes a's fifth.
@@ -670,4 +636,29 @@ func TestAClaimsSecondPassTakesMoreOnlyFromTheKeysThatGaveTheirWholeShare(t *tes
 	if per["a"] != 5 || per["b"] != 1 || len(claimed) != 6 {
 		t.Fatalf("the claim took %v, want 5 of key a (its limit) and 1 of key b", per)
 	}
+}
+
+// setLimit sets one limit of the type wf in the default namespace (a column of
+// kagzi.flow_limits: concurrency, key_concurrency, ...).
+func setLimit(t *testing.T, pool DBTX, column string, n int) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `INSERT INTO kagzi.flow_limits (namespace, workflow_type, `+column+`)
+		VALUES ('default', 'wf', $1)`, n); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// queueKeyed starts n runs of wf in the concurrency key and returns their ids.
+func queueKeyed(t *testing.T, pool DBTX, key string, n int) []uuid.UUID {
+	t.Helper()
+	ids := make([]uuid.UUID, n)
+	inputs := make([][]byte, n)
+	for i := range ids {
+		ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
+	}
+	if err := InsertManyRuns(context.Background(), pool, ManyRuns{Namespace: "default", WorkflowType: "wf", IDs: ids,
+		Inputs: inputs, Carriers: make([][]byte, n), FlowKey: key}); err != nil {
+		t.Fatal(err)
+	}
+	return ids
 }

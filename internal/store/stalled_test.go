@@ -88,10 +88,7 @@ func TestAClaimWhoseClientStopsReadingItsResultEndsWithinTheLeaseAndFreesTheType
 	pool, url := testdb.NewPool(t)
 	ctx := context.Background()
 	// A limited type: each claim holds the type's lock until it commits.
-	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency)
-		VALUES ('default', 'wf', 1000)`); err != nil {
-		t.Fatal(err)
-	}
+	setLimit(t, pool, "concurrency", 1000)
 	// 100 runs of 256 KB inputs: a claim's result of 25 MB, more than the sockets hold.
 	input := []byte(`"` + strings.Repeat("x", 256<<10) + `"`)
 	ids := make([]uuid.UUID, 100)
