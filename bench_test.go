@@ -3,6 +3,8 @@ package kagzi_test
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"syscall"
 	"testing"
 	"time"
 
@@ -516,6 +518,7 @@ func BenchmarkBurnDownWithManyTypes(b *testing.B) {
 				b.Fatal(err)
 			}
 			b.ResetTimer()
+			cpu0, mallocs0 := processCPU(b), mallocs()
 			t0 := time.Now()
 			go w.Run(ctx)
 			for {
@@ -529,6 +532,26 @@ func BenchmarkBurnDownWithManyTypes(b *testing.B) {
 				time.Sleep(20 * time.Millisecond)
 			}
 			b.ReportMetric(n/time.Since(t0).Seconds(), "runs/s")
+			// The client process's own work per run (the worker's, its pgx
+			// connections', the garbage collector's), apart from PostgreSQL's.
+			b.ReportMetric(float64((processCPU(b)-cpu0).Microseconds())/n, "go-cpu-us/run")
+			b.ReportMetric(float64(mallocs()-mallocs0)/n, "allocs/run")
 		})
 	}
+}
+
+// processCPU returns the CPU time (user and system) this process has used.
+func processCPU(b *testing.B) time.Duration {
+	var u syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &u); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
+}
+
+// mallocs returns the heap allocations this process has made.
+func mallocs() uint64 {
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.Mallocs
 }

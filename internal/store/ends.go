@@ -52,7 +52,8 @@ upd AS (
 		finished_at = now(), locked_by = NULL, updated_at = now(),
 		holds_type_slot = r.holds_type_slot AND NOT i.held_slot
 	FROM i
-	WHERE r.run_id = i.run_id AND r.lease_epoch = i.epoch AND coalesce(r.status, '') = 'RUNNING' -- see KeyedPlansSQL
+	WHERE r.run_id = i.run_id AND r.lease_epoch = i.epoch AND r.lease_token IS NOT DISTINCT FROM i.token
+		AND coalesce(r.status, '') = 'RUNNING' -- see KeyedPlansSQL
 	RETURNING i.ord, i.client_id, r.run_id, r.namespace, r.workflow_type, r.status, i.held_slot, r.flow_key
 ), freed AS (
 	-- The types whose concurrency slots or keys' places these ends freed: their
@@ -104,8 +105,8 @@ SELECT ord, status, ((SELECT count(*) FROM notified) + (SELECT count(*) FROM fre
 		arg("status", "text", func(w *FinishWrite) string { return string(w.Status) }),
 		arg("output", "jsonb", func(w *FinishWrite) []byte { return w.Output }),
 		arg("error", "jsonb", func(w *FinishWrite) []byte { return w.Error }),
-		arg("step_key", "text", func(w *FinishWrite) *string { return lastStep(w, func(s *StepWrite) string { return s.Key }) }),
-		arg("step_name", "text", func(w *FinishWrite) *string { return lastStep(w, func(s *StepWrite) string { return s.Name }) }),
+		arg("step_key", "text", func(w *FinishWrite) *string { return lastStep(w, func(s *StepWrite) *string { return &s.Key }) }),
+		arg("step_name", "text", func(w *FinishWrite) *string { return lastStep(w, func(s *StepWrite) *string { return &s.Name }) }),
 		arg("step_output", "jsonb", func(w *FinishWrite) []byte {
 			if w.Last == nil {
 				return nil
@@ -113,23 +114,23 @@ SELECT ord, status, ((SELECT count(*) FROM notified) + (SELECT count(*) FROM fre
 			return w.Last.Output
 		}),
 		arg("started_at", "timestamptz", func(w *FinishWrite) *time.Time {
-			return lastStep(w, func(s *StepWrite) time.Time { return s.StartedAt })
+			return lastStep(w, func(s *StepWrite) *time.Time { return &s.StartedAt })
 		}),
 		arg("finished_at", "timestamptz", func(w *FinishWrite) *time.Time {
-			return lastStep(w, func(s *StepWrite) time.Time { return s.FinishedAt })
+			return lastStep(w, func(s *StepWrite) *time.Time { return &s.FinishedAt })
 		}),
-		arg("position", "integer", func(w *FinishWrite) *int32 { return lastStep(w, func(s *StepWrite) int32 { return int32(s.Position) }) }),
+		arg("position", "integer", func(w *FinishWrite) *int { return lastStep(w, func(s *StepWrite) *int { return &s.Position }) }),
 		arg("client_id", "uuid", func(w *FinishWrite) [16]byte { return w.Client }),
 		arg("held_slot", "boolean", func(w *FinishWrite) bool { return w.HeldSlot }),
 	)...)
 
-// lastStep reads a field of w's last step, nil when it has none.
-func lastStep[V any](w *FinishWrite, get func(*StepWrite) V) *V {
+// lastStep points at a field of w's last step (no copy: a copy would cost an
+// allocation a field a run), nil when it has none.
+func lastStep[V any](w *FinishWrite, field func(*StepWrite) *V) *V {
 	if w.Last == nil {
 		return nil
 	}
-	v := get(w.Last)
-	return &v
+	return field(w.Last)
 }
 
 // FinishRun ends a run; see finishes. It returns the status the run ended with.

@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/kagzi/kagzi/internal/committer"
 )
@@ -43,7 +45,8 @@ func arg[W, V any](name, typ string, get func(W) V) param[W] {
 // pgValue hands pgx a uuid.UUID as the [16]byte it is. pgx has no plan for the
 // named type: it encoded it through its driver.Valuer (formatting it as text and
 // parsing that back), or through reflection, allocating at each value, and at each
-// element of an array.
+// element of an array. A slice becomes an array parameter whose elements are read
+// through pointers (see pgArray).
 func pgValue(v any) any {
 	switch x := v.(type) {
 	case uuid.UUID:
@@ -53,21 +56,112 @@ func pgValue(v any) any {
 			return nil
 		}
 		return [16]byte(*x)
+	}
+	return pgArray(v)
+}
+
+// pgArray returns a slice of the types the set-based statements' parameters have as
+// a ptrArray of the pgtype values they are, and any other value as it is. pgx
+// encodes an array element by element, each handed over as an interface value: a
+// [16]byte, a string, a time.Time or an int64 put in one is copied to the heap (an
+// allocation an element, a dozen a run's end), a pointer is not. Nil pointers
+// become NULL elements, as before; ints are range-checked by the column's codec.
+func pgArray(v any) any {
+	switch x := v.(type) {
+	case []pgtype.UUID:
+		return ptrArray[pgtype.UUID](x)
+	case [][16]byte:
+		return mapArray(x, func(u [16]byte) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} })
 	case []uuid.UUID:
-		b := make([][16]byte, len(x))
-		for i, u := range x {
-			b[i] = u
-		}
-		return b
+		return mapArray(x, func(u uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} })
 	case []*uuid.UUID:
-		b := make([]*[16]byte, len(x))
-		for i, u := range x {
-			b[i] = (*[16]byte)(u)
-		}
-		return b
+		return mapArray(x, func(u *uuid.UUID) pgtype.UUID {
+			if u == nil {
+				return pgtype.UUID{}
+			}
+			return pgtype.UUID{Bytes: *u, Valid: true}
+		})
+	case []string:
+		return mapArray(x, func(s string) pgtype.Text { return pgtype.Text{String: s, Valid: true} })
+	case []*string:
+		return mapArray(x, func(s *string) pgtype.Text {
+			if s == nil {
+				return pgtype.Text{}
+			}
+			return pgtype.Text{String: *s, Valid: true}
+		})
+	case []time.Time:
+		return mapArray(x, func(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: true} })
+	case []*time.Time:
+		return mapArray(x, func(t *time.Time) pgtype.Timestamptz {
+			if t == nil {
+				return pgtype.Timestamptz{}
+			}
+			return pgtype.Timestamptz{Time: *t, Valid: true}
+		})
+	case []int64:
+		return mapArray(x, func(n int64) pgtype.Int8 { return pgtype.Int8{Int64: n, Valid: true} })
+	case []*int64:
+		return mapArray(x, func(n *int64) pgtype.Int8 {
+			if n == nil {
+				return pgtype.Int8{}
+			}
+			return pgtype.Int8{Int64: *n, Valid: true}
+		})
+	case []int:
+		return mapArray(x, func(n int) pgtype.Int8 { return pgtype.Int8{Int64: int64(n), Valid: true} })
+	case []*int:
+		return mapArray(x, func(n *int) pgtype.Int8 {
+			if n == nil {
+				return pgtype.Int8{}
+			}
+			return pgtype.Int8{Int64: int64(*n), Valid: true}
+		})
+	case []int32:
+		return mapArray(x, func(n int32) pgtype.Int8 { return pgtype.Int8{Int64: int64(n), Valid: true} })
+	case []*int32:
+		return mapArray(x, func(n *int32) pgtype.Int8 {
+			if n == nil {
+				return pgtype.Int8{}
+			}
+			return pgtype.Int8{Int64: int64(*n), Valid: true}
+		})
+	case []bool:
+		return mapArray(x, func(b bool) pgtype.Bool { return pgtype.Bool{Bool: b, Valid: true} })
 	}
 	return v
 }
+
+// mapArray converts each element of vs with f, into a ptrArray (nil stays a NULL array).
+func mapArray[V, T any](vs []V, f func(V) T) any {
+	if vs == nil {
+		return ptrArray[T](nil)
+	}
+	a := make(ptrArray[T], len(vs))
+	for i, v := range vs {
+		a[i] = f(v)
+	}
+	return a
+}
+
+// ptrArray is a one-dimensional array parameter whose elements pgx reads through
+// pointers (pgtype.ArrayGetter): *T implements T's valuer interface (UUIDValuer,
+// TextValuer...), so no element is copied into an interface value.
+type ptrArray[T any] []T
+
+// Dimensions returns the array's one dimension, or nil (NULL) for a nil slice.
+func (a ptrArray[T]) Dimensions() []pgtype.ArrayDimension {
+	if a == nil {
+		return nil
+	}
+	return []pgtype.ArrayDimension{{Length: int32(len(a)), LowerBound: 1}}
+}
+
+// Index returns a pointer to element i.
+func (a ptrArray[T]) Index(i int) any { return &a[i] }
+
+// IndexType returns a value of the type Index returns.
+func (a ptrArray[T]) IndexType() any { return new(T) }
 
 // namedStatement is SQL written with @name parameters, rewritten to $n positions.
 type namedStatement[W any] struct {
