@@ -662,3 +662,59 @@ func queueKeyed(t *testing.T, pool DBTX, key string, n int) []uuid.UUID {
 	}
 	return ids
 }
+
+func TestEachClaimDrawsATokenOfItsOwnAndLeavesTheSessionsCommitSettingAlone(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	ids := []uuid.UUID{uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())}
+	inputs := [][]byte{[]byte(`1`), []byte(`2`), []byte(`3`)}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, inputs, make([][]byte, 3), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	first, _, err := ClaimRuns(ctx, conn, testClaimer("wf"), 2)
+	if err != nil || len(first) != 2 {
+		t.Fatalf("first claim: %d runs, %v; want 2", len(first), err)
+	}
+	second, _, err := ClaimRuns(ctx, conn, testClaimer("wf"), 2)
+	if err != nil || len(second) != 1 {
+		t.Fatalf("second claim: %d runs, %v; want 1", len(second), err)
+	}
+	if first[0].Token == uuid.Nil || first[1].Token != first[0].Token || second[0].Token == first[0].Token {
+		t.Fatalf("tokens %s, %s (one claim) and %s (another): want one per claim, set", first[0].Token, first[1].Token,
+			second[0].Token)
+	}
+	for _, c := range append(first, second...) {
+		var stored uuid.UUID
+		if err := conn.QueryRow(ctx, `SELECT lease_token FROM kagzi.runs WHERE run_id = $1`, c.RunID).Scan(&stored); err != nil {
+			t.Fatal(err)
+		}
+		if stored != c.Token {
+			t.Fatalf("run %s holds the token %s, its claim returned %s", c.RunID, stored, c.Token)
+		}
+	}
+	// A fence with the right epoch and another claim's token records nothing.
+	stolen := first[0].Fence
+	stolen.Token = second[0].Token
+	if _, err := FinishRun(ctx, Direct(conn), FinishWrite{Fence: stolen, Status: "COMPLETED"}); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("an end under another claim's token: %v, want ErrLeaseLost", err)
+	}
+	if _, err := FinishRun(ctx, Direct(conn), FinishWrite{Fence: first[0].Fence, Status: "COMPLETED"}); err != nil {
+		t.Fatalf("an end under its claim's fence: %v", err)
+	}
+	// The claims did not wait for their flush, in their own transactions only.
+	var setting, token string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('synchronous_commit'),
+		coalesce(current_setting('kagzi.lease_token', true), '')`).Scan(&setting, &token); err != nil {
+		t.Fatal(err)
+	}
+	if setting != "on" || token != "" {
+		t.Fatalf("after the claims the session has synchronous_commit %q and kagzi.lease_token %q, want on and none",
+			setting, token)
+	}
+}

@@ -102,7 +102,7 @@ var suspendForWait = named(`
 WITH upd AS (
 	UPDATE kagzi.runs r SET `+releaseSQL("SLEEPING", "CASE WHEN r.wake_pending THEN now() ELSE @wake_at END")+`,
 		waiting_signal = @signal, wake_pending = false
-	WHERE r.run_id = @run_id AND r.lease_epoch = @epoch AND r.status = 'RUNNING'
+	WHERE r.run_id = @run_id AND r.lease_epoch = @epoch AND r.lease_token IS NOT DISTINCT FROM @token AND r.status = 'RUNNING'
 	RETURNING `+releasedColumns+`
 )
 SELECT status, (`+notifyRunSQL+`)::text FROM upd`,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/kagzi/kagzi/internal/vocab"
 )
@@ -34,7 +35,7 @@ WITH upd AS (
 		status = CASE WHEN r.cancel_requested THEN 'CANCELLED' ELSE 'COMPLETED' END,
 		output = NULL, error = NULL, finished_at = now(), locked_by = NULL, updated_at = now(),
 		continued_as_run_id = CASE WHEN r.cancel_requested THEN NULL ELSE @next::uuid END
-	WHERE r.run_id = @run_id AND r.lease_epoch = @epoch AND r.status = 'RUNNING'
+	WHERE r.run_id = @run_id AND r.lease_epoch = @epoch AND r.lease_token IS NOT DISTINCT FROM @token AND r.status = 'RUNNING'
 	RETURNING r.run_id, r.status, r.namespace, r.workflow_id, r.workflow_type, r.deadline_at, r.priority,
 		r.flow_key, r.attributes, r.id_reuse_never, r.parent_run_id, r.parent_step_key, r.trace_carrier
 )
@@ -45,6 +46,7 @@ SELECT status, namespace, workflow_id, workflow_type, deadline_at, priority, flo
 FROM upd`,
 	arg("run_id", "uuid", func(w *ContinueWrite) uuid.UUID { return w.RunID }),
 	arg("epoch", "bigint", func(w *ContinueWrite) int64 { return w.Epoch }),
+	arg("token", "uuid", func(w *ContinueWrite) pgtype.UUID { return w.token() }),
 	arg("next", "uuid", func(w *ContinueWrite) uuid.UUID { return w.Next }),
 	arg("client_id", "uuid", func(w *ContinueWrite) uuid.UUID { return w.Client }))
 

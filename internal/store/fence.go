@@ -4,30 +4,47 @@ import (
 	"errors"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// Fence names a run and the lease epoch its worker claimed it with. Every write a
-// worker makes for a run takes one: the write matches the run only while the run is
-// RUNNING under that epoch, and records nothing (ErrLeaseLost) once another claim
-// has bumped the epoch or the run has ended. The writes that add rows beside the run
-// (steps, attempts, signals taken, events) hold FOR KEY SHARE on the run while they
-// commit, which the claim's SKIP LOCKED skips: a fenced write either commits before a
-// takeover or is rejected after it. TestEveryFencedWriteWithAStaleEpochWritesNothing
-// runs each of them with a stale epoch.
+// Fence names a run, the lease epoch its worker claimed it with and the claim's
+// token. Every write a worker makes for a run takes one: the write matches the run
+// only while the run is RUNNING under that epoch and token, and records nothing
+// (ErrLeaseLost) once another claim has bumped the epoch or the run has ended. The
+// writes that add rows beside the run (steps, attempts, signals taken, events) hold
+// FOR KEY SHARE on the run while they commit, which the claim's SKIP LOCKED skips: a
+// fenced write either commits before a takeover or is rejected after it.
+// TestEveryFencedWriteWithAStaleEpochWritesNothing runs each of them with a stale
+// epoch.
+//
+// The token is drawn at random for each claim (and each eager start): claims commit
+// without waiting for their WAL flush, so a claim lost in a crash of PostgreSQL leaves
+// the run with the epoch it had, and the next claim takes it with the epoch the lost
+// one had; the token, which no claim repeats, keeps the lost claim's execution from
+// writing under the new one (migration 00018). A zero Token matches a run claimed
+// without one: by an eager start (the start's own transaction claims the run, and
+// commits synchronously), or by a library from before that migration.
 type Fence struct {
 	RunID uuid.UUID
 	Epoch int64
+	Token uuid.UUID
+}
+
+// token is the fence's token as a parameter: NULL when it has none.
+func (f Fence) token() pgtype.UUID {
+	return pgtype.UUID{Bytes: f.Token, Valid: f.Token != uuid.Nil}
 }
 
 // ErrLeaseLost is what a fenced write returns when its fence no longer holds.
 var ErrLeaseLost = errors.New("lease lost")
 
-// fenceArgs declares a fenced statement's @run_id and @epoch parameters, read from
-// its input's Fence.
+// fenceArgs declares a fenced statement's @run_id, @epoch and @token parameters,
+// read from its input's Fence.
 func fenceArgs[W interface{ fence() Fence }]() []param[W] {
 	return []param[W]{
 		arg("run_id", "uuid", func(w W) [16]byte { return w.fence().RunID }),
 		arg("epoch", "bigint", func(w W) int64 { return w.fence().Epoch }),
+		arg("token", "uuid", func(w W) pgtype.UUID { return w.fence().token() }),
 	}
 }
 
@@ -35,12 +52,12 @@ func (f Fence) fence() Fence { return f }
 
 // ownerSQL is the fence of a single-run write that adds rows beside its run (a
 // step, a signal taken, an event): "owner" holds the run only while it is RUNNING
-// under @epoch. FOR KEY SHARE holds off a concurrent claim, which would bump the
+// under @epoch and @token. FOR KEY SHARE holds off a concurrent claim, which would bump the
 // epoch, until the write commits; a claim that committed first leaves "owner" empty,
 // and the write records nothing.
 const ownerSQL = `owner AS (
 	SELECT run_id FROM kagzi.runs
-	WHERE run_id = @run_id AND lease_epoch = @epoch AND status = 'RUNNING'
+	WHERE run_id = @run_id AND lease_epoch = @epoch AND lease_token IS NOT DISTINCT FROM @token AND status = 'RUNNING'
 	FOR KEY SHARE
 )`
 

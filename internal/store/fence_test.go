@@ -37,7 +37,7 @@ func TestEveryFencedWriteWithAStaleEpochWritesNothing(t *testing.T) {
 	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.signals (run_id, name, payload) VALUES ($1, 'go', '1')`, run); err != nil {
 		t.Fatal(err)
 	}
-	stale := Fence{run, 1}
+	stale := Fence{RunID: run, Epoch: 1}
 	now := time.Now()
 	retryIn := time.Second
 	pos := 1
@@ -118,7 +118,7 @@ func TestEveryFencedWriteWithAStaleEpochWritesNothing(t *testing.T) {
 	// The control: under the run's own epoch, the first write records, and the state shows it.
 	before := dbState(t, pool)
 	live := step
-	live.Fence = Fence{run, 2}
+	live.Fence = Fence{RunID: run, Epoch: 2}
 	if _, err := RecordStep(ctx, Direct(pool), live); err != nil {
 		t.Fatal(err)
 	}

@@ -7,13 +7,14 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // renewLease extends the lease of one run its worker holds to @lease_ms from now,
 // and tells whether a cancel was requested.
 var renewLease = named(`
 UPDATE kagzi.runs SET available_at = now() + @lease_ms * interval '1 millisecond'
-WHERE run_id = @run_id AND lease_epoch = @epoch AND status = 'RUNNING'
+WHERE run_id = @run_id AND lease_epoch = @epoch AND lease_token IS NOT DISTINCT FROM @token AND status = 'RUNNING'
 RETURNING cancel_requested`,
 	append(fenceArgs[leaseRenewal](),
 		arg("lease_ms", "bigint", func(r leaseRenewal) int64 { return r.lease.Milliseconds() }))...)
@@ -45,14 +46,16 @@ type HeartbeatResult struct {
 	Extended bool
 }
 
-// fenceArrays returns the run ids and epochs of fences, as parallel arrays.
-func fenceArrays(fences []Fence) ([][16]byte, []int64) {
-	ids := make([][16]byte, len(fences))
-	epochs := make([]int64, len(fences))
+// fenceArrays returns the run ids, epochs and tokens of fences, as parallel array
+// parameters.
+func fenceArrays(fences []Fence) (ids, epochs, tokens any) {
+	is := make([][16]byte, len(fences))
+	es := make([]int64, len(fences))
+	ts := make([]pgtype.UUID, len(fences))
 	for i, f := range fences {
-		ids[i], epochs[i] = f.RunID, f.Epoch
+		is[i], es[i], ts[i] = f.RunID, f.Epoch, f.token()
 	}
-	return ids, epochs
+	return pgArray(is), pgArray(es), pgArray(ts)
 }
 
 // ReleaseRuns hands runs back at once (a worker shutting down): they become PENDING
@@ -60,8 +63,8 @@ func fenceArrays(fences []Fence) ([][16]byte, []int64) {
 // was requested ends CANCELLED instead. Runs whose fence no longer holds are left
 // alone.
 func ReleaseRuns(ctx context.Context, db DBTX, held []Fence) error {
-	ids, epochs := fenceArrays(held)
-	rows, err := queryAfter(ctx, db, KeyedPlansSQL, releaseRunsSQL, ids, epochs)
+	ids, epochs, tokens := fenceArrays(held)
+	rows, err := queryAfter(ctx, db, KeyedPlansSQL, releaseRunsSQL, ids, epochs, tokens)
 	if err != nil {
 		return err
 	}
@@ -73,8 +76,8 @@ func ReleaseRuns(ctx context.Context, db DBTX, held []Fence) error {
 var releaseRunsSQL = `
 WITH upd AS (
 	UPDATE kagzi.runs r SET ` + releaseSQL("PENDING", "now()") + `
-	FROM unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
-	WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND coalesce(r.status, '') = 'RUNNING'
+	FROM unnest($1::uuid[], $2::bigint[], $3::uuid[]) AS h(run_id, epoch, token)
+	WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND r.lease_token IS NOT DISTINCT FROM h.token AND coalesce(r.status, '') = 'RUNNING'
 	  AND r.run_id = ANY ($1::uuid[]) -- reads only these runs, whichever join is planned (see heartbeatSQL)
 	RETURNING ` + releasedColumns + `
 )

@@ -42,12 +42,17 @@ type batcher interface {
 // pipeline; otherwise the query alone. Inside the caller's own transaction the
 // settings last until that transaction ends.
 func queryAfter(ctx context.Context, db DBTX, setup, sql string, args ...any) (pgx.Rows, error) {
+	return queryAfterWith(ctx, db, setup, nil, sql, args...)
+}
+
+// queryAfterWith is queryAfter with arguments for setup.
+func queryAfterWith(ctx context.Context, db DBTX, setup string, setupArgs []any, sql string, args ...any) (pgx.Rows, error) {
 	b, ok := db.(batcher)
 	if !ok {
 		return db.Query(ctx, sql, args...)
 	}
 	var batch pgx.Batch
-	batch.Queue(setup)
+	batch.Queue(setup, setupArgs...)
 	batch.Queue(sql, args...)
 	br := b.SendBatch(ctx, &batch)
 	if _, err := br.Exec(); err != nil {

@@ -86,7 +86,7 @@ func TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics(t *testing.
 	key, name, client := "s#2", "s", [16]byte(uuid.New())
 	var records, ends, suspensions, sleeps []any
 	for i := range n {
-		f := Fence{uuid.New(), 1}
+		f := Fence{RunID: uuid.New(), Epoch: 1}
 		records = append(records, &StepWrite{Fence: f, Key: "s#2", Name: "s", Status: "COMPLETED", StepStatus: "COMPLETED",
 			Output: []byte(`1`), StartedAt: now, FinishedAt: now, Position: i})
 		ends = append(ends, &FinishWrite{Fence: f, Client: client, Status: "COMPLETED", Output: []byte(`1`),
@@ -113,14 +113,15 @@ func TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics(t *testing.
 		sql, args = w.stmt.Build(w.inputs[:1])
 		statements = append(statements, statement{name: "lone " + w.stmt.Name, settings: "SELECT 1", sql: sql, args: args})
 	}
-	ids, epochs := make([][16]byte, n), make([]int64, n)
+	fences := make([]Fence, n)
 	for i, r := range ends {
-		ids[i], epochs[i] = r.(*FinishWrite).RunID, 1
+		fences[i] = Fence{RunID: r.(*FinishWrite).RunID, Epoch: 1, Token: uuid.New()}
 	}
+	ids, epochs, tokens := fenceArrays(fences)
 	statements = append(statements,
 		statement{name: "heartbeat", settings: KeyedPlansSQL, sql: heartbeatSQL,
-			args: []any{ids, epochs, "default", "w", n, int64(0), int64(0), int64(10000)}},
-		statement{name: "hand-back", settings: KeyedPlansSQL, sql: releaseRunsSQL, args: []any{ids, epochs}},
+			args: []any{ids, epochs, "default", "w", n, int64(0), int64(0), int64(10000), tokens}},
+		statement{name: "hand-back", settings: KeyedPlansSQL, sql: releaseRunsSQL, args: []any{ids, epochs, tokens}},
 		statement{name: "claimed runs' steps", settings: KeyedPlansSQL, sql: claimedStepsSQL, args: []any{ids}, table: "steps"})
 
 	for _, analyzed := range []bool{false, true} {

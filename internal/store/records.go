@@ -51,7 +51,7 @@ var ErrStepRecorded = errors.New("step already recorded")
 func recordStepsSQL(release bool) string {
 	sql := `
 owner AS (
-	SELECT run_id, lease_epoch FROM kagzi.runs
+	SELECT run_id, lease_epoch, lease_token FROM kagzi.runs
 	WHERE run_id IN (SELECT run_id FROM i) AND coalesce(status, '') = 'RUNNING' -- see KeyedPlansSQL
 	FOR KEY SHARE
 ), step AS (
@@ -59,7 +59,7 @@ owner AS (
 		started_at, finished_at)
 	SELECT i.run_id, i.step_key, i.name, 'STEP', i.step_status, i.output, i.error, 1, i.position,
 		i.started_at, i.finished_at
-	FROM i JOIN owner o ON o.run_id = i.run_id AND o.lease_epoch = i.epoch
+	FROM i JOIN owner o ON o.run_id = i.run_id AND o.lease_epoch = i.epoch AND o.lease_token IS NOT DISTINCT FROM i.token
 	ON CONFLICT (run_id, step_key) DO UPDATE SET
 		status = excluded.status, output = excluded.output, error = excluded.error,
 		attempts = s.attempts + 1, started_at = excluded.started_at, finished_at = excluded.finished_at,
@@ -87,7 +87,7 @@ owner AS (
 	return sql + `
 SELECT i.ord, (o.run_id IS NOT NULL)::integer, st.attempts, ` + notified + `
 FROM i
-LEFT JOIN owner o ON o.run_id = i.run_id AND o.lease_epoch = i.epoch
+LEFT JOIN owner o ON o.run_id = i.run_id AND o.lease_epoch = i.epoch AND o.lease_token IS NOT DISTINCT FROM i.token
 LEFT JOIN step st ON st.run_id = i.run_id AND st.step_key = i.step_key`
 }
 
@@ -182,20 +182,20 @@ func sleepArgs() []param[*SleepWrite] {
 // returns whether its fence held, the step's wake time, and the database's clock.
 var recordSleeps = newSetWrite[*SleepWrite]("record sleeps", `
 owner AS (
-	SELECT run_id, lease_epoch FROM kagzi.runs
+	SELECT run_id, lease_epoch, lease_token FROM kagzi.runs
 	WHERE run_id IN (SELECT run_id FROM i) AND coalesce(status, '') = 'RUNNING' -- see KeyedPlansSQL
 	FOR KEY SHARE
 ), step AS (
 	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, wake_at, position)
 	SELECT i.run_id, i.step_key, i.name, 'SLEEP', 'COMPLETED',
 		coalesce(i.wake_at, now() + i.duration_ms * interval '1 millisecond'), i.position
-	FROM i JOIN owner o ON o.run_id = i.run_id AND o.lease_epoch = i.epoch
+	FROM i JOIN owner o ON o.run_id = i.run_id AND o.lease_epoch = i.epoch AND o.lease_token IS NOT DISTINCT FROM i.token
 	ON CONFLICT (run_id, step_key) DO UPDATE SET updated_at = now()
 	RETURNING s.run_id, s.step_key, s.wake_at
 )
 SELECT i.ord, (o.run_id IS NOT NULL)::integer, st.wake_at, now()
 FROM i
-LEFT JOIN owner o ON o.run_id = i.run_id AND o.lease_epoch = i.epoch
+LEFT JOIN owner o ON o.run_id = i.run_id AND o.lease_epoch = i.epoch AND o.lease_token IS NOT DISTINCT FROM i.token
 LEFT JOIN step st ON st.run_id = i.run_id AND st.step_key = i.step_key`, sleepArgs()...)
 
 // RecordSleep records a sleep step and returns its wake time and the database's
@@ -221,6 +221,7 @@ var suspends = newSetWrite[*SleepWrite]("suspends", `
 owner AS (
 	SELECT r.run_id, i.ord, coalesce(i.wake_at, now() + i.duration_ms * interval '1 millisecond') AS wake_at
 	FROM kagzi.runs r JOIN i ON r.run_id = i.run_id AND r.lease_epoch = i.epoch
+		AND r.lease_token IS NOT DISTINCT FROM i.token
 	WHERE coalesce(r.status, '') = 'RUNNING' -- see KeyedPlansSQL
 	FOR UPDATE OF r
 ), step AS (
@@ -255,7 +256,7 @@ var retryRun = named(`
 WITH upd AS (
 	UPDATE kagzi.runs r SET attempt = r.attempt + 1, error = @error,
 		`+releaseSQL("PENDING", "now() + @delay_ms * interval '1 millisecond'")+`
-	WHERE r.run_id = @run_id AND r.lease_epoch = @epoch AND r.status = 'RUNNING'
+	WHERE r.run_id = @run_id AND r.lease_epoch = @epoch AND r.lease_token IS NOT DISTINCT FROM @token AND r.status = 'RUNNING'
 	RETURNING `+releasedColumns+`
 )
 SELECT (`+notifyRunSQL+`)::text FROM upd`,

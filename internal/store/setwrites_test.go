@@ -56,7 +56,7 @@ func setRows[W any](t *testing.T, pool *pgxpool.Pool, s *setWrite[W], inputs ...
 
 func stepWrite(run uuid.UUID, epoch int64, key, output string) *StepWrite {
 	now := time.Now()
-	return &StepWrite{Fence: Fence{run, epoch}, Key: key, Name: "s", Status: "COMPLETED", StepStatus: "COMPLETED",
+	return &StepWrite{Fence: Fence{RunID: run, Epoch: epoch}, Key: key, Name: "s", Status: "COMPLETED", StepStatus: "COMPLETED",
 		Output: []byte(output), StartedAt: now, FinishedAt: now, Position: 1}
 }
 
@@ -110,7 +110,7 @@ func TestEndsOfManyRunsAreFencedAndRecordTheirLastStep(t *testing.T) {
 	key, name, pos := "last#1", "last", 0
 	now := time.Now()
 	end := func(run uuid.UUID, withStep bool) *FinishWrite {
-		w := &FinishWrite{Fence: Fence{run, 1}, Status: "COMPLETED", Output: []byte(`"out"`)}
+		w := &FinishWrite{Fence: Fence{RunID: run, Epoch: 1}, Status: "COMPLETED", Output: []byte(`"out"`)}
 		if withStep {
 			w.Last = &StepWrite{Key: key, Name: name, Output: []byte(`"step"`), StartedAt: now, FinishedAt: now, Position: pos}
 		}
@@ -143,7 +143,7 @@ func TestSuspendsOfManyRunsAreFencedAndPutEachHeldRunToSleep(t *testing.T) {
 	cancelled := runningRun(t, pool, 1, true)
 	wake := time.Now().Add(time.Hour)
 	sleep := func(run uuid.UUID, key string, at *time.Time) *SleepWrite {
-		return &SleepWrite{Fence: Fence{run, 1}, Key: key, Name: "nap", WakeAt: at, Duration: time.Minute}
+		return &SleepWrite{Fence: Fence{RunID: run, Epoch: 1}, Key: key, Name: "nap", WakeAt: at, Duration: time.Minute}
 	}
 	got := setRows(t, pool, suspends, sleep(held, "nap#1", nil), sleep(taken, "nap#1", nil), sleep(cancelled, "", &wake))
 	if len(got) != 2 || got[1][0] != "SLEEPING" || got[2] != nil || got[3][0] != "CANCELLED" {
@@ -286,7 +286,7 @@ func listen(t *testing.T, url string) *pgx.Conn {
 
 // runEnd is a run's end (COMPLETED, no held-back step) by client.
 func runEnd(run, client uuid.UUID) *FinishWrite {
-	return &FinishWrite{Fence: Fence{run, 1}, Client: client, Status: "COMPLETED", Output: []byte(`"out"`)}
+	return &FinishWrite{Fence: Fence{RunID: run, Epoch: 1}, Client: client, Status: "COMPLETED", Output: []byte(`"out"`)}
 }
 
 func TestEndsOfRunsHoldingTypeSlotsNotifyEachTypeOnceAndClearTheirSlots(t *testing.T) {

@@ -121,16 +121,17 @@ WITH me AS (
 		FOR UPDATE SKIP LOCKED)
 	RETURNING 1
 ), mine AS (
-	SELECT r.run_id, r.lease_epoch, r.cancel_requested
-	FROM kagzi.runs r JOIN unnest($1::uuid[], $2::bigint[]) AS h(run_id, epoch)
-		ON r.run_id = h.run_id AND r.lease_epoch = h.epoch
+	SELECT r.run_id, r.lease_epoch, r.lease_token, r.cancel_requested
+	FROM kagzi.runs r JOIN unnest($1::uuid[], $2::bigint[], $9::uuid[]) AS h(run_id, epoch, token)
+		ON r.run_id = h.run_id AND r.lease_epoch = h.epoch AND r.lease_token IS NOT DISTINCT FROM h.token
 	-- run_id = ANY bounds the read of runs to the held ones whichever join the planner
 	-- picks: for a few thousand held runs it hashed every row of runs (a scan of the
 	-- whole table per beat).
 	WHERE r.run_id = ANY ($1::uuid[]) AND coalesce(r.status, '') = 'RUNNING' -- see KeyedPlansSQL
 ), free AS (
 	SELECT r.run_id FROM kagzi.runs r JOIN mine m ON r.run_id = m.run_id
-	WHERE r.lease_epoch = m.lease_epoch AND coalesce(r.status, '') = 'RUNNING'
+	WHERE r.lease_epoch = m.lease_epoch AND r.lease_token IS NOT DISTINCT FROM m.lease_token
+	  AND coalesce(r.status, '') = 'RUNNING'
 	FOR NO KEY UPDATE OF r SKIP LOCKED
 ), extended AS (
 	UPDATE kagzi.runs r SET available_at = now() + $8 * interval '1 millisecond'
@@ -154,9 +155,9 @@ GROUP BY run_id`
 // their lease was taken over or they finished. A run in the result but not Extended
 // is still held; its row was being written, so its lease keeps its old end.
 func Heartbeat(ctx context.Context, db DBTX, beat WorkerBeat, held []Fence, lease time.Duration) ([]HeartbeatResult, error) {
-	ids, epochs := fenceArrays(held)
+	ids, epochs, tokens := fenceArrays(held)
 	rows, err := queryAfter(ctx, db, KeyedPlansSQL, heartbeatSQL, ids, epochs, beat.Namespace, beat.WorkerID,
-		beat.ActiveRuns, beat.Completed, beat.Failed, lease.Milliseconds())
+		beat.ActiveRuns, beat.Completed, beat.Failed, lease.Milliseconds(), tokens)
 	if err != nil {
 		return nil, err
 	}

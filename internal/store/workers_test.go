@@ -30,7 +30,7 @@ func TestAHeartbeatDoesNotWaitForARunWhoseRowIsBeingWrittenAndKeepsItHeld(t *tes
 	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	res, err := Heartbeat(bctx, pool, WorkerBeat{Namespace: "default", WorkerID: "w"},
-		[]Fence{{busy, 1}, {free, 1}, {taken, 1}}, time.Hour)
+		[]Fence{{RunID: busy, Epoch: 1}, {RunID: free, Epoch: 1}, {RunID: taken, Epoch: 1}}, time.Hour)
 	if err != nil {
 		t.Fatalf("heartbeat: %v (it waited for the busy row?)", err)
 	}

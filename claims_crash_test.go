@@ -1,0 +1,138 @@
+package kagzi_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// A claim commits without waiting for its WAL to reach disk. In a crash of PostgreSQL
+// right after it, the claim is lost: the run is PENDING again with the epoch it had,
+// and the next claim takes it with the epoch the lost claim had. The lost claim's
+// execution (its worker knows nothing of the crash until it writes) must record
+// nothing under the new claim: the claim's token tells the two apart. The cluster's
+// WAL writer waits 10 s between rounds (and no other commit flushes the WAL), so the
+// claim is lost unless the writer happened to run in the few milliseconds before the
+// crash; the test tries again in that case.
+func TestAClaimLostInADatabaseCrashIsClaimedAgainAndItsExecutionWritesNothingUnderTheNewClaim(t *testing.T) {
+	t.Parallel()
+	pg := newCluster(t, "wal_writer_delay=10s", "autovacuum=off", "bgwriter_lru_maxpages=0")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	connect := func() *pgxpool.Pool {
+		pool, err := pgxpool.New(ctx, pg.URL)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pool
+	}
+	pool := connect()
+	if err := kagzi.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	claimer := store.Claimer{Namespace: "default", Types: []string{"wf"}, Versions: []string{"v1"}, WorkerID: "w",
+		Lease: time.Minute, Cursors: map[string]string{}}
+	for attempt := 1; ; attempt++ {
+		run := uuid.New()
+		if err := store.InsertRuns(ctx, pool, "default", "wf", nil, []uuid.UUID{run}, [][]byte{[]byte(`1`)},
+			[][]byte{nil}, time.Time{}, nil); err != nil {
+			t.Fatal(err)
+		}
+		lost := claimOne(t, ctx, pool, claimer, run)
+		if lost.Epoch != 1 || lost.Token == uuid.Nil {
+			t.Fatalf("first claim's fence %+v, want epoch 1 and a token", lost)
+		}
+		pool.Close()
+		pg.Crash()
+		pg.Start()
+		pool = connect()
+
+		var status string
+		var epoch int64
+		if err := pool.QueryRow(ctx, `SELECT status, lease_epoch FROM kagzi.runs WHERE run_id = $1`, run).Scan(&status,
+			&epoch); err != nil {
+			t.Fatal(err)
+		}
+		if status == "RUNNING" {
+			// The WAL writer ran before the crash: the claim survived. Finish the run
+			// (its fence holds) and lose the next one.
+			if _, err := store.FinishRun(ctx, store.Direct(pool), store.FinishWrite{Fence: lost, Status: "COMPLETED",
+				Output: []byte(`1`)}); err != nil {
+				t.Fatalf("end under a claim that survived the crash: %v", err)
+			}
+			if attempt == 5 {
+				t.Fatal("five claims survived a crash right after them: the test cannot lose one")
+			}
+			t.Logf("attempt %d: the claim reached disk before the crash; again", attempt)
+			continue
+		}
+		if status != "PENDING" || epoch != 0 {
+			t.Fatalf("after the crash the run is %s with epoch %d, want PENDING with epoch 0 (the claim lost)", status, epoch)
+		}
+
+		again := claimOne(t, ctx, pool, claimer, run)
+		if again.Epoch != lost.Epoch || again.Token == lost.Token {
+			t.Fatalf("the claim after the crash has fence %+v, the lost one had %+v: want the same epoch, another token",
+				again, lost)
+		}
+		// The lost claim's execution writes: each fenced write is refused.
+		step := store.StepWrite{Fence: lost, Key: "s#1", Name: "s", Status: "COMPLETED", StepStatus: "COMPLETED",
+			Output: []byte(`"zombie"`), StartedAt: time.Now(), FinishedAt: time.Now()}
+		if _, err := store.RecordStep(ctx, store.Direct(pool), step); !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("step recorded under the lost claim: %v, want ErrLeaseLost", err)
+		}
+		if _, err := store.RenewLease(ctx, pool, lost, time.Minute); !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("lease renewed under the lost claim: %v, want ErrLeaseLost", err)
+		}
+		beat, err := store.Heartbeat(ctx, pool, store.WorkerBeat{Namespace: "default", WorkerID: "w"}, []store.Fence{lost},
+			time.Minute)
+		if err != nil || len(beat) != 0 {
+			t.Fatalf("heartbeat under the lost claim: %+v, %v; want no run held", beat, err)
+		}
+		if err := store.ReleaseRuns(ctx, pool, []store.Fence{lost}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := store.FinishRun(ctx, store.Direct(pool), store.FinishWrite{Fence: lost, Status: "COMPLETED",
+			Output: []byte(`"zombie"`)}); !errors.Is(err, store.ErrLeaseLost) {
+			t.Fatalf("end under the lost claim: %v, want ErrLeaseLost", err)
+		}
+		if n := countRows(t, pool, `SELECT count(*) FROM kagzi.steps WHERE run_id = '`+run.String()+`'`); n != 0 {
+			t.Fatalf("%d steps recorded under the lost claim", n)
+		}
+		// The new claim's execution ends the run.
+		final, err := store.FinishRun(ctx, store.Direct(pool), store.FinishWrite{Fence: again, Status: "COMPLETED",
+			Output: []byte(`"done"`)})
+		if err != nil || final != "COMPLETED" {
+			t.Fatalf("end under the new claim: %q, %v", final, err)
+		}
+		var output string
+		if err := pool.QueryRow(ctx, `SELECT output::text FROM kagzi.runs WHERE run_id = $1`, run).Scan(&output); err != nil {
+			t.Fatal(err)
+		}
+		if output != `"done"` {
+			t.Fatalf("the run's output is %s, want the new claim's \"done\"", output)
+		}
+		pool.Close()
+		return
+	}
+}
+
+// claimOne claims the run for claimer and returns its fence.
+func claimOne(t *testing.T, ctx context.Context, pool *pgxpool.Pool, claimer store.Claimer, run uuid.UUID) store.Fence {
+	t.Helper()
+	claimed, _, err := store.ClaimRuns(ctx, pool, claimer, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claimed) != 1 || claimed[0].RunID != run {
+		t.Fatalf("claimed %d runs, want the run %s", len(claimed), run)
+	}
+	return claimed[0].Fence
+}
