@@ -136,3 +136,51 @@ func claimOne(t *testing.T, ctx context.Context, pool *pgxpool.Pool, claimer sto
 	}
 	return claimed[0].Fence
 }
+
+// A durable claim (WorkerConfig.DurableClaims) waits for its flush: a crash right after
+// it, in the same cluster settings that lose a default claim, leaves it in place.
+func TestADurableClaimSurvivesADatabaseCrashRightAfterIt(t *testing.T) {
+	t.Parallel()
+	pg := newCluster(t, "wal_writer_delay=10s", "autovacuum=off", "bgwriter_lru_maxpages=0")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kagzi.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	claimer := store.Claimer{Namespace: "default", Types: []string{"wf"}, Versions: []string{"v1"}, WorkerID: "w",
+		Lease: time.Minute, Cursors: map[string]string{}, Durable: true}
+	for range 3 {
+		run := uuid.New()
+		if err := store.InsertRuns(ctx, pool, "default", "wf", nil, []uuid.UUID{run}, [][]byte{[]byte(`1`)},
+			[][]byte{nil}, time.Time{}, nil); err != nil {
+			t.Fatal(err)
+		}
+		f := claimOne(t, ctx, pool, claimer, run)
+		pool.Close()
+		pg.Crash()
+		pg.Start()
+		if pool, err = pgxpool.New(ctx, pg.URL); err != nil {
+			t.Fatal(err)
+		}
+		var status string
+		var epoch int64
+		var token uuid.UUID
+		if err := pool.QueryRow(ctx, `SELECT status, lease_epoch, lease_token FROM kagzi.runs WHERE run_id = $1`,
+			run).Scan(&status, &epoch, &token); err != nil {
+			t.Fatal(err)
+		}
+		if status != "RUNNING" || epoch != f.Epoch || token != f.Token {
+			t.Fatalf("after the crash the run is %s, epoch %d, token %s; want the durable claim's RUNNING, %d, %s",
+				status, epoch, token, f.Epoch, f.Token)
+		}
+		if _, err := store.FinishRun(ctx, store.Direct(pool), store.FinishWrite{Fence: f, Status: "COMPLETED",
+			Output: []byte(`1`)}); err != nil {
+			t.Fatalf("end under the durable claim after the crash: %v", err)
+		}
+	}
+	pool.Close()
+}

@@ -34,9 +34,10 @@ go further than this page; every part of the API also has a runnable example bel
     A run held by a dead process is claimed again once its lease passes.
  2. A step's output is recorded at most once per step key and, once recorded, the step
     never runs again. A step body runs at least once; it runs again only if its process
-    died (or lost its lease) before the output was recorded.
+    died (or lost its lease, or its claim was lost in a crash of PostgreSQL: see
+    WorkerConfig.DurableClaims) before the output was recorded.
  3. A worker whose lease was taken over records nothing more for that run: every write is
-    fenced by the lease epoch it claimed the run with.
+    fenced by the lease epoch and the token it claimed the run with.
  4. A schedule fires exactly once per due time, however many processes run it.
  5. Nothing crosses namespaces: every read and write of a [Client] is confined to its
     namespace.

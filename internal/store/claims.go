@@ -104,6 +104,9 @@ type Claimer struct {
 	// of the keys' ring found no room walks further (the freed key may lie beyond the
 	// keys a claim visits). A claim that came back short clears it.
 	KeysFreed map[string]bool
+	// Durable makes the claim wait for its WAL flush when it commits (see
+	// claimSetupSQL).
+	Durable bool
 }
 
 // KeyFreed reports whether the time of a wake notification (its part after the
@@ -153,10 +156,15 @@ FROM kagzi.steps WHERE run_id = ANY($1)`
 // synchronously, which flushes the claim's WAL first, so nothing recorded under a
 // claim outlives the claim. A claim lost in a crash of PostgreSQL leaves its runs as
 // they were, to be claimed again at once; its worker's execution may go on until its
-// next write, which the token rejects (see Fence), as a takeover's would be.
-func claimSetupSQL(lease time.Duration) string {
+// next write, which the token rejects (see Fence), as a takeover's would be. A
+// durable claim (Claimer.Durable) waits for its flush as any commit does.
+func claimSetupSQL(lease time.Duration, durable bool) string {
+	commit := `off`
+	if durable {
+		commit = `on`
+	}
 	return genericPlanSQL + `, set_config('tcp_user_timeout', '` +
-		strconv.FormatInt(max(lease.Milliseconds(), 0), 10) + `', true), set_config('synchronous_commit', 'off', true),
+		strconv.FormatInt(max(lease.Milliseconds(), 0), 10) + `', true), set_config('synchronous_commit', '` + commit + `', true),
 	set_config('kagzi.lease_token', $1::text, true)`
 }
 
@@ -189,7 +197,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 	if _, ok := db.(batcher); ok {
 		token = uuid.New()
 	}
-	rows, err := queryAfterWith(ctx, db, claimSetupSQL(c.Lease), []any{token.String()}, claimSQL, c.Namespace,
+	rows, err := queryAfterWith(ctx, db, claimSetupSQL(c.Lease, c.Durable), []any{token.String()}, claimSQL, c.Namespace,
 		pgArray(c.Types), pgArray(c.Versions), pgArray(cursors), c.WorkerID, c.Lease.Milliseconds(), limit,
 		pgArray(c.Finishing), pgArray(floors), pgArray(walk), pgArray(keyFloors), pgArray(scans))
 	if err != nil {
