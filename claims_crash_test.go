@@ -23,36 +23,17 @@ import (
 // crash; the test tries again in that case.
 func TestAClaimLostInADatabaseCrashIsClaimedAgainAndItsExecutionWritesNothingUnderTheNewClaim(t *testing.T) {
 	t.Parallel()
-	pg := newCluster(t, "wal_writer_delay=10s", "autovacuum=off", "bgwriter_lru_maxpages=0")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	connect := func() *pgxpool.Pool {
-		pool, err := pgxpool.New(ctx, pg.URL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return pool
-	}
-	pool := connect()
-	if err := kagzi.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	claimer := store.Claimer{Namespace: "default", Types: []string{"wf"}, Versions: []string{"v1"}, WorkerID: "w",
-		Lease: time.Minute, Cursors: map[string]string{}}
+	c := newCrashCluster(t, ctx)
+	claimer := c.claimer(false)
 	for attempt := 1; ; attempt++ {
-		run := uuid.New()
-		if err := store.InsertRuns(ctx, pool, "default", "wf", nil, []uuid.UUID{run}, [][]byte{[]byte(`1`)},
-			[][]byte{nil}, time.Time{}, nil); err != nil {
-			t.Fatal(err)
-		}
-		lost := claimOne(t, ctx, pool, claimer, run)
+		run := c.newRun()
+		lost := c.claim(claimer, run)
 		if lost.Epoch != 1 || lost.Token == uuid.Nil {
 			t.Fatalf("first claim's fence %+v, want epoch 1 and a token", lost)
 		}
-		pool.Close()
-		pg.Crash()
-		pg.Start()
-		pool = connect()
+		pool := c.crash()
 
 		var status string
 		var epoch int64
@@ -77,7 +58,7 @@ func TestAClaimLostInADatabaseCrashIsClaimedAgainAndItsExecutionWritesNothingUnd
 			t.Fatalf("after the crash the run is %s with epoch %d, want PENDING with epoch 0 (the claim lost)", status, epoch)
 		}
 
-		again := claimOne(t, ctx, pool, claimer, run)
+		again := c.claim(claimer, run)
 		if again.Epoch != lost.Epoch || again.Token == lost.Token {
 			t.Fatalf("the claim after the crash has fence %+v, the lost one had %+v: want the same epoch, another token",
 				again, lost)
@@ -119,20 +100,73 @@ func TestAClaimLostInADatabaseCrashIsClaimedAgainAndItsExecutionWritesNothingUnd
 		if output != `"done"` {
 			t.Fatalf("the run's output is %s, want the new claim's \"done\"", output)
 		}
-		pool.Close()
 		return
 	}
 }
 
-// claimOne claims the run for claimer and returns its fence.
-func claimOne(t *testing.T, ctx context.Context, pool *pgxpool.Pool, claimer store.Claimer, run uuid.UUID) store.Fence {
-	t.Helper()
-	claimed, _, err := store.ClaimRuns(ctx, pool, claimer, 10)
-	if err != nil {
+// crashCluster is a throwaway cluster, migrated, whose WAL writer waits 10 s between
+// rounds (and no autovacuum or background writer flushes the WAL meanwhile): a claim
+// that does not wait for its flush is lost in a crash right after it, unless the
+// writer happened to run in between.
+type crashCluster struct {
+	t    *testing.T
+	ctx  context.Context
+	pg   *cluster
+	pool *pgxpool.Pool
+}
+
+func newCrashCluster(t *testing.T, ctx context.Context) *crashCluster {
+	c := &crashCluster{t: t, ctx: ctx, pg: newCluster(t, "wal_writer_delay=10s", "autovacuum=off", "bgwriter_lru_maxpages=0")}
+	c.connect()
+	t.Cleanup(func() { c.pool.Close() })
+	if err := kagzi.Migrate(ctx, c.pool); err != nil {
 		t.Fatal(err)
 	}
+	return c
+}
+
+func (c *crashCluster) connect() {
+	pool, err := pgxpool.New(c.ctx, c.pg.URL)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.pool = pool
+}
+
+// crash crashes the cluster, starts it again and returns a new pool.
+func (c *crashCluster) crash() *pgxpool.Pool {
+	c.pool.Close()
+	c.pg.Crash()
+	c.pg.Start()
+	c.connect()
+	return c.pool
+}
+
+// claimer claims runs of the type "wf", durably or not.
+func (c *crashCluster) claimer(durable bool) store.Claimer {
+	return store.Claimer{Namespace: "default", Types: []string{"wf"}, Versions: []string{"v1"}, WorkerID: "w",
+		Lease: time.Minute, Cursors: map[string]string{}, Durable: durable}
+}
+
+// newRun starts a run of "wf" and returns its id.
+func (c *crashCluster) newRun() uuid.UUID {
+	run := uuid.New()
+	if err := store.InsertRuns(c.ctx, c.pool, "default", "wf", nil, []uuid.UUID{run}, [][]byte{[]byte(`1`)},
+		[][]byte{nil}, time.Time{}, nil); err != nil {
+		c.t.Fatal(err)
+	}
+	return run
+}
+
+// claim claims the run for claimer and returns its fence.
+func (c *crashCluster) claim(claimer store.Claimer, run uuid.UUID) store.Fence {
+	c.t.Helper()
+	claimed, _, err := store.ClaimRuns(c.ctx, c.pool, claimer, 10)
+	if err != nil {
+		c.t.Fatal(err)
+	}
 	if len(claimed) != 1 || claimed[0].RunID != run {
-		t.Fatalf("claimed %d runs, want the run %s", len(claimed), run)
+		c.t.Fatalf("claimed %d runs, want the run %s", len(claimed), run)
 	}
 	return claimed[0].Fence
 }
@@ -141,31 +175,14 @@ func claimOne(t *testing.T, ctx context.Context, pool *pgxpool.Pool, claimer sto
 // it, in the same cluster settings that lose a default claim, leaves it in place.
 func TestADurableClaimSurvivesADatabaseCrashRightAfterIt(t *testing.T) {
 	t.Parallel()
-	pg := newCluster(t, "wal_writer_delay=10s", "autovacuum=off", "bgwriter_lru_maxpages=0")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, pg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := kagzi.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	claimer := store.Claimer{Namespace: "default", Types: []string{"wf"}, Versions: []string{"v1"}, WorkerID: "w",
-		Lease: time.Minute, Cursors: map[string]string{}, Durable: true}
+	c := newCrashCluster(t, ctx)
+	claimer := c.claimer(true)
 	for range 3 {
-		run := uuid.New()
-		if err := store.InsertRuns(ctx, pool, "default", "wf", nil, []uuid.UUID{run}, [][]byte{[]byte(`1`)},
-			[][]byte{nil}, time.Time{}, nil); err != nil {
-			t.Fatal(err)
-		}
-		f := claimOne(t, ctx, pool, claimer, run)
-		pool.Close()
-		pg.Crash()
-		pg.Start()
-		if pool, err = pgxpool.New(ctx, pg.URL); err != nil {
-			t.Fatal(err)
-		}
+		run := c.newRun()
+		f := c.claim(claimer, run)
+		pool := c.crash()
 		var status string
 		var epoch int64
 		var token uuid.UUID
@@ -182,5 +199,4 @@ func TestADurableClaimSurvivesADatabaseCrashRightAfterIt(t *testing.T) {
 			t.Fatalf("end under the durable claim after the crash: %v", err)
 		}
 	}
-	pool.Close()
 }

@@ -67,69 +67,55 @@ func pgValue(v any) any {
 // allocation an element, a dozen a run's end), a pointer is not. Nil pointers
 // become NULL elements, as before; ints are range-checked by the column's codec.
 func pgArray(v any) any {
+	uuidOf := func(u [16]byte) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} }
+	textOf := func(s string) pgtype.Text { return pgtype.Text{String: s, Valid: true} }
+	timeOf := func(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: true} }
+	int8Of := func(n int64) pgtype.Int8 { return pgtype.Int8{Int64: n, Valid: true} }
 	switch x := v.(type) {
 	case []pgtype.UUID:
 		return ptrArray[pgtype.UUID](x)
 	case [][16]byte:
-		return mapArray(x, func(u [16]byte) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} })
+		return mapArray(x, uuidOf)
 	case []uuid.UUID:
-		return mapArray(x, func(u uuid.UUID) pgtype.UUID { return pgtype.UUID{Bytes: u, Valid: true} })
+		return mapArray(x, func(u uuid.UUID) pgtype.UUID { return uuidOf(u) })
 	case []*uuid.UUID:
-		return mapArray(x, func(u *uuid.UUID) pgtype.UUID {
-			if u == nil {
-				return pgtype.UUID{}
-			}
-			return pgtype.UUID{Bytes: *u, Valid: true}
-		})
+		return mapNullable(x, func(u uuid.UUID) pgtype.UUID { return uuidOf(u) })
 	case []string:
-		return mapArray(x, func(s string) pgtype.Text { return pgtype.Text{String: s, Valid: true} })
+		return mapArray(x, textOf)
 	case []*string:
-		return mapArray(x, func(s *string) pgtype.Text {
-			if s == nil {
-				return pgtype.Text{}
-			}
-			return pgtype.Text{String: *s, Valid: true}
-		})
+		return mapNullable(x, textOf)
 	case []time.Time:
-		return mapArray(x, func(t time.Time) pgtype.Timestamptz { return pgtype.Timestamptz{Time: t, Valid: true} })
+		return mapArray(x, timeOf)
 	case []*time.Time:
-		return mapArray(x, func(t *time.Time) pgtype.Timestamptz {
-			if t == nil {
-				return pgtype.Timestamptz{}
-			}
-			return pgtype.Timestamptz{Time: *t, Valid: true}
-		})
+		return mapNullable(x, timeOf)
 	case []int64:
-		return mapArray(x, func(n int64) pgtype.Int8 { return pgtype.Int8{Int64: n, Valid: true} })
+		return mapArray(x, int8Of)
 	case []*int64:
-		return mapArray(x, func(n *int64) pgtype.Int8 {
-			if n == nil {
-				return pgtype.Int8{}
-			}
-			return pgtype.Int8{Int64: *n, Valid: true}
-		})
+		return mapNullable(x, int8Of)
 	case []int:
-		return mapArray(x, func(n int) pgtype.Int8 { return pgtype.Int8{Int64: int64(n), Valid: true} })
+		return mapArray(x, func(n int) pgtype.Int8 { return int8Of(int64(n)) })
 	case []*int:
-		return mapArray(x, func(n *int) pgtype.Int8 {
-			if n == nil {
-				return pgtype.Int8{}
-			}
-			return pgtype.Int8{Int64: int64(*n), Valid: true}
-		})
+		return mapNullable(x, func(n int) pgtype.Int8 { return int8Of(int64(n)) })
 	case []int32:
-		return mapArray(x, func(n int32) pgtype.Int8 { return pgtype.Int8{Int64: int64(n), Valid: true} })
+		return mapArray(x, func(n int32) pgtype.Int8 { return int8Of(int64(n)) })
 	case []*int32:
-		return mapArray(x, func(n *int32) pgtype.Int8 {
-			if n == nil {
-				return pgtype.Int8{}
-			}
-			return pgtype.Int8{Int64: int64(*n), Valid: true}
-		})
+		return mapNullable(x, func(n int32) pgtype.Int8 { return int8Of(int64(n)) })
 	case []bool:
 		return mapArray(x, func(b bool) pgtype.Bool { return pgtype.Bool{Bool: b, Valid: true} })
 	}
 	return v
+}
+
+// mapNullable is mapArray for pointers: a nil one becomes T's zero value, which
+// pgtype's types encode as NULL.
+func mapNullable[V, T any](vs []*V, f func(V) T) any {
+	return mapArray(vs, func(p *V) T {
+		if p == nil {
+			var null T
+			return null
+		}
+		return f(*p)
+	})
 }
 
 // mapArray converts each element of vs with f, into a ptrArray (nil stays a NULL array).
