@@ -3,6 +3,8 @@ package kagzi_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -199,4 +201,97 @@ func TestADurableClaimSurvivesADatabaseCrashRightAfterIt(t *testing.T) {
 			t.Fatalf("end under the durable claim after the crash: %v", err)
 		}
 	}
+}
+
+// Runs in flight when PostgreSQL crashes (claims lost with it among them, their
+// executions going on in the worker) all complete once the server is back, each
+// step recorded once, with the output of the execution whose end was recorded: the
+// worker and its client stay up through the crash.
+func TestRunsInFlightWhenPostgreSQLCrashesAllCompleteOnceTheServerIsBack(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	c := newCrashCluster(t, ctx)
+	pool, err := pgxpool.New(ctx, c.pg.URL) // the client's own pool, kept through the crash
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	client := newClient(t, pool, "")
+	defer client.Close()
+	var mu sync.Mutex
+	bodies := map[string]int{} // step bodies begun, by run input and step
+	wf := kagzi.Define("through-crash", func(ctx *kagzi.Context, n int) (int, error) {
+		sum := 0
+		for _, step := range []string{"a", "b"} {
+			v, err := kagzi.Step(ctx, step, func(context.Context) (int, error) {
+				mu.Lock()
+				bodies[fmt.Sprint(n, step)]++
+				mu.Unlock()
+				time.Sleep(2 * time.Millisecond)
+				return n, nil
+			})
+			if err != nil {
+				return 0, err
+			}
+			sum += v
+		}
+		return sum, nil
+	})
+	w, err := kagzi.NewWorker(client, kagzi.WorkerConfig{MaxConcurrent: 20, LeaseDuration: 2 * time.Second,
+		PollInterval: 200 * time.Millisecond}, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() {
+		stop()
+		<-done
+	}()
+	const n = 300
+	in := make([]int, n)
+	for i := range in {
+		in[i] = i + 1
+	}
+	if _, err := kagzi.StartMany(ctx, client, wf, in); err != nil {
+		t.Fatal(err)
+	}
+	// Crash while runs are in flight.
+	for countRows(t, c.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'COMPLETED'`) < n/3 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.crash()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		left := countRows(t, c.pool, `SELECT count(*) FROM kagzi.runs WHERE status <> 'COMPLETED'`)
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d runs not completed two minutes after the crash", left)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if got := countRows(t, c.pool, `SELECT count(*) FROM kagzi.runs r
+		WHERE r.status = 'COMPLETED' AND r.output = to_jsonb(2 * (r.input::text::int))`); got != n {
+		t.Fatalf("%d runs completed with the sum of their steps, want %d", got, n)
+	}
+	if got := countRows(t, c.pool, `SELECT count(*) FROM kagzi.steps WHERE status = 'COMPLETED'`); got != 2*n {
+		t.Fatalf("%d step records, want %d (one per step)", got, 2*n)
+	}
+	mu.Lock()
+	again := 0
+	for _, k := range bodies {
+		if k > 1 {
+			again++
+		}
+	}
+	begun := len(bodies)
+	mu.Unlock()
+	if begun != 2*n {
+		t.Fatalf("%d steps begun, want %d", begun, 2*n)
+	}
+	t.Logf("%d of %d steps ran more than once (the runs in flight at the crash)", again, 2*n)
 }
