@@ -112,10 +112,11 @@ WITH gate AS MATERIALIZED (
 	ORDER BY c.available_at
 	LIMIT greatest($7, 0)
 ), claimed AS MATERIALIZED (
-	SELECT * FROM kagzi.claim_runs(
-		ARRAY(SELECT run_id FROM picked ORDER BY available_at), ARRAY(SELECT version FROM picked ORDER BY available_at),
-		$5, $6, false)
-	WHERE EXISTS (SELECT 1 FROM picked)
+	-- The runs and their versions in one aggregation, so that they stay in step.
+	SELECT c.* FROM (SELECT array_agg(run_id ORDER BY available_at, run_id) AS ids,
+			array_agg(version ORDER BY available_at, run_id) AS versions FROM picked) p,
+		LATERAL kagzi.claim_runs(p.ids, p.versions, $5, $6, false) c
+	WHERE p.ids IS NOT NULL
 )
 SELECT * FROM claimed
 UNION ALL

@@ -718,3 +718,31 @@ func TestEachClaimDrawsATokenOfItsOwnAndLeavesTheSessionsCommitSettingAlone(t *t
 			setting, token)
 	}
 }
+
+func TestAClaimOfSeveralTypesPinsEachRunToItsOwnTypesVersionWhenTheirTimesTie(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	// Runs of two types started in one transaction: the same available_at, no version.
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, available_at)
+		SELECT gen_random_uuid(), 'default', 'id-' || i, CASE WHEN i % 2 = 0 THEN 'a' ELSE 'b' END, 'PENDING', '1',
+			timestamptz '2026-01-01 00:00:00+00'
+		FROM generate_series(1, 40) i`); err != nil {
+		t.Fatal(err)
+	}
+	c := Claimer{Namespace: "default", Types: []string{"a", "b"}, Versions: []string{"va", "vb"}, WorkerID: "w",
+		Lease: time.Minute, Cursors: map[string]string{}}
+	claimed, _, err := ClaimRuns(ctx, pool, c, 40)
+	if err != nil || len(claimed) != 40 {
+		t.Fatalf("claimed %d runs, %v; want 40", len(claimed), err)
+	}
+	for _, r := range claimed {
+		if want := "v" + r.WorkflowType; r.Version != want {
+			t.Fatalf("a run of type %s was claimed at version %q, want %q", r.WorkflowType, r.Version, want)
+		}
+	}
+	var wrong int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE version IS DISTINCT FROM 'v' || workflow_type`).Scan(&wrong); err != nil || wrong != 0 {
+		t.Fatalf("%d runs hold another type's version (%v)", wrong, err)
+	}
+}
