@@ -84,7 +84,8 @@ type StepRecord struct {
 // returns for such types: the claimed runs, each type's next key-queue floor, and
 // the next floor of each type when the claim read its runs (see kagzi.claim). When
 // any of the types has limits or keyed runs queued from its key floor (gate), the
-// statement calls kagzi.claim instead, for all of them.
+// statement calls kagzi.claim instead, for all of them. The plain read stands in both:
+// a change to it is made in both.
 const claimSQL = `
 WITH gate AS MATERIALIZED (
 	SELECT EXISTS (SELECT 1 FROM kagzi.flow_limits l WHERE l.namespace = $1 AND l.workflow_type = ANY ($2::text[]))
