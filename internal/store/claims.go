@@ -58,8 +58,9 @@ type StepRecord struct {
 }
 
 // claimSQL claims up to $7 claimable runs of the worker's types ($2, with the version
-// it registered for each, $3) in one call of kagzi.claim (migration 00003), which
-// applies flow control: PENDING runs whose start time has come, SLEEPING runs whose
+// it registered for each, $3) in one statement: a call of kagzi.claim (migration
+// 00003), or, for types without limits and queued keys, the short way below. The
+// claim applies flow control: PENDING runs whose start time has come, SLEEPING runs whose
 // wake time has come, RUNNING runs whose lease expired (their worker died or stalled),
 // and the heads of concurrency keys' queues with room; each claim bumps the lease
 // epoch, and a claim of a RUNNING run counts a takeover. $4 holds the worker's key
