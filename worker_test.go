@@ -451,8 +451,11 @@ func TestAWorkerFedByNotificationsClaimsOncePerRunAndDoesNotAskForItsNextWake(t 
 			t.Fatalf("run %d: got %d, %v", i, out, err)
 		}
 	}
+	// The worker asks once when it starts, and again whenever it cannot trust its last
+	// answer (a failed claim, dropped notifications): a few times at most on a loaded
+	// machine, where the behaviour this guards against asked after every run (40).
 	claims, asked := rt.count("FROM kagzi.claim("), rt.count("$5::timestamptz[]) AS t(workflow_type, version, floor)")
-	if claims < 20 || claims > 60 || asked > 2 {
-		t.Fatalf("%d claims and %d next-wake queries for 40 runs started one by one; want 20 to 60 claims, at most 2 queries", claims, asked)
+	if claims < 20 || claims > 60 || asked > 5 {
+		t.Fatalf("%d claims and %d next-wake queries for 40 runs started one by one; want 20 to 60 claims, at most 5 queries", claims, asked)
 	}
 }
