@@ -200,7 +200,7 @@ func (c *Committer) gatherFor(ctx context.Context, d time.Duration, batch []*req
 	return batch
 }
 
-// commit runs the batch in one implicit transaction and releases its callers after
+// commit runs the batch in one transaction block and releases its callers after
 // the commit. When a statement fails, the transaction rolled everything back: each
 // request then runs again on its own, so only the failing one sees its error.
 func (c *Committer) commit(ctx context.Context, batch []*request) {
@@ -213,6 +213,12 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	}
 	units := c.plan(batch)
 	var b pgx.Batch
+	// The callers' statements share a transaction, and each was written for one of its
+	// own at READ COMMITTED: under a stricter default_transaction_isolation they
+	// would share one snapshot, and a conflict of any of them with a transaction
+	// outside would fail them all. (A transaction block: SET TRANSACTION in a
+	// pipeline's implicit transaction works, but makes Postgres log a WARNING.)
+	b.Queue(beginSQL)
 	setup := false
 	if c.setup != "" {
 		for _, u := range units {
@@ -225,9 +231,11 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	for _, u := range units {
 		b.Queue(u.sql, u.args...)
 	}
+	b.Queue(commitSQL) // read by Close: its error is the commit's
 	errs := make([]error, len(batch))
 	br := c.pool.SendBatch(ctx, &b)
-	failed := false
+	_, err := br.Exec()
+	failed := err != nil
 	if setup {
 		if _, err := br.Exec(); err != nil {
 			failed = true
@@ -260,6 +268,12 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 		r.done <- errs[i]
 	}
 }
+
+// beginSQL and commitSQL enclose a batch's statements (see commit).
+const (
+	beginSQL  = `BEGIN ISOLATION LEVEL READ COMMITTED`
+	commitSQL = `COMMIT`
+)
 
 // unit is one statement of a batch: a plain request's own, or the statement of all
 // the requests of one Statement (reqs[j] is at index idx[j] of the batch).

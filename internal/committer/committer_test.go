@@ -232,3 +232,67 @@ func TestAFailingMergedStatementFailsOnlyTheBadRequest(t *testing.T) {
 		t.Fatalf("%d rows, %v; want the 99 good ones", rows, err)
 	}
 }
+
+func TestBatchesRunAtReadCommittedWhateverTheDatabasesDefault(t *testing.T) {
+	t.Parallel()
+	url := testdb.New(t)
+	ctx := context.Background()
+	admin, err := pgx.Connect(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = admin.Exec(ctx, `DO $$ BEGIN
+		EXECUTE format('ALTER DATABASE %I SET default_transaction_isolation = ''repeatable read''', current_database());
+	END $$`)
+	admin.Close(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bc := &batchCounter{}
+	cfg.ConnConfig.Tracer = bc
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c := committer.New(pool, 64)
+	runCtx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); c.Run(runCtx, 2) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	const n = 200
+	var wg sync.WaitGroup
+	var readCommitted, other atomic.Int64
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var iso string
+			if err := c.QueryRow(ctx, `SELECT current_setting('transaction_isolation')`).Scan(&iso); err != nil {
+				t.Error(err)
+				return
+			}
+			if iso == "read committed" {
+				readCommitted.Add(1)
+			} else {
+				other.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	// A statement sent alone runs at the default; every one sent in a batch at READ
+	// COMMITTED.
+	alone := bc.queries.Load()
+	if bc.batches.Load() == 0 {
+		t.Fatal("nothing was batched")
+	}
+	if readCommitted.Load() != n-alone || other.Load() != alone {
+		t.Fatalf("%d statements ran at read committed and %d at the default, with %d sent alone; want every batched one at read committed",
+			readCommitted.Load(), other.Load(), alone)
+	}
+}

@@ -11,7 +11,7 @@ import (
 
 // KeyedPlansSQL is sent before the set-based statements (the committers' batches
 // that hold one, the claim, the load of claimed runs' steps, the heartbeat, the
-// hand-back) in the same implicit transaction. They reach runs (and steps) by
+// hand-back) in the same transaction. They reach runs (and steps) by
 // primary key, one lookup per run in their arrays, but a plan made while kagzi.runs
 // is small, or before it was first analyzed, would rather scan the table (or every
 // active run through runs_one_active_per_workflow_id) and join, and Postgres keeps a
@@ -23,12 +23,10 @@ import (
 // TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics checks the plans.
 const KeyedPlansSQL = `SELECT set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
 
-// genericPlanSQL makes the statement sent after it in the same implicit transaction
-// use its generic plan (made once per connection) instead of one planned for its
-// parameters, and plan it as KeyedPlansSQL says. It is set_config(..., true), not
-// SET LOCAL: the pipelined statements share a transaction, but not a transaction
-// block, and SET LOCAL outside one makes Postgres log a WARNING (and send it to the
-// client) at every claim.
+// genericPlanSQL makes the statement sent after it in the same transaction use its
+// generic plan (made once per connection) instead of one planned for its parameters,
+// and plan it as KeyedPlansSQL says. It is set_config(..., true), which lasts until
+// the transaction ends, as SET LOCAL would; the session's settings are untouched.
 const genericPlanSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 	set_config('enable_seqscan', 'off', true), set_config('enable_bitmapscan', 'off', true)`
 
@@ -38,12 +36,29 @@ type batcher interface {
 }
 
 // queryAfter runs setup (transaction-local settings: genericPlanSQL, KeyedPlansSQL)
-// and then the query, in one round trip and one implicit transaction, when db can
-// pipeline; otherwise the query alone. Inside the caller's own transaction the
+// and then the query, in one round trip and one transaction (see beginSQL), when db
+// can pipeline; otherwise the query alone. Inside the caller's own transaction the
 // settings last until that transaction ends.
 func queryAfter(ctx context.Context, db DBTX, setup, sql string, args ...any) (pgx.Rows, error) {
 	return queryAfterWith(ctx, db, setup, nil, sql, args...)
 }
+
+// beginSQL opens the pipelined statements' transaction at READ COMMITTED whatever
+// the database's or role's default_transaction_isolation says, and commitSQL ends it
+// (a transaction block, not the implicit transaction of a pipeline: SET TRANSACTION
+// there works but makes Postgres log a WARNING at every claim). The claim counts a
+// limit's holders in a statement that starts after it locked the limit, so that it
+// sees every claim that committed before: under REPEATABLE READ its snapshot would be
+// the transaction's first, taken before the lock, and two claims could admit past a
+// limit together; and a claim's SKIP LOCKED read of a run that another transaction
+// updated since that snapshot fails with a serialization error instead of reading the
+// run's new version (as would a heartbeat's lease renewal of a run whose end
+// committed meanwhile). Inside a caller's transaction, which has its own isolation,
+// neither is sent.
+const (
+	beginSQL  = `BEGIN ISOLATION LEVEL READ COMMITTED`
+	commitSQL = `COMMIT`
+)
 
 // queryAfterWith is queryAfter with arguments for setup.
 func queryAfterWith(ctx context.Context, db DBTX, setup string, setupArgs []any, sql string, args ...any) (pgx.Rows, error) {
@@ -52,12 +67,25 @@ func queryAfterWith(ctx context.Context, db DBTX, setup string, setupArgs []any,
 		return db.Query(ctx, sql, args...)
 	}
 	var batch pgx.Batch
+	_, inTx := db.(pgx.Tx)
+	if !inTx {
+		batch.Queue(beginSQL)
+	}
 	batch.Queue(setup, setupArgs...)
 	batch.Queue(sql, args...)
+	if !inTx {
+		batch.Queue(commitSQL) // read by the rows' Close
+	}
+	before := 2 // the statements before the query: BEGIN and setup
+	if inTx {
+		before = 1
+	}
 	br := b.SendBatch(ctx, &batch)
-	if _, err := br.Exec(); err != nil {
-		br.Close()
-		return nil, err
+	for range before {
+		if _, err := br.Exec(); err != nil {
+			br.Close()
+			return nil, err
+		}
 	}
 	rows, err := br.Query()
 	if err != nil {
