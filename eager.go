@@ -13,8 +13,12 @@ import (
 // once; the worker then executes it without a notification and a claim in between.
 // Nothing else changes: the run is leased and fenced like any claimed run, a crash
 // before its first step is an ordinary takeover, and a run that cannot start eagerly
-// (a StartTx, a delayed start, a concurrency key or debounce, a type with limits, a
-// version the worker did not register) is inserted PENDING as before.
+// (a StartTx, a delayed start, a debounce, a type with limits, a version the worker
+// did not register) is inserted PENDING as before. A run with a concurrency key starts
+// eagerly when its type's only limit is its keys' concurrency, its key has room and no
+// run of its key is queued before it: the start locks the key as a claim does, counts
+// its holders in a statement after the lock, and commits on its own (not in the
+// client's shared start commits), all in one round trip.
 
 // eagerWorker returns a running worker of the client that executes the type at the
 // version, accepts eager starts, and reserved a slot for the run; nil when none did.

@@ -95,8 +95,9 @@ func TestStartsThatMayNotBeginAtOnceAreNotClaimedByTheStart(t *testing.T) {
 	if _, err := second.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
-	// A start in the caller's transaction, a type with limits, a delayed start, a
-	// concurrency key: PENDING for a claim, which applies flow control and times.
+	// A start in the caller's transaction, a type with limits, a delayed start:
+	// PENDING for a claim, which applies flow control and times. (A keyed run of a
+	// type without limits may start eagerly: eager_keyed_test.go.)
 	tx, err := e.pool.Begin(ctx)
 	if err != nil {
 		t.Fatal(err)

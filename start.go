@@ -268,9 +268,13 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	n.CheckWorker = o.byName && !o.requireWorker && !c.warnedNoWorker(workflowType)
 	// A worker of this process may claim the run in the insert itself (eager.go).
 	var eager *Worker
-	if tx == nil && link == nil && n.Debounce == nil && n.FlowKey == "" && n.StartAt.IsZero() && n.Version != nil {
+	if tx == nil && link == nil && n.Debounce == nil && n.StartAt.IsZero() && n.Version != nil {
 		if eager = c.eagerWorker(workflowType, *n.Version); eager != nil {
 			n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: *n.Version}
+			if n.FlowKey != "" {
+				// It locks its key first, in its own transaction: not in a shared commit.
+				db = c.pool
+			}
 		}
 	}
 	began := time.Now()

@@ -103,7 +103,7 @@ func TestALookupByWorkflowIDReadsItsTwoPartialIndexesEvenBeforeTheTableIsAnalyze
 	}
 	for name, p := range map[string]string{
 		"GetRunByWorkflowID": plan(`SELECT * FROM (`+newestByWorkflowIDSQL("$1", "$2", "true")+`) r`, "default", "id-7"),
-		"Start": plan(insertRunNever.sql, insertRunNever.args(&NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default",
+		"Start": plan(insertRuns[notEager][1].sql, insertRuns[notEager][1].args(&NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default",
 			WorkflowID: "id-7", WorkflowType: "wf", Input: []byte(`1`), ReuseNever: true})...),
 	} {
 		for _, index := range []string{"runs_one_active_per_workflow_id", "runs_finished_by_workflow_id"} {

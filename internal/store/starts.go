@@ -65,8 +65,11 @@ type NewRun struct {
 	Debounce *Debounce
 	// Eager, when set, names a worker of the starting process with a slot reserved
 	// for the run: the insert claims the run for it (RUNNING, lease epoch 1) unless its
-	// type has limits, and notifies no other worker. The caller sets it only for a run
-	// that starts now, without a concurrency key, at the worker's version.
+	// type has limits (a run with a concurrency key: limits but its keys' concurrency,
+	// or its key is full or has queued runs), and notifies no other worker. The caller
+	// sets it only for a run that starts now, at the worker's version. A keyed run's
+	// eager start locks its key first, in the same transaction: db must pipeline (a
+	// pool), or the start is not eager.
 	Eager *Eager
 }
 
@@ -116,15 +119,33 @@ const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, r
 // newest finished run is looked up too, in the live table and kagzi.history_ids (see
 // reuseNeverSQL); without, the statement reads active runs only. With notBefore too
 // (NewRun.IDNotBefore), only runs finished from that time on are looked up.
-func insertRunSQL(eager, reuseNever, notBefore bool) string {
+func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
 	cte := `
 	SELECT false AS ok`
-	if eager {
+	switch eager {
+	case eagerPlain:
 		cte = `
 	-- An eager start (see Eager) inserts the run claimed unless its type has
 	-- flow-control limits (the claim applies them). The caller checked the rest: the
 	-- run starts now, has no concurrency key, and its version is the worker's.
 	SELECT NOT EXISTS (SELECT 1 FROM kagzi.flow_limits l WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type)
+		AS ok`
+	case eagerKeyed:
+		cte = `
+	-- An eager start of a run with a concurrency key (see Eager) inserts the run
+	-- claimed when its type has no limit but its keys' concurrency, its key has room
+	-- (its holders counted as a claim counts them, by a statement that starts after the
+	-- caller locked the key, see eagerKeyLockSQL), and no run of its key is queued:
+	-- those come first, in start order.
+	SELECT coalesce((SELECT l.concurrency IS NULL AND l.rate IS NULL AND l.key_rate IS NULL
+			AND (l.key_concurrency IS NULL OR (SELECT count(*) FROM kagzi.runs h
+				WHERE h.namespace = @namespace AND h.workflow_type = @workflow_type AND h.flow_key = @flow_key::text
+				  AND h.flow_key IS NOT NULL AND h.started_at IS NOT NULL
+				  AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')) < l.key_concurrency)
+		FROM kagzi.flow_limits l WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type), true)
+		AND NOT EXISTS (SELECT 1 FROM kagzi.runs q
+			WHERE q.namespace = @namespace AND q.workflow_type = @workflow_type AND q.flow_key = @flow_key::text
+			  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING')
 		AS ok`
 	}
 	prev := newestByWorkflowIDSQL("@namespace", "@workflow_id", "")
@@ -262,14 +283,39 @@ var insertRunParams = []param[*NewRun]{
 	}),
 }
 
-var (
-	insertRun                = named(insertRunSQL(false, false, false), insertRunParams...)
-	insertRunEager           = named(insertRunSQL(true, false, false), insertRunParams...)
-	insertRunNever           = named(insertRunSQL(false, true, false), insertRunParams...)
-	insertRunEagerNever      = named(insertRunSQL(true, true, false), insertRunParams...)
-	insertRunNeverSince      = named(insertRunSQL(false, true, true), insertRunSinceParams...)
-	insertRunEagerNeverSince = named(insertRunSQL(true, true, true), insertRunSinceParams...)
+// eagerMode says whether an insert may claim its run for a worker of the starting
+// process (see Eager), and how.
+type eagerMode int
+
+const (
+	notEager   eagerMode = iota
+	eagerPlain           // a run without a concurrency key
+	eagerKeyed           // a run of a concurrency key, after eagerKeyLockSQL
 )
+
+// insertRuns holds insertRun's statements by eager mode, then: plain, with
+// ReuseNever, and with ReuseNever and IDNotBefore.
+var insertRuns = func() (s [3][3]namedStatement[*NewRun]) {
+	for m := range s {
+		s[m][0] = named(insertRunSQL(eagerMode(m), false, false), insertRunParams...)
+		s[m][1] = named(insertRunSQL(eagerMode(m), true, false), insertRunParams...)
+		s[m][2] = named(insertRunSQL(eagerMode(m), true, true), insertRunSinceParams...)
+	}
+	return s
+}()
+
+// insertRun and insertRunEager are the statements of a run started now without an
+// idempotent id, not claimed and claimed by its start.
+var insertRun, insertRunEager = insertRuns[notEager][0], insertRuns[eagerPlain][0]
+
+// eagerKeyLockSQL locks a concurrency key ($1 namespace, $2 type, $3 key) for the
+// transaction, as a claim does (kagzi.flow_lock_keys, which passes over a key it cannot
+// lock): sent before an eager start of a keyed run, in the same transaction, so that
+// the insert's count of the key's holders sees every claim and eager start of the key
+// that committed before, and none commits meanwhile. The insert uses its generic plan,
+// as a start does (see insertRunSQL), whatever Postgres would choose for it.
+const eagerKeyLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended('kagzi.flow.key|' || $1::text || '|' || $2::text || '|' || $3::text, 0)),
+	set_config('plan_cache_mode', 'force_generic_plan', true)`
 
 // insertRunSinceParams are the parameters of the statements with NewRun.IDNotBefore.
 var insertRunSinceParams = append(slices.Clip(insertRunParams),
@@ -295,22 +341,37 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, inserted
 		run, inserted, err = insertDebounced(ctx, db, n)
 		return run, inserted, false, err
 	}
+	mode := notEager
+	if n.Eager != nil {
+		mode = eagerPlain
+		if n.FlowKey != "" {
+			// The key's lock must come first, in the same transaction: without a
+			// pipeline (a caller's transaction is never eager), no eager start.
+			mode = eagerKeyed
+			if _, ok := db.(batcher); !ok {
+				mode = notEager
+			}
+		}
+	}
+	variant := 0
+	switch {
+	case n.ReuseNever && n.IDNotBefore != nil:
+		variant = 2
+	case n.ReuseNever:
+		variant = 1
+	}
+	stmt := insertRuns[mode][variant]
 	for range 5 {
 		var notified string
-		stmt := insertRun
-		switch {
-		case n.Eager != nil && n.ReuseNever && n.IDNotBefore != nil:
-			stmt = insertRunEagerNeverSince
-		case n.ReuseNever && n.IDNotBefore != nil:
-			stmt = insertRunNeverSince
-		case n.Eager != nil && n.ReuseNever:
-			stmt = insertRunEagerNever
-		case n.Eager != nil:
-			stmt = insertRunEager
-		case n.ReuseNever:
-			stmt = insertRunNever
+		var row pgx.Row
+		if mode == eagerKeyed {
+			rows, err := queryAfterWith(ctx, db, eagerKeyLockSQL, []any{n.Namespace, n.WorkflowType, n.FlowKey},
+				stmt.sql, stmt.args(&n)...)
+			row = firstRow{rows: rows, err: err}
+		} else {
+			row = db.QueryRow(ctx, stmt.sql, stmt.args(&n)...)
 		}
-		run, err = scanRun(db.QueryRow(ctx, stmt.sql, stmt.args(&n)...), &inserted, &notified, &noWorker)
+		run, err = scanRun(row, &inserted, &notified, &noWorker)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // lost a race with a concurrent start of the same id: look again
 		}
@@ -323,6 +384,33 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, inserted
 		return run, inserted, noWorker, err
 	}
 	return Run{}, false, false, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
+}
+
+// firstRow is the first row of rows as a pgx.Row (pgx.ErrNoRows when there is none;
+// err when the query failed). Scan closes rows, and reports an error of their
+// closing: a batch's commit.
+type firstRow struct {
+	rows pgx.Rows
+	err  error
+}
+
+func (r firstRow) Scan(dest ...any) error {
+	if r.err != nil {
+		return r.err
+	}
+	defer r.rows.Close()
+	if !r.rows.Next() {
+		r.rows.Close()
+		if err := r.rows.Err(); err != nil {
+			return err
+		}
+		return pgx.ErrNoRows
+	}
+	if err := r.rows.Scan(dest...); err != nil {
+		return err
+	}
+	r.rows.Close()
+	return r.rows.Err()
 }
 
 // archivedRun reads the run a reuseNeverSQL row of archivedStatus names from its
