@@ -77,6 +77,11 @@ func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time) {
 	if r.Version != nil {
 		run.Version = *r.Version
 	}
+	if r.FlowKey != nil {
+		// A place of its key: the worker's claims do not count it once its function
+		// returned (see releaseSlot).
+		run.ConcurrencyKey = *r.FlowKey
+	}
 	w.mu.Lock()
 	w.reserved--
 	if !w.accepting {
