@@ -13,12 +13,17 @@ import (
 // once; the worker then executes it without a notification and a claim in between.
 // Nothing else changes: the run is leased and fenced like any claimed run, a crash
 // before its first step is an ordinary takeover, and a run that cannot start eagerly
-// (a StartTx, a delayed start, a debounce, a type with limits, a version the worker
-// did not register) is inserted PENDING as before. A run with a concurrency key starts
-// eagerly when its type's only limit is its keys' concurrency, its key has room and no
-// run of its key is queued before it: the start locks the key as a claim does, counts
-// its holders in a statement after the lock, and commits on its own (not in the
-// client's shared start commits), all in one round trip.
+// (a StartTx, a delayed start, a debounce, a version the worker did not register, a
+// type with a rate limit, a full concurrency limit) is inserted PENDING as before.
+//
+// Limits. A run with a concurrency key, or of a type that an earlier eager start of
+// this client found limited (its insert came back PENDING: the insert of a run of no
+// key claims only for a type without limits), starts eagerly when its type has no
+// rate limit, its type's concurrency limit and its key's have room, and no run of its
+// key is queued before it: the start locks the type (when it has a concurrency limit)
+// and the key as a claim does, counts their holders in a statement after the locks,
+// and commits on its own (not in the client's shared start commits), all in one round
+// trip. A run so claimed holds a slot of its type's limit, as a claimed one does.
 
 // eagerWorker returns a running worker of the client that executes the type at the
 // version, accepts eager starts, and reserved a slot for the run; nil when none did.
@@ -67,9 +72,9 @@ func (w *Worker) releaseReservation() {
 
 // startEager executes a run its start claimed for the worker, in the slot reserved
 // for it. A worker that stopped claiming meanwhile hands the run back instead.
-func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time) {
+func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time, holdsSlot bool) {
 	run := store.ClaimedRun{
-		Fence:     store.Fence{RunID: r.RunID, Epoch: r.LeaseEpoch},
+		Fence: store.Fence{RunID: r.RunID, Epoch: r.LeaseEpoch}, HoldsSlot: holdsSlot,
 		Namespace: r.Namespace, WorkflowID: r.WorkflowID, WorkflowType: r.WorkflowType, Input: r.Input,
 		Attempt: r.Attempt, CancelRequested: r.CancelRequested, Deadline: r.Deadline, CreatedAt: r.CreatedAt,
 		DBNow: r.CreatedAt, Steps: map[string]store.StepRecord{}, AvailableAt: r.CreatedAt, Carrier: carrier,

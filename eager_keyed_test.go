@@ -114,21 +114,66 @@ func TestAKeyedStartBehindItsKeysHolderOrQueueWaitsForAClaimInStartOrder(t *test
 	}
 }
 
-// Eager starts of keyed runs from several clients (each with its own pool and worker)
-// at once, while the workers claim: the key's limit holds at every instant.
-func TestEagerKeyedStartsFromManyClientsAtOnceNeverExceedTheKeyLimit(t *testing.T) {
+func TestATypeLimitedStartIsClaimedByItsStartOnceItsClientFoundTheTypeLimited(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
+	kinds := &claimKinds{}
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: kinds})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.SetLimits(ctx, kagzi.Limits{WorkflowType: "echo", Concurrency: 2}); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, c, fastWorker(), echo)
+	eventually(t, "the worker to claim nothing at its start", func() bool { return kinds.statements.Load() > 0 })
+	for i := range 6 {
+		run, err := kagzi.Start(ctx, c, echo, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out, err := run.Wait(ctx); err != nil || out != i {
+			t.Fatalf("run %d: %d, %v", i, out, err)
+		}
+	}
+	// The first start learns that the type is limited (its run waits for a claim);
+	// the next ones count the type's slots and claim their runs.
+	if n, m := kinds.eager.Load(), kinds.byStatement.Load(); n != 5 || m != 1 {
+		t.Fatalf("%d of 6 runs claimed by their starts, %d by claim statements; want 5 and 1", n, m)
+	}
+	var held int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE workflow_type = 'echo' AND holds_type_slot`).
+		Scan(&held); err != nil || held != 0 {
+		t.Fatalf("%d finished runs still hold a slot (%v): an eager run's end must free the slot it took", held, err)
+	}
+}
+
+// Eager starts from several clients (each with its own pool and worker) at once, of
+// keyed runs and of runs of no key, while the workers claim: the type's and the keys'
+// limits hold at every instant.
+func TestEagerStartsFromManyClientsAtOnceNeverExceedTheTypeOrKeyLimits(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	const typeLimit = 2
 	var mu sync.Mutex
 	running, most := map[string]int{}, map[string]int{}
+	enter := func(k string) {
+		running[k]++
+		most[k] = max(most[k], running[k])
+	}
 	wf := kagzi.Define("eager-exact", func(ctx *kagzi.Context, key string) (string, error) {
 		mu.Lock()
-		running[key]++
-		most[key] = max(most[key], running[key])
+		enter("")
+		if key != "" {
+			enter(key)
+		}
 		mu.Unlock()
 		defer func() {
 			mu.Lock()
-			running[key]--
+			running[""]--
+			if key != "" {
+				running[key]--
+			}
 			mu.Unlock()
 		}()
 		return kagzi.Step(ctx, "work", func(context.Context) (string, error) {
@@ -136,7 +181,7 @@ func TestEagerKeyedStartsFromManyClientsAtOnceNeverExceedTheKeyLimit(t *testing.
 			return key, nil
 		})
 	})
-	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "eager-exact", KeyConcurrency: 1}); err != nil {
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "eager-exact", Concurrency: typeLimit, KeyConcurrency: 1}); err != nil {
 		t.Fatal(err)
 	}
 	kinds := &claimKinds{}
@@ -164,8 +209,13 @@ func TestEagerKeyedStartsFromManyClientsAtOnceNeverExceedTheKeyLimit(t *testing.
 			go func() {
 				defer wg.Done()
 				for i := range 25 {
-					key := fmt.Sprintf("key-%d", (g+i)%3)
-					r, err := kagzi.Start(ctx, c, wf, key, kagzi.WithConcurrencyKey(key))
+					var opts []kagzi.StartOption
+					key := ""
+					if (g+i)%4 != 0 {
+						key = fmt.Sprintf("key-%d", (g+i)%3)
+						opts = append(opts, kagzi.WithConcurrencyKey(key))
+					}
+					r, err := kagzi.Start(ctx, c, wf, key, opts...)
 					if err == nil {
 						_, err = r.Wait(ctx)
 					}
@@ -185,7 +235,10 @@ func TestEagerKeyedStartsFromManyClientsAtOnceNeverExceedTheKeyLimit(t *testing.
 	mu.Lock()
 	defer mu.Unlock()
 	for k, m := range most {
-		if m > 1 {
+		if k == "" && m > typeLimit {
+			t.Errorf("%d runs of the type ran at once, limit %d", m, typeLimit)
+		}
+		if k != "" && m > 1 {
 			t.Errorf("%d runs of %s ran at once, key limit 1", m, k)
 		}
 	}

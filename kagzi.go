@@ -134,6 +134,8 @@ type Client struct {
 	hooks          Hooks // nil: none (Config.Hooks)
 	// noWorkerWarned holds the workflow types StartByName warned about (see warnNoWorker).
 	noWorkerWarned sync.Map
+	// limitedTypes holds the workflow types an eager start found limited (see eager.go).
+	limitedTypes sync.Map
 
 	mu      sync.Mutex
 	workers map[*Worker]struct{} // this process's running workers, for Health

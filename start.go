@@ -270,23 +270,32 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	var eager *Worker
 	if tx == nil && link == nil && n.Debounce == nil && n.StartAt.IsZero() && n.Version != nil {
 		if eager = c.eagerWorker(workflowType, *n.Version); eager != nil {
-			n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: *n.Version}
-			if n.FlowKey != "" {
-				// It locks its key first, in its own transaction: not in a shared commit.
+			_, limited := c.limitedTypes.Load(workflowType)
+			n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: *n.Version,
+				Limited: limited}
+			if n.FlowKey != "" || limited {
+				// It locks its type and key first, in its own transaction: not in a
+				// shared commit.
 				db = c.pool
 			}
 		}
 	}
 	began := time.Now()
 	ctx, hooked := c.hookStartBegin(ctx, &n)
-	r, inserted, noWorker, err := store.InsertRunChecked(ctx, db, n)
+	r, st, err := store.InsertRunChecked(ctx, db, n)
+	inserted := st.Inserted
 	c.hookStartEnd(ctx, hooked, r, inserted, err)
 	claimed := err == nil && inserted && eager != nil && r.Status == StatusRunning
 	switch {
 	case claimed:
-		eager.startEager(r, n.Carrier, began)
+		eager.startEager(r, n.Carrier, began, st.HoldsSlot)
 	case eager != nil:
 		eager.releaseReservation()
+		if err == nil && inserted && n.FlowKey == "" && !n.Eager.Limited {
+			// Its type has limits (an eager start of a run of no key is refused
+			// only then): the next eager starts of the type count its holders.
+			c.limitedTypes.Store(workflowType, true)
+		}
 	}
 	if err != nil {
 		err = dbError("kagzi: start "+workflowType, err)
@@ -299,7 +308,7 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 		}
 		return nil, err
 	}
-	if noWorker {
+	if st.NoWorker {
 		c.warnNoWorker(workflowType, o.version)
 	}
 	if inserted && n.NotifyLater && !claimed {

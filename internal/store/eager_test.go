@@ -10,15 +10,17 @@ import (
 	"github.com/kagzi/kagzi/internal/testdb"
 )
 
-// An eager start of a keyed run claims it only when its type's only limit is its
-// keys' concurrency (or it has none), its key has room, and no run of its key is
-// queued before it; otherwise it inserts the run PENDING, for a claim.
-func TestAnEagerKeyedStartClaimsItsRunOnlyWhenItsKeyHasRoomAndNoQueue(t *testing.T) {
+// An eager start of a keyed run, or of a type known to be limited, claims its run
+// only when the type has no rate limit, its concurrency limit and its key's have room
+// (a run so claimed holds a slot of the type's), and no run of its key is queued
+// before it; otherwise it inserts the run PENDING, for a claim.
+func TestAnEagerStartThatCountsHoldersClaimsItsRunOnlyWithinTheLimits(t *testing.T) {
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency) VALUES ('default', 'keyed', 2);
-		INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency) VALUES ('default', 'type-limited', 5)`); err != nil {
+		INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency) VALUES ('default', 'type-limited', 2);
+		INSERT INTO kagzi.flow_limits (namespace, workflow_type, rate, rate_period_ms) VALUES ('default', 'rated', 100, 1000)`); err != nil {
 		t.Fatal(err)
 	}
 	conn, err := pool.Acquire(ctx) // one connection, for its prepared statements' plan counts
@@ -27,44 +29,63 @@ func TestAnEagerKeyedStartClaimsItsRunOnlyWhenItsKeyHasRoomAndNoQueue(t *testing
 	}
 	defer conn.Release()
 	v := "v1"
-	start := func(typ, key string, eager bool) string {
+	// eager: 0 not eager, 1 eager (the type not known to be limited), 2 eager and
+	// known to be limited.
+	start := func(typ, key string, eager int) string {
 		t.Helper()
 		n := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowType: typ, Input: []byte(`1`), Version: &v,
 			FlowKey: key}
 		n.WorkflowID = n.RunID.String()
-		if eager {
-			n.Eager = &Eager{WorkerID: "w", Lease: time.Minute, Version: v}
+		if eager > 0 {
+			n.Eager = &Eager{WorkerID: "w", Lease: time.Minute, Version: v, Limited: eager == 2}
 		}
-		run, inserted, err := InsertRun(ctx, conn, n)
-		if err != nil || !inserted {
-			t.Fatalf("start of %s/%s: inserted %v, %v", typ, key, inserted, err)
+		run, st, err := InsertRunChecked(ctx, conn, n)
+		if err != nil || !st.Inserted {
+			t.Fatalf("start of %s/%s: inserted %v, %v", typ, key, st.Inserted, err)
 		}
-		return string(run.Status)
+		var holds bool
+		if err := conn.QueryRow(ctx, `SELECT holds_type_slot FROM kagzi.runs WHERE run_id = $1`, run.RunID).Scan(&holds); err != nil {
+			t.Fatal(err)
+		}
+		if holds != st.HoldsSlot {
+			t.Fatalf("start of %s/%s: the run holds a type slot: %v, the start says %v", typ, key, holds, st.HoldsSlot)
+		}
+		status := string(run.Status)
+		if holds {
+			status += ", holding a slot"
+		}
+		return status
 	}
 	for _, c := range []struct {
 		what, typ, key string
-		eager          bool
+		eager          int
 		want           string
 	}{
-		{"the key's first run", "keyed", "a", true, "RUNNING"},
-		{"a second run, one holder of two places", "keyed", "a", true, "RUNNING"},
-		{"a third run: the key is full", "keyed", "a", true, "PENDING"},
-		{"another key", "keyed", "b", true, "RUNNING"},
-		{"a run not started eagerly", "keyed", "b", false, "PENDING"},
-		{"a run behind the key's queued run, with room", "keyed", "b", true, "PENDING"},
-		{"a type with no limits", "free", "a", true, "RUNNING"},
-		{"a type with a concurrency limit", "type-limited", "a", true, "PENDING"},
+		{"the key's first run", "keyed", "a", 1, "RUNNING"},
+		{"a second run, one holder of two places", "keyed", "a", 1, "RUNNING"},
+		{"a third run: the key is full", "keyed", "a", 1, "PENDING"},
+		{"another key", "keyed", "b", 1, "RUNNING"},
+		{"a run not started eagerly", "keyed", "b", 0, "PENDING"},
+		{"a run behind the key's queued run, with room", "keyed", "b", 1, "PENDING"},
+		{"a type with no limits", "free", "a", 1, "RUNNING"},
+		{"a type with no limits, said to be limited", "free", "", 2, "RUNNING"},
+		{"a limited type not known to be", "type-limited", "", 1, "PENDING"},
+		{"a limited type known to be, with room", "type-limited", "", 2, "RUNNING, holding a slot"},
+		{"a keyed run of a limited type, with room", "type-limited", "a", 1, "RUNNING, holding a slot"},
+		{"a limited type whose slots are full", "type-limited", "", 2, "PENDING"},
+		{"a keyed run of a limited type whose slots are full", "type-limited", "b", 1, "PENDING"},
+		{"a type with a rate limit", "rated", "", 2, "PENDING"},
 	} {
 		if got := start(c.typ, c.key, c.eager); got != c.want {
 			t.Errorf("%s: %s, want %s", c.what, got, c.want)
 		}
 	}
 	for range 8 {
-		start("free", "c", true)
+		start("free", "c", 1)
 	}
 	var generic, custom int64
 	if err := conn.QueryRow(ctx, `SELECT generic_plans, custom_plans FROM pg_prepared_statements WHERE statement = $1`,
-		insertRuns[eagerKeyed][0].sql).Scan(&generic, &custom); err != nil {
+		insertRuns[eagerLocked][0].sql).Scan(&generic, &custom); err != nil {
 		t.Fatal(err)
 	}
 	if custom > 0 {

@@ -65,11 +65,12 @@ type NewRun struct {
 	Debounce *Debounce
 	// Eager, when set, names a worker of the starting process with a slot reserved
 	// for the run: the insert claims the run for it (RUNNING, lease epoch 1) unless its
-	// type has limits (a run with a concurrency key: limits but its keys' concurrency,
-	// or its key is full or has queued runs), and notifies no other worker. The caller
-	// sets it only for a run that starts now, at the worker's version. A keyed run's
-	// eager start locks its key first, in the same transaction: db must pipeline (a
-	// pool), or the start is not eager.
+	// type has limits, and notifies no other worker. The caller sets it only for a run
+	// that starts now, at the worker's version. A run with a concurrency key, or of a
+	// type known to be limited (Eager.Limited), is claimed within the limits: unless
+	// the type has a rate limit, its concurrency limit or its key's is full, or a run
+	// of its key is queued. Such a start locks the type and the key first, in the same
+	// transaction: db must pipeline (a pool), or the start is not eager.
 	Eager *Eager
 }
 
@@ -79,6 +80,10 @@ type Eager struct {
 	WorkerID string
 	Lease    time.Duration
 	Version  string
+	// Limited says that the type had flow-control limits when the caller last
+	// looked (an eager start of it came back PENDING): the start then locks the type
+	// and counts its holders (eagerLocked), and may claim the run within the limits.
+	Limited bool
 }
 
 // Debounce collapses the starts of one key (in a namespace) within a window into one
@@ -121,7 +126,7 @@ const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, r
 // (NewRun.IDNotBefore), only runs finished from that time on are looked up.
 func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
 	cte := `
-	SELECT false AS ok`
+	SELECT false AS ok, false AS slot`
 	switch eager {
 	case eagerPlain:
 		cte = `
@@ -129,24 +134,31 @@ func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
 	-- flow-control limits (the claim applies them). The caller checked the rest: the
 	-- run starts now, has no concurrency key, and its version is the worker's.
 	SELECT NOT EXISTS (SELECT 1 FROM kagzi.flow_limits l WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type)
-		AS ok`
-	case eagerKeyed:
+		AS ok, false AS slot`
+	case eagerLocked:
 		cte = `
-	-- An eager start of a run with a concurrency key (see Eager) inserts the run
-	-- claimed when its type has no limit but its keys' concurrency, its key has room
-	-- (its holders counted as a claim counts them, by a statement that starts after the
-	-- caller locked the key, see eagerKeyLockSQL), and no run of its key is queued:
-	-- those come first, in start order.
-	SELECT coalesce((SELECT l.concurrency IS NULL AND l.rate IS NULL AND l.key_rate IS NULL
-			AND (l.key_concurrency IS NULL OR (SELECT count(*) FROM kagzi.runs h
+	-- An eager start of a run whose type may have limits, or which has a concurrency
+	-- key (see Eager), inserts the run claimed when its type has no rate limit, its
+	-- concurrency limit has room (the type's slots held), its key's concurrency limit
+	-- has room (the key's holders), and no run of its key is queued (those come
+	-- first, in start order): the holders counted as a claim counts them, by a
+	-- statement that starts after the caller locked the type and the key (see
+	-- eagerLockSQL). The run then holds a slot of its type's limit (slot).
+	SELECT coalesce(l.ok, true) AND (@flow_key::text = '' OR NOT EXISTS (SELECT 1 FROM kagzi.runs q
+			WHERE q.namespace = @namespace AND q.workflow_type = @workflow_type AND q.flow_key = @flow_key::text
+			  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING')) AS ok,
+		coalesce(l.slot, false) AS slot
+	FROM (SELECT 1) one LEFT JOIN (
+		SELECT l.rate IS NULL AND l.key_rate IS NULL
+			AND (l.concurrency IS NULL OR (SELECT count(*) FROM kagzi.runs h
+				WHERE h.namespace = @namespace AND h.workflow_type = @workflow_type AND h.holds_type_slot
+				  AND h.status = 'RUNNING' AND h.available_at > now()) < l.concurrency)
+			AND (@flow_key::text = '' OR l.key_concurrency IS NULL OR (SELECT count(*) FROM kagzi.runs h
 				WHERE h.namespace = @namespace AND h.workflow_type = @workflow_type AND h.flow_key = @flow_key::text
 				  AND h.flow_key IS NOT NULL AND h.started_at IS NOT NULL
-				  AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')) < l.key_concurrency)
-		FROM kagzi.flow_limits l WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type), true)
-		AND NOT EXISTS (SELECT 1 FROM kagzi.runs q
-			WHERE q.namespace = @namespace AND q.workflow_type = @workflow_type AND q.flow_key = @flow_key::text
-			  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING')
-		AS ok`
+				  AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')) < l.key_concurrency) AS ok,
+			l.concurrency IS NOT NULL AS slot
+		FROM kagzi.flow_limits l WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type) l ON true`
 	}
 	prev := newestByWorkflowIDSQL("@namespace", "@workflow_id", "")
 	if reuseNever {
@@ -207,7 +219,7 @@ WITH prev AS (` + prev + `
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
 		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
 		version, forked_from_run_id, forked_from_step, trace_carrier, attributes, priority, flow_key,
-		locked_by, lease_epoch, started_at)
+		locked_by, lease_epoch, started_at, holds_type_slot)
 	SELECT @run_id, @namespace, @workflow_id, @workflow_type, CASE WHEN e.ok THEN 'RUNNING' ELSE 'PENDING' END, @input,
 		CASE WHEN e.ok THEN now() + @eager_lease_ms * interval '1 millisecond'
 			ELSE least(coalesce(@start_at, now() - @priority * interval '1 second'), @deadline) END,
@@ -217,11 +229,12 @@ WITH prev AS (` + prev + `
 			ELSE coalesce(@version::text, CASE WHEN @newest_version THEN (` + newestVersionSQL + `) END) END,
 		@forked_from_run_id::uuid, nullif(@forked_from_step::text, ''), @carrier::jsonb, @attributes::jsonb,
 		@priority, nullif(@flow_key::text, ''),
-		CASE WHEN e.ok THEN @eager_worker::text END, CASE WHEN e.ok THEN 1 ELSE 0 END, CASE WHEN e.ok THEN now() END
+		CASE WHEN e.ok THEN @eager_worker::text END, CASE WHEN e.ok THEN 1 ELSE 0 END, CASE WHEN e.ok THEN now() END,
+		e.ok AND e.slot
 	FROM eager e
 	WHERE NOT EXISTS (SELECT 1 FROM prev)
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
-	RETURNING ` + runColumns + `
+	RETURNING ` + runColumns + `, holds_type_slot
 ), listed AS (
 	` + runsCreatedSQL + ` FROM ins
 )
@@ -232,7 +245,7 @@ SELECT ins.*, true, CASE WHEN @notify_later OR ins.status = 'RUNNING' THEN '' EL
 	CASE WHEN @check_worker THEN NOT ` + liveWorkerSQL("@namespace", "@workflow_type", "@version::text") + ` ELSE false END
 FROM ins
 UNION ALL
-SELECT ` + runColumns + `, false, '', false FROM prev`
+SELECT ` + runColumns + `, false, false, '', false FROM prev`
 }
 
 var insertRunParams = []param[*NewRun]{
@@ -288,9 +301,9 @@ var insertRunParams = []param[*NewRun]{
 type eagerMode int
 
 const (
-	notEager   eagerMode = iota
-	eagerPlain           // a run without a concurrency key
-	eagerKeyed           // a run of a concurrency key, after eagerKeyLockSQL
+	notEager    eagerMode = iota
+	eagerPlain            // a run without a concurrency key, of a type without limits
+	eagerLocked           // a run of a concurrency key, or of a type with limits: after eagerLockSQL
 )
 
 // insertRuns holds insertRun's statements by eager mode, then: plain, with
@@ -308,14 +321,23 @@ var insertRuns = func() (s [3][3]namedStatement[*NewRun]) {
 // idempotent id, not claimed and claimed by its start.
 var insertRun, insertRunEager = insertRuns[notEager][0], insertRuns[eagerPlain][0]
 
-// eagerKeyLockSQL locks a concurrency key ($1 namespace, $2 type, $3 key) for the
-// transaction, as a claim does (kagzi.flow_lock_keys, which passes over a key it cannot
-// lock): sent before an eager start of a keyed run, in the same transaction, so that
-// the insert's count of the key's holders sees every claim and eager start of the key
-// that committed before, and none commits meanwhile. The insert uses its generic plan,
-// as a start does (see insertRunSQL), whatever Postgres would choose for it.
-const eagerKeyLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended('kagzi.flow.key|' || $1::text || '|' || $2::text || '|' || $3::text, 0)),
-	set_config('plan_cache_mode', 'force_generic_plan', true)`
+// eagerLockSQL locks, for the transaction, the type's concurrency limit ($1
+// namespace, $2 type) when it has one, then the concurrency key ($3; none when empty),
+// as a claim locks them (kagzi.claim: the type with pg_advisory_xact_lock, then the
+// keys with kagzi.flow_lock_keys, which passes over a key it cannot lock): sent before
+// an eager start that counts holders (eagerLocked), in the same transaction, so that
+// the insert's counts see every claim and eager start that committed before, and none
+// commits meanwhile. Only a type with a concurrency limit is locked: starts of other
+// types take no lock but their key's. The insert uses its generic plan, as a start
+// does (see insertRunSQL), whatever Postgres would choose for it.
+const eagerLockSQL = `WITH t AS MATERIALIZED (
+	SELECT count(pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || $1::text || '|' || $2::text, 0))) AS n
+	FROM kagzi.flow_limits l WHERE l.namespace = $1::text AND l.workflow_type = $2::text AND l.concurrency IS NOT NULL
+)
+SELECT t.n, CASE WHEN $3::text <> '' THEN
+		pg_advisory_xact_lock(hashtextextended('kagzi.flow.key|' || $1::text || '|' || $2::text || '|' || $3::text, 0))::text END,
+	set_config('plan_cache_mode', 'force_generic_plan', true)
+FROM t`
 
 // insertRunSinceParams are the parameters of the statements with NewRun.IDNotBefore.
 var insertRunSinceParams = append(slices.Clip(insertRunParams),
@@ -330,24 +352,35 @@ func notifyDeadlineSQL(namespace, deadline string) string {
 
 // InsertRun starts a run, or returns the run that already holds its workflow id.
 func InsertRun(ctx context.Context, db DBTX, n NewRun) (run Run, inserted bool, err error) {
-	run, inserted, _, err = InsertRunChecked(ctx, db, n)
-	return run, inserted, err
+	run, st, err := InsertRunChecked(ctx, db, n)
+	return run, st.Inserted, err
 }
 
-// InsertRunChecked is InsertRun that also reports, when n.CheckWorker is set and the
-// run was inserted, that no live worker registered its type (and version).
-func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, inserted, noWorker bool, err error) {
+// Started is what InsertRunChecked tells besides the run.
+type Started struct {
+	// Inserted: the run was inserted (false: the run that holds its workflow id).
+	Inserted bool
+	// NoWorker, when n.CheckWorker is set and the run was inserted: no live worker
+	// registered its type (and version).
+	NoWorker bool
+	// HoldsSlot: an eager start claimed a slot of the type's concurrency limit for the
+	// run (see Eager).
+	HoldsSlot bool
+}
+
+// InsertRunChecked is InsertRun that also reports what Started holds.
+func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, st Started, err error) {
 	if n.Debounce != nil {
-		run, inserted, err = insertDebounced(ctx, db, n)
-		return run, inserted, false, err
+		run, st.Inserted, err = insertDebounced(ctx, db, n)
+		return run, st, err
 	}
 	mode := notEager
 	if n.Eager != nil {
 		mode = eagerPlain
-		if n.FlowKey != "" {
-			// The key's lock must come first, in the same transaction: without a
-			// pipeline (a caller's transaction is never eager), no eager start.
-			mode = eagerKeyed
+		if n.FlowKey != "" || n.Eager.Limited {
+			// The locks must come first, in the same transaction: without a pipeline
+			// (a caller's transaction is never eager), no eager start.
+			mode = eagerLocked
 			if _, ok := db.(batcher); !ok {
 				mode = notEager
 			}
@@ -364,26 +397,27 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, inserted
 	for range 5 {
 		var notified string
 		var row pgx.Row
-		if mode == eagerKeyed {
-			rows, err := queryAfterWith(ctx, db, eagerKeyLockSQL, []any{n.Namespace, n.WorkflowType, n.FlowKey},
+		if mode == eagerLocked {
+			rows, err := queryAfterWith(ctx, db, eagerLockSQL, []any{n.Namespace, n.WorkflowType, n.FlowKey},
 				stmt.sql, stmt.args(&n)...)
 			row = firstRow{rows: rows, err: err}
 		} else {
 			row = db.QueryRow(ctx, stmt.sql, stmt.args(&n)...)
 		}
-		run, err = scanRun(row, &inserted, &notified, &noWorker)
+		st = Started{}
+		run, err = scanRun(row, &st.HoldsSlot, &st.Inserted, &notified, &st.NoWorker)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // lost a race with a concurrent start of the same id: look again
 		}
-		if err == nil && !inserted && run.Status == archivedStatus {
+		if err == nil && !st.Inserted && run.Status == archivedStatus {
 			var found bool
 			if run, found, err = archivedRun(ctx, db, run); err == nil && !found {
 				continue // its history row is gone (retention): the id is free, look again
 			}
 		}
-		return run, inserted, noWorker, err
+		return run, st, err
 	}
-	return Run{}, false, false, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
+	return Run{}, Started{}, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
 }
 
 // firstRow is the first row of rows as a pgx.Row (pgx.ErrNoRows when there is none;
