@@ -92,3 +92,48 @@ func TestAnEagerStartThatCountsHoldersClaimsItsRunOnlyWithinTheLimits(t *testing
 		t.Errorf("the eager keyed start was planned anew %d times (generic plans %d), want its generic plan every time", custom, generic)
 	}
 }
+
+// An eager start that cannot take the type's or the key's lock (a claim, or another
+// start, holds it) does not wait for it: it queues its run for a claim.
+func TestAnEagerStartWhoseTypeOrKeyIsLockedQueuesItsRunWithoutWaiting(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency, key_concurrency)
+		VALUES ('default', 'limited', 5, 2)`); err != nil {
+		t.Fatal(err)
+	}
+	v := "v1"
+	start := func(key string) string {
+		t.Helper()
+		n := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowType: "limited", Input: []byte(`1`),
+			Version: &v, FlowKey: key, Eager: &Eager{WorkerID: "w", Lease: time.Minute, Version: v, Limited: true}}
+		n.WorkflowID = n.RunID.String()
+		// While the lock is held, a start that waited for it would never return.
+		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		run, _, err := InsertRunChecked(sctx, pool, n)
+		if err != nil {
+			t.Fatalf("start of key %q: %v", key, err)
+		}
+		return string(run.Status)
+	}
+	for _, lock := range []string{"kagzi.flow.key|default|limited|k", "kagzi.flow.type|default|limited"} {
+		holder, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, lock); err != nil {
+			t.Fatal(err)
+		}
+		if got := start("k"); got != "PENDING" {
+			t.Errorf("a start while another transaction holds %s: %s, want PENDING", lock, got)
+		}
+		if err := holder.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := start("other"); got != "RUNNING" {
+		t.Errorf("a start of another key with every lock free: %s, want RUNNING", got)
+	}
+}
