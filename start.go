@@ -271,12 +271,19 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	if tx == nil && link == nil && n.Debounce == nil && n.StartAt.IsZero() && n.Version != nil {
 		if eager = c.eagerWorker(workflowType, *n.Version); eager != nil {
 			_, limited := c.limitedTypes.Load(workflowType)
-			n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: *n.Version,
-				Limited: limited}
-			if n.FlowKey != "" || limited {
-				// It locks its type and key first, in its own transaction: not in a
-				// shared commit.
-				db = c.pool
+			switch locked := n.FlowKey != "" || limited; {
+			case locked && n.NotifyLater:
+				// An eager start within limits takes their locks and commits on its
+				// own; while other starts of this client are in flight, the shared
+				// commits carry more starts a second (the run waits for a claim).
+				eager.releaseReservation()
+				eager = nil
+			case locked:
+				n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: *n.Version,
+					Limited: limited}
+				db = c.pool // its own transaction, for the locks (see eager.go)
+			default:
+				n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: *n.Version}
 			}
 		}
 	}

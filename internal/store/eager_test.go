@@ -93,47 +93,68 @@ func TestAnEagerStartThatCountsHoldersClaimsItsRunOnlyWithinTheLimits(t *testing
 	}
 }
 
-// An eager start that cannot take the type's or the key's lock (a claim, or another
-// start, holds it) does not wait for it: it queues its run for a claim.
-func TestAnEagerStartWhoseTypeOrKeyIsLockedQueuesItsRunWithoutWaiting(t *testing.T) {
+// An eager start whose key another start (or a claim) holds waits for its commit,
+// then counts the holders it left: counted in a snapshot taken before the lock, the
+// other's run would not be seen, and the start would claim past the key's limit.
+func TestAnEagerStartWaitsForAnotherOfItsKeyAndCountsWhatItCommitted(t *testing.T) {
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency, key_concurrency)
-		VALUES ('default', 'limited', 5, 2)`); err != nil {
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency)
+		VALUES ('default', 'keyed', 1)`); err != nil {
 		t.Fatal(err)
 	}
 	v := "v1"
-	start := func(key string) string {
-		t.Helper()
-		n := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowType: "limited", Input: []byte(`1`),
-			Version: &v, FlowKey: key, Eager: &Eager{WorkerID: "w", Lease: time.Minute, Version: v, Limited: true}}
+	newRun := func(eager bool) NewRun {
+		n := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowType: "keyed", Input: []byte(`1`),
+			Version: &v, FlowKey: "k"}
 		n.WorkflowID = n.RunID.String()
-		// While the lock is held, a start that waited for it would never return.
-		sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		defer cancel()
-		run, _, err := InsertRunChecked(sctx, pool, n)
-		if err != nil {
-			t.Fatalf("start of key %q: %v", key, err)
+		if eager {
+			n.Eager = &Eager{WorkerID: "w", Lease: time.Minute, Version: v}
 		}
-		return string(run.Status)
+		return n
 	}
-	for _, lock := range []string{"kagzi.flow.key|default|limited|k", "kagzi.flow.type|default|limited"} {
-		holder, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, lock); err != nil {
-			t.Fatal(err)
-		}
-		if got := start("k"); got != "PENDING" {
-			t.Errorf("a start while another transaction holds %s: %s, want PENDING", lock, got)
-		}
-		if err := holder.Rollback(ctx); err != nil {
-			t.Fatal(err)
+	// Another eager start of the key under way (or a claim): its transaction holds
+	// the key's lock and has made a run the key's holder, not yet committed.
+	other, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx)
+	if run, _, err := InsertRunChecked(ctx, other, newRun(true)); err != nil || run.Status != "RUNNING" {
+		t.Fatalf("the other start: %s, %v; want RUNNING", run.Status, err)
+	}
+	type result struct {
+		status string
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		run, _, err := InsertRunChecked(ctx, pool, newRun(true))
+		done <- result{string(run.Status), err}
+	}()
+	// The start waits for the key's lock (the claim's transaction holds it).
+	eventuallyStore(t, "the start to wait for the key's lock", func() bool {
+		var waiting bool
+		err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND NOT granted)`).Scan(&waiting)
+		return err == nil && waiting
+	})
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-done
+	if r.err != nil || r.status != "PENDING" {
+		t.Fatalf("the start after the other committed: %s, %v; want PENDING (the other's run holds the key's one place)", r.status, r.err)
+	}
+}
+
+// eventuallyStore waits up to 30 s for cond.
+func eventuallyStore(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		if cond() {
+			return
 		}
 	}
-	if got := start("other"); got != "RUNNING" {
-		t.Errorf("a start of another key with every lock free: %s, want RUNNING", got)
-	}
+	t.Fatalf("timed out waiting for %s", what)
 }

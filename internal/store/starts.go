@@ -143,10 +143,8 @@ func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
 	-- has room (the key's holders), and no run of its key is queued (those come
 	-- first, in start order): the holders counted as a claim counts them, by a
 	-- statement that starts after the caller locked the type and the key (see
-	-- eagerLockSQL; none when it could not). The run then holds a slot of its type's
-	-- limit (slot).
-	SELECT current_setting('kagzi.eager_locks', true) = 'held' AND coalesce(l.ok, true)
-		AND (@flow_key::text = '' OR NOT EXISTS (SELECT 1 FROM kagzi.runs q
+	-- eagerLockSQL). The run then holds a slot of its type's limit (slot).
+	SELECT coalesce(l.ok, true) AND (@flow_key::text = '' OR NOT EXISTS (SELECT 1 FROM kagzi.runs q
 			WHERE q.namespace = @namespace AND q.workflow_type = @workflow_type AND q.flow_key = @flow_key::text
 			  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING')) AS ok,
 		coalesce(l.slot, false) AS slot
@@ -323,27 +321,23 @@ var insertRuns = func() (s [3][3]namedStatement[*NewRun]) {
 // idempotent id, not claimed and claimed by its start.
 var insertRun, insertRunEager = insertRuns[notEager][0], insertRuns[eagerPlain][0]
 
-// eagerLockSQL tries to lock, for the transaction, the type's concurrency limit ($1
-// namespace, $2 type; only when it has one) and then the concurrency key ($3; none
-// when empty), the locks a claim takes (kagzi.claim: the type's, then its keys' with
-// kagzi.flow_lock_keys), and records in the transaction's setting kagzi.eager_locks
-// whether it holds them all: sent before an eager start that counts holders
+// eagerLockSQL locks, for the transaction, the type's concurrency limit ($1
+// namespace, $2 type) when it has one, then the concurrency key ($3; none when empty),
+// as a claim locks them (kagzi.claim: the type with pg_advisory_xact_lock, then the
+// keys with kagzi.flow_lock_keys, which passes over a key it cannot lock, so a claim
+// never waits for a start): sent before an eager start that counts holders
 // (eagerLocked), in the same transaction, so that the insert's counts see every claim
-// and eager start that committed before, and none commits meanwhile. It does not
-// wait: while a claim or another start holds either lock, the insert claims nothing
-// and the run is queued for a claim (concurrent starts of a limited type would
-// otherwise take turns on its lock, each waiting for the other's commit). The insert
-// uses its generic plan, as a start does (see insertRunSQL), whatever Postgres would
-// choose for it.
+// and eager start that committed before, and none commits meanwhile. A type without a
+// concurrency limit is not locked: its starts take no lock but their key's. Only a
+// lone start of a client takes this way (see eager.go): the starts of one process do
+// not take turns on a type's lock. The insert uses its generic plan, as a start does
+// (see insertRunSQL), whatever Postgres would choose for it.
 const eagerLockSQL = `WITH t AS MATERIALIZED (
-	SELECT coalesce(bool_and(pg_try_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || $1::text || '|' || $2::text, 0))),
-		true) AS ok
+	SELECT count(pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || $1::text || '|' || $2::text, 0))) AS n
 	FROM kagzi.flow_limits l WHERE l.namespace = $1::text AND l.workflow_type = $2::text AND l.concurrency IS NOT NULL
 )
-SELECT set_config('kagzi.eager_locks', CASE WHEN NOT t.ok THEN ''
-		WHEN $3::text = '' OR pg_try_advisory_xact_lock(hashtextextended('kagzi.flow.key|' || $1::text || '|' || $2::text
-			|| '|' || $3::text, 0)) THEN 'held'
-		ELSE '' END, true),
+SELECT t.n, CASE WHEN $3::text <> '' THEN
+		pg_advisory_xact_lock(hashtextextended('kagzi.flow.key|' || $1::text || '|' || $2::text || '|' || $3::text, 0))::text END,
 	set_config('plan_cache_mode', 'force_generic_plan', true)
 FROM t`
 
