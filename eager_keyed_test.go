@@ -12,19 +12,27 @@ import (
 	"github.com/kagzi/kagzi"
 )
 
-func TestAKeyedStartWhoseKeyHasRoomIsClaimedByTheStartItself(t *testing.T) {
-	e := newEnv(t)
-	ctx := waitCtx(t)
+// limitedEcho returns a client that counts its claims, whose worker of echo runs and
+// has made its first claim, with the limits set.
+func limitedEcho(t *testing.T, e *env, limits kagzi.Limits) (*kagzi.Client, *claimKinds) {
+	t.Helper()
 	kinds := &claimKinds{}
 	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: kinds})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.SetLimits(ctx, kagzi.Limits{WorkflowType: "echo", KeyConcurrency: 1}); err != nil {
+	if _, err := c.SetLimits(waitCtx(t), limits); err != nil {
 		t.Fatal(err)
 	}
 	runWorker(t, c, fastWorker(), echo)
 	eventually(t, "the worker to claim nothing at its start", func() bool { return kinds.statements.Load() > 0 })
+	return c, kinds
+}
+
+func TestAKeyedStartWhoseKeyHasRoomIsClaimedByTheStartItself(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	c, kinds := limitedEcho(t, e, kagzi.Limits{WorkflowType: "echo", KeyConcurrency: 1})
 	for i := range 6 {
 		run, err := kagzi.Start(ctx, c, echo, i, kagzi.WithConcurrencyKey(fmt.Sprintf("customer-%d", i%2)))
 		if err != nil {
@@ -117,16 +125,7 @@ func TestAKeyedStartBehindItsKeysHolderOrQueueWaitsForAClaimInStartOrder(t *test
 func TestATypeLimitedStartIsClaimedByItsStartOnceItsClientFoundTheTypeLimited(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
-	kinds := &claimKinds{}
-	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: kinds})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.SetLimits(ctx, kagzi.Limits{WorkflowType: "echo", Concurrency: 2}); err != nil {
-		t.Fatal(err)
-	}
-	runWorker(t, c, fastWorker(), echo)
-	eventually(t, "the worker to claim nothing at its start", func() bool { return kinds.statements.Load() > 0 })
+	c, kinds := limitedEcho(t, e, kagzi.Limits{WorkflowType: "echo", Concurrency: 2})
 	for i := range 6 {
 		run, err := kagzi.Start(ctx, c, echo, i)
 		if err != nil {
@@ -155,27 +154,9 @@ func TestEagerStartsFromManyClientsAtOnceNeverExceedTheTypeOrKeyLimits(t *testin
 	e := newEnv(t)
 	ctx := waitCtx(t)
 	const typeLimit = 2
-	var mu sync.Mutex
-	running, most := map[string]int{}, map[string]int{}
-	enter := func(k string) {
-		running[k]++
-		most[k] = max(most[k], running[k])
-	}
+	var ledger atOnce
 	wf := kagzi.Define("eager-exact", func(ctx *kagzi.Context, key string) (string, error) {
-		mu.Lock()
-		enter("")
-		if key != "" {
-			enter(key)
-		}
-		mu.Unlock()
-		defer func() {
-			mu.Lock()
-			running[""]--
-			if key != "" {
-				running[key]--
-			}
-			mu.Unlock()
-		}()
+		defer ledger.enter(key)()
 		return kagzi.Step(ctx, "work", func(context.Context) (string, error) {
 			time.Sleep(time.Millisecond)
 			return key, nil
@@ -232,16 +213,7 @@ func TestEagerStartsFromManyClientsAtOnceNeverExceedTheTypeOrKeyLimits(t *testin
 	for err := range errs {
 		t.Fatal(err)
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for k, m := range most {
-		if k == "" && m > typeLimit {
-			t.Errorf("%d runs of the type ran at once, limit %d", m, typeLimit)
-		}
-		if k != "" && m > 1 {
-			t.Errorf("%d runs of %s ran at once, key limit 1", m, k)
-		}
-	}
+	ledger.check(t, typeLimit, 1)
 	if kinds.eager.Load() == 0 {
 		t.Fatal("no start claimed its run: the eager path was not exercised")
 	}

@@ -275,3 +275,50 @@ func envInt(name string, def int) int {
 	}
 	return def
 }
+
+// atOnce records how many workflow functions run at once, in all and per concurrency
+// key, and the most there ever were: the limits' exactness, seen from the workflows.
+type atOnce struct {
+	mu            sync.Mutex
+	running, most map[string]int // by key; "" for all
+}
+
+// enter records a function of key ("": none) beginning; the returned func, its end.
+func (a *atOnce) enter(key string) (leave func()) {
+	keys := []string{""}
+	if key != "" {
+		keys = append(keys, key)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.running == nil {
+		a.running, a.most = map[string]int{}, map[string]int{}
+	}
+	for _, k := range keys {
+		a.running[k]++
+		a.most[k] = max(a.most[k], a.running[k])
+	}
+	return func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		for _, k := range keys {
+			a.running[k]--
+		}
+	}
+}
+
+// check fails t if more than typeLimit functions ran at once, or more than keyLimit
+// of one key.
+func (a *atOnce) check(t *testing.T, typeLimit, keyLimit int) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for k, m := range a.most {
+		if k == "" && m > typeLimit {
+			t.Errorf("%d runs of the type ran at once, limit %d", m, typeLimit)
+		}
+		if k != "" && m > keyLimit {
+			t.Errorf("%d runs of %s ran at once, key limit %d", m, k, keyLimit)
+		}
+	}
+}

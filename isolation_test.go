@@ -3,7 +3,6 @@ package kagzi_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -50,24 +49,9 @@ func TestFlowLimitsHoldAndClaimsDoNotFailWhenTheDatabaseDefaultsToRepeatableRead
 	}
 
 	const keys, typeLimit = 4, 3
-	var mu sync.Mutex
-	running, most := map[string]int{}, map[string]int{}
-	enter := func(k string) {
-		mu.Lock()
-		defer mu.Unlock()
-		running[k]++
-		most[k] = max(most[k], running[k])
-	}
-	leave := func(k string) {
-		mu.Lock()
-		defer mu.Unlock()
-		running[k]--
-	}
+	var ledger atOnce
 	wf := kagzi.Define("isolated", func(ctx *kagzi.Context, key string) (string, error) {
-		enter(key)
-		enter("")
-		defer leave(key)
-		defer leave("")
+		defer ledger.enter(key)()
 		return kagzi.Step(ctx, "work", func(context.Context) (string, error) {
 			time.Sleep(2 * time.Millisecond)
 			return key, nil
@@ -102,16 +86,7 @@ func TestFlowLimitsHoldAndClaimsDoNotFailWhenTheDatabaseDefaultsToRepeatableRead
 			t.Fatal(err)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	for k, m := range most {
-		if k == "" && m > typeLimit {
-			t.Errorf("%d runs of the type ran at once, limit %d", m, typeLimit)
-		}
-		if k != "" && m > 1 {
-			t.Errorf("%d runs of %s ran at once, key limit 1", m, k)
-		}
-	}
+	ledger.check(t, typeLimit, 1)
 	if n := hooks.n.Load(); n > 0 {
 		t.Errorf("%d claims failed", n)
 	}
