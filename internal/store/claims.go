@@ -77,52 +77,28 @@ type StepRecord struct {
 // planning the claim anew at each call, as Postgres chose to, took 0.26 ms, more than
 // the claim of one run itself (0.15 ms).
 //
-// Types without limits but a concurrency limit, and without queued keyed runs (most
-// claims), take a shorter way in the same statement: the plain read of kagzi.claim,
-// from the floors, and its call of kagzi.claim_runs, without the rest of
-// kagzi.claim's PL/pgSQL (each of whose statements and expressions sets up its
-// executor state at every call: ~130 µs a claim, a third of a one-run claim; ~0.9 ms
-// of a claim of 50 under a type limit). A type with a concurrency limit reads at most
-// its room: the limit less the runs holding its slots (RUNNING under a lease not
-// passed, not the worker's finishing runs, $8), counted by this statement, which
-// starts after the claim's setup statement locked the type (claimSetupSQL), as
-// kagzi.claim counts them after its lock; its runs are claimed holding a slot. The
-// rows it returns are the ones kagzi.claim returns for such types: the claimed runs,
-// each type's next key-queue floor, and the next floor of each type when the claim
-// read its runs (see kagzi.claim). When any of the types has a rate limit, a key's
-// limit, or keyed runs queued from its key floor (gate), the statement calls
-// kagzi.claim instead, for all of them. The plain read stands in both: a change to it
-// is made in both.
+// Types without limits and without queued keyed runs (most claims) take a shorter way
+// in the same statement: the plain read of kagzi.claim, from the floors, and its call
+// of kagzi.claim_runs, without the rest of kagzi.claim's PL/pgSQL (each of whose
+// statements and expressions sets up its executor state at every call: ~130 µs a
+// claim, a third of a one-run claim). The rows it returns are the ones kagzi.claim
+// returns for such types: the claimed runs, each type's next key-queue floor, and
+// the next floor of each type when the claim read its runs (see kagzi.claim). When
+// any of the types has limits or keyed runs queued from its key floor (gate), the
+// statement calls kagzi.claim instead, for all of them. The plain read stands in both:
+// a change to it is made in both.
 const claimSQL = `
-WITH lims AS MATERIALIZED (
-	SELECT t.o, l.concurrency, l.rate IS NOT NULL OR l.key_concurrency IS NOT NULL OR l.key_rate IS NOT NULL AS flow
-	FROM unnest($2::text[]) WITH ORDINALITY AS t(workflow_type, o)
-	JOIN kagzi.flow_limits l ON l.namespace = $1 AND l.workflow_type = t.workflow_type
-), gate AS MATERIALIZED (
-	SELECT EXISTS (SELECT 1 FROM lims WHERE lims.flow)
-		-- A claim sent without its setup (a db that cannot pipeline) has not locked
-		-- its limited types: kagzi.claim does.
-		OR (EXISTS (SELECT 1 FROM lims WHERE lims.concurrency IS NOT NULL)
-			AND current_setting('kagzi.types_locked', true) IS DISTINCT FROM 'on')
+WITH gate AS MATERIALIZED (
+	SELECT EXISTS (SELECT 1 FROM kagzi.flow_limits l WHERE l.namespace = $1 AND l.workflow_type = ANY ($2::text[]))
 		OR EXISTS (SELECT 1 FROM unnest($2::text[], $11::timestamptz[]) AS t(workflow_type, floor),
 			LATERAL (SELECT 1 FROM kagzi.runs r
 				WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
 				  AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING' AND r.priority >= 0
 				  AND r.available_at >= coalesce(t.floor, '-infinity')
 				LIMIT 1) q) AS flow
-), room AS MATERIALIZED (
-	-- Each type's room: what the claim asks for, or less, its concurrency limit's.
-	SELECT t.workflow_type, t.version, t.floor, l.concurrency IS NOT NULL AS limited,
-		CASE WHEN l.concurrency IS NULL THEN greatest($7, 0) ELSE greatest(least($7, l.concurrency - (
-			SELECT count(*)::integer FROM kagzi.runs h
-			WHERE h.namespace = $1 AND h.workflow_type = t.workflow_type AND h.holds_type_slot AND h.status = 'RUNNING'
-			  AND h.available_at > now() AND h.run_id <> ALL (coalesce($8::uuid[], '{}')))), 0) END AS n
-	FROM unnest($2::text[], $3::text[], $9::timestamptz[]) WITH ORDINALITY AS t(workflow_type, version, floor, o)
-	LEFT JOIN lims l ON l.o = t.o
-	WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
 ), picked AS MATERIALIZED (
-	SELECT c.run_id, c.available_at, t.version, t.workflow_type, t.limited
-	FROM room t,
+	SELECT c.run_id, c.available_at, t.version, t.workflow_type
+	FROM unnest($2::text[], $3::text[], $9::timestamptz[]) AS t(workflow_type, version, floor),
 	LATERAL (
 		SELECT r.run_id, r.available_at FROM kagzi.runs r
 		WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
@@ -131,23 +107,18 @@ WITH lims AS MATERIALIZED (
 		  AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)
 		  AND (r.version IS NULL OR r.version = t.version)
 		ORDER BY r.available_at
-		LIMIT t.n
+		LIMIT $7
 		FOR UPDATE SKIP LOCKED
 	) c
+	WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
 	ORDER BY c.available_at
 	LIMIT greatest($7, 0)
 ), claimed AS MATERIALIZED (
-	-- The runs and their versions in one aggregation each, so that they stay in step;
-	-- the runs of limited types hold a slot.
-	SELECT c.* FROM (SELECT
-			array_agg(run_id ORDER BY available_at, run_id) FILTER (WHERE NOT limited) AS ids,
-			array_agg(version ORDER BY available_at, run_id) FILTER (WHERE NOT limited) AS versions,
-			array_agg(run_id ORDER BY available_at, run_id) FILTER (WHERE limited) AS held_ids,
-			array_agg(version ORDER BY available_at, run_id) FILTER (WHERE limited) AS held_versions
-		FROM picked) p,
-		LATERAL (SELECT * FROM kagzi.claim_runs(p.ids, p.versions, $5, $6, false) WHERE p.ids IS NOT NULL
-			UNION ALL
-			SELECT * FROM kagzi.claim_runs(p.held_ids, p.held_versions, $5, $6, true) WHERE p.held_ids IS NOT NULL) c
+	-- The runs and their versions in one aggregation, so that they stay in step.
+	SELECT c.* FROM (SELECT array_agg(run_id ORDER BY available_at, run_id) AS ids,
+			array_agg(version ORDER BY available_at, run_id) AS versions FROM picked) p,
+		LATERAL kagzi.claim_runs(p.ids, p.versions, $5, $6, false) c
+	WHERE p.ids IS NOT NULL
 )
 SELECT * FROM claimed
 UNION ALL
@@ -157,19 +128,17 @@ SELECT NULL, $1, NULL, t.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL,
 FROM unnest($2::text[], $11::timestamptz[]) AS t(workflow_type, floor)
 WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
 UNION ALL
--- Each type's next floor: a second before now() when the type's range up to now was
--- read through (the claim got fewer runs than it asked for, and fewer of the type than
--- its room), else before the last run it claimed of the type (none for a type it
--- claimed nothing of).
+-- Each type's next floor: a second before now() when the claim got fewer runs than
+-- it asked for (every type's range up to now was read through), else before the last
+-- run it claimed of the type (none for a type it claimed nothing of).
 SELECT NULL, $1, NULL, t.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, now(),
-	CASE WHEN t.through THEN now() ELSE t.last END - interval '1 second',
+	CASE WHEN (SELECT count(*) FROM claimed) < $7 THEN now()
+		ELSE (SELECT max(c.prev_available_at) FROM claimed c WHERE c.workflow_type = t.workflow_type) END
+		- interval '1 second',
 	NULL, NULL, NULL, NULL, NULL
-FROM (SELECT r.workflow_type,
-		(SELECT count(*) FROM claimed) < $7
-			AND (SELECT count(*) FROM claimed c WHERE c.workflow_type = r.workflow_type) < r.n AS through,
-		(SELECT max(c.prev_available_at) FROM claimed c WHERE c.workflow_type = r.workflow_type) AS last
-	FROM room r) t
-WHERE t.through OR t.last IS NOT NULL
+FROM unnest($2::text[]) AS t(workflow_type)
+WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
+  AND ((SELECT count(*) FROM claimed) < $7 OR EXISTS (SELECT 1 FROM claimed c WHERE c.workflow_type = t.workflow_type))
 UNION ALL
 SELECT * FROM kagzi.claim($1::text, $2::text[], $3::text[], $4::text[], $5::text, $6::bigint, $7::integer,
 	$8::uuid[], $9::timestamptz[], $10::boolean[], $11::timestamptz[], $12::boolean[]) WHERE (SELECT flow FROM gate)`
@@ -255,12 +224,6 @@ FROM kagzi.steps WHERE run_id = ANY($1)`
 // they were, to be claimed again at once; its worker's execution may go on until its
 // next write, which the token rejects (see Fence), as a takeover's would be. A
 // durable claim (Claimer.Durable) waits for its flush as any commit does.
-//
-// And it locks the claim's types that have a concurrency limit ($2 namespace, $3
-// types), in the claim's order of types, as kagzi.claim locks them (a transaction's
-// advisory lock taken twice is held once), and says so (kagzi.types_locked): the claim
-// statement, which starts after, counts each type's holders seeing every claim that
-// committed before.
 func claimSetupSQL(lease time.Duration, durable bool) string {
 	commit := `off`
 	if durable {
@@ -268,11 +231,7 @@ func claimSetupSQL(lease time.Duration, durable bool) string {
 	}
 	return genericPlanSQL + `, set_config('tcp_user_timeout', '` +
 		strconv.FormatInt(max(lease.Milliseconds(), 0), 10) + `', true), set_config('synchronous_commit', '` + commit + `', true),
-	set_config('kagzi.lease_token', $1::text, true), set_config('kagzi.types_locked', 'on', true),
-	(SELECT count(pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || $2::text || '|' || s.workflow_type, 0)))
-	 FROM (SELECT t.workflow_type FROM unnest($3::text[]) WITH ORDINALITY AS t(workflow_type, o)
-		JOIN kagzi.flow_limits l ON l.namespace = $2::text AND l.workflow_type = t.workflow_type AND l.concurrency IS NOT NULL
-		ORDER BY t.o) s)`
+	set_config('kagzi.lease_token', $1::text, true)`
 }
 
 // ClaimRuns claims up to limit runs for the worker and loads their recorded steps:
@@ -304,8 +263,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 	if _, ok := db.(batcher); ok {
 		token = uuid.New()
 	}
-	rows, err := queryAfterWith(ctx, db, claimSetupSQL(c.Lease, c.Durable), []any{token.String(), c.Namespace, pgArray(c.Types)},
-		claimSQL, c.Namespace,
+	rows, err := queryAfterWith(ctx, db, claimSetupSQL(c.Lease, c.Durable), []any{token.String()}, claimSQL, c.Namespace,
 		pgArray(c.Types), pgArray(c.Versions), pgArray(cursors), c.WorkerID, c.Lease.Milliseconds(), limit,
 		pgArray(c.Finishing), pgArray(floors), pgArray(walk), pgArray(keyFloors), pgArray(scans))
 	if err != nil {
