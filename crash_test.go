@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -28,6 +29,7 @@ const (
 	crashDefaultsEnv    = "KAGZI_TEST_CRASH_DEFAULTS"      // "1": the default lease, heartbeat and reap interval
 	crashStartEnv       = "KAGZI_TEST_CRASH_START"         // N: the process starts N crashy runs itself (eagerly claimed)
 	crashSchedulerEnv   = "KAGZI_TEST_CRASH_SCHEDULER"     // "1": the worker runs the scheduler; "freeze": and stops its process in the first firing (see freezeOnFire)
+	crashFlowStartEnv   = "KAGZI_TEST_CRASH_FLOW_START"    // "N:prefix": the process starts N runs of "limited" itself, one at a time (see startLedgeredRuns)
 )
 
 // crashy records every execution of every step body in the effects table, so the
@@ -136,11 +138,44 @@ func runCrashWorker() int {
 			}
 		}()
 	}
+	if spec := os.Getenv(crashFlowStartEnv); spec != "" {
+		go startLedgeredRuns(ctx, client, pool, spec)
+	}
 	if err := w.Run(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
 	return 0
+}
+
+// startLedgeredRuns starts N runs of the ledgered type "limited" (spec "N:prefix"),
+// one at a time: four in five, the first among them, with one of four concurrency keys
+// named after prefix;
+// then it records its pid in the table starters_done.
+func startLedgeredRuns(ctx context.Context, client *kagzi.Client, pool *pgxpool.Pool, spec string) {
+	n, prefix, _ := strings.Cut(spec, ":")
+	count, err := strconv.Atoi(n)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bad", crashFlowStartEnv, spec)
+		return
+	}
+	time.Sleep(300 * time.Millisecond) // the worker claims, and takes eager starts
+	wf := ledgeredWorkflow(pool, "limited")
+	for i := range count {
+		in := flowInput{MS: 100 + i%4*10, Sleep: i%2 == 0}
+		var opts []kagzi.StartOption
+		if i%5 != 4 { // the first keyed: it knows the type's limits, a start of no key may not
+			in.Key = fmt.Sprintf("%s-customer-%d", prefix, i%4)
+			opts = append(opts, kagzi.WithConcurrencyKey(in.Key))
+		}
+		if _, err := kagzi.Start(ctx, client, wf, in, opts...); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO starters_done (pid) VALUES ($1)`, os.Getpid()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
 }
 
 func startWorkerProcess(t *testing.T, dbURL string, block bool) *exec.Cmd {

@@ -106,9 +106,20 @@ func (p *flowProcs) start() {
 
 // kill SIGKILLs the oldest process and notes when it was dead (the database's clock,
 // read after the process was reaped): see closeKilled.
-func (p *flowProcs) kill() {
-	cmd := p.procs[0]
-	p.procs = p.procs[1:]
+func (p *flowProcs) kill() { p.killAt(0) }
+
+// killPid kills the process pid, as kill does.
+func (p *flowProcs) killPid(pid int) {
+	i := slices.IndexFunc(p.procs, func(c *exec.Cmd) bool { return c.Process.Pid == pid })
+	if i < 0 {
+		p.t.Fatalf("no process %d", pid)
+	}
+	p.killAt(i)
+}
+
+func (p *flowProcs) killAt(i int) {
+	cmd := p.procs[i]
+	p.procs = slices.Delete(p.procs, i, i+1)
 	_ = cmd.Process.Signal(syscall.SIGKILL)
 	_ = cmd.Wait()
 	var at time.Time
@@ -227,10 +238,17 @@ func TestFlowConcurrencyLimitsHoldExactlyAcrossKilledWorkerProcesses(t *testing.
 	}
 	procs := &flowProcs{t: t, url: e.url, pool: e.pool}
 	procs.churn(runs, 3, 3, 700*time.Millisecond)
+	checkConcurrencyLedger(t, e.pool, procs, typeLimit, 48, runs)
+}
 
+// checkConcurrencyLedger checks the ledger of the type "limited" after its runs
+// completed: at most typeLimit bodies at one instant, each key's runs one at a time
+// in start order (keyed of them), every run completed and no slot left held.
+func checkConcurrencyLedger(t *testing.T, pool *pgxpool.Pool, procs *flowProcs, typeLimit, keyed, runs int) {
+	t.Helper()
 	// The type: never more than typeLimit bodies executing at one instant, across all
 	// processes (a body executes while its run is RUNNING, holding a slot).
-	all := ledgerIntervals(t, e.pool, `SELECT run_id::text, coalesce(flow_key, ''), began, ended FROM ledger`)
+	all := ledgerIntervals(t, pool, `SELECT run_id::text, coalesce(flow_key, ''), began, ended FROM ledger`)
 	if most := maxOverlap(all); most > typeLimit {
 		t.Errorf("%d bodies of the type executed at one instant; the limit is %d", most, typeLimit)
 	} else {
@@ -238,7 +256,7 @@ func TestFlowConcurrencyLimitsHoldExactlyAcrossKilledWorkerProcesses(t *testing.
 	}
 	// Each key: one run at a time from its first body's beginning to its last body's
 	// end (sleeping in between: it keeps its key's place), in start order.
-	perRun := ledgerIntervals(t, e.pool, `
+	perRun := ledgerIntervals(t, pool, `
 		SELECT l.run_id::text, l.flow_key, min(l.began), max(l.ended) FROM ledger l
 		JOIN kagzi.runs r ON r.run_id = l.run_id
 		WHERE l.flow_key IS NOT NULL GROUP BY l.run_id, l.flow_key, r.created_at ORDER BY l.flow_key, r.created_at`)
@@ -248,20 +266,79 @@ func TestFlowConcurrencyLimitsHoldExactlyAcrossKilledWorkerProcesses(t *testing.
 			continue
 		}
 		if cur.began.Before(prev.end) {
-			dumpKey(t, e.pool, cur.key)
+			dumpKey(t, pool, cur.key)
 			t.Errorf("key %s: run %s (started later) began at %v, before run %s ended at %v",
 				cur.key, cur.run, cur.began, prev.run, prev.end)
 		}
 	}
-	if len(perRun) != 48 {
-		t.Errorf("%d keyed runs in the ledger, want 48", len(perRun))
+	if len(perRun) != keyed {
+		t.Errorf("%d keyed runs in the ledger, want %d", len(perRun), keyed)
 	}
-	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'COMPLETED'`); n != runs {
+	if n := countRows(t, pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'COMPLETED'`); n != runs {
 		t.Errorf("%d of %d runs completed", n, runs)
 	}
-	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE holds_type_slot AND status = 'RUNNING'`); n != 0 {
+	if n := countRows(t, pool, `SELECT count(*) FROM kagzi.runs WHERE holds_type_slot AND status = 'RUNNING'`); n != 0 {
 		t.Errorf("%d finished runs still hold a slot", n)
 	}
+}
+
+func TestFlowLimitsHoldAcrossKilledProcessesThatClaimedTheirOwnStartsWithinTheLimits(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, ledgerSQL); err != nil {
+		t.Fatal(err)
+	}
+	const typeLimit = 3
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "limited", Concurrency: typeLimit, KeyConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	// Three worker processes each start 20 runs of their own, one at a time (lone
+	// starts: a start whose limits have room claims its run in its insert), 16 of
+	// them over 4 keys of the process, 4 without a key, and record when they are done.
+	// The first process seen holding a run it claimed by its start is killed at once,
+	// two more later; each is replaced by a worker that starts nothing.
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE starters_done (pid int)`); err != nil {
+		t.Fatal(err)
+	}
+	const procsN, each = 3, 20
+	procs := &flowProcs{t: t, url: e.url, pool: e.pool}
+	for i := range procsN {
+		procs.procs = append(procs.procs, startWorkerProcessEnv(t, e.url, crashSlotsEnv+"=4",
+			fmt.Sprintf("%s=%d:p%d", crashFlowStartEnv, each, i)))
+	}
+	// The very first start finds the limits' room, so some process claims a run by its
+	// start (the runs of these processes work 100 ms and more: it is seen holding it).
+	var holder int
+	eventually(t, "a process to hold a run it claimed by its start", func() bool {
+		return e.pool.QueryRow(ctx, `SELECT l.pid FROM kagzi.runs r JOIN ledger l ON l.run_id = r.run_id AND l.ended IS NULL
+			WHERE r.status = 'RUNNING' AND NOT EXISTS (SELECT 1 FROM claims c WHERE c.run_id = r.run_id)
+			LIMIT 1`).Scan(&holder) == nil
+	})
+	procs.killPid(holder)
+	procs.start()
+	eventually(t, "the other processes to start their runs", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM starters_done`) == procsN-1
+	})
+	runs := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs`)
+	keyed := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE flow_key IS NOT NULL`)
+	last := time.Now()
+	waitAllCompleted(t, e.pool, runs, func() {
+		if procs.kills < 3 && time.Since(last) > 500*time.Millisecond {
+			procs.kill()
+			procs.start()
+			last = time.Now()
+		}
+	})
+	procs.closeKilled()
+	checkConcurrencyLedger(t, e.pool, procs, typeLimit, keyed, runs)
+	// A run claimed by its start was never claimed by an UPDATE at epoch 1 (the
+	// claims table records every other claim).
+	eager := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs r
+		WHERE NOT EXISTS (SELECT 1 FROM claims c WHERE c.run_id = r.run_id AND c.first)`)
+	if eager == 0 {
+		t.Fatalf("no run was claimed by its start: the test did not exercise starts within the limits")
+	}
+	t.Logf("%d of %d runs claimed by their starts, %d kills", eager, runs, procs.kills)
 }
 
 // windowMax is the most times within any half-open window [t, t+period).
