@@ -377,10 +377,15 @@ func loadSteps(ctx context.Context, db DBTX, claimed []ClaimedRun, ids [][16]byt
 //
 // It reads each type's runs from the claimer's floor, as the claim does; a run below
 // a floor is found by the floor's probe instead (ProbeBelowFloors).
+//
+// It runs with its generic plan (genericPlanSQL): Postgres planned the statement
+// anew at every call, which took 2.7 ms (its execution 0.17): a worker asks after
+// every claim that leaves slots free, tens of times a second under a light load.
 func NextWake(ctx context.Context, db DBTX, c Claimer) (*time.Time, error) {
 	floors := c.Floors.current(c.Types)
 	var t *time.Time
-	err := db.QueryRow(ctx, nextWakeSQL, c.Namespace, c.Types, c.WorkerID, c.Versions, floors).Scan(&t)
+	rows, err := queryAfter(ctx, db, genericPlanSQL, nextWakeSQL, c.Namespace, c.Types, c.WorkerID, c.Versions, floors)
+	err = firstRow{rows: rows, err: err}.Scan(&t)
 	return t, err
 }
 

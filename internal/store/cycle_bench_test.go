@@ -173,3 +173,38 @@ func BenchmarkHeartbeat(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkNextWake measures a worker's question "when does my next run become
+// claimable?", which it asks after every claim that leaves slots free: with 10,000
+// runs of its type waiting for a later time. Planned anew at every call it took
+// ~2.7 ms; with its generic plan, a fraction of a millisecond.
+func BenchmarkNextWake(b *testing.B) {
+	pool, _ := testdb.NewPool(b)
+	ctx := context.Background()
+	const n = 10_000
+	ids := make([]uuid.UUID, n)
+	inputs := make([][]byte, n)
+	carriers := make([][]byte, n)
+	for i := range ids {
+		ids[i], _ = uuid.NewV7()
+		inputs[i] = []byte(`{}`)
+	}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, inputs, carriers, time.Now().Add(time.Hour), nil); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, "VACUUM ANALYZE kagzi.runs"); err != nil {
+		b.Fatal(err)
+	}
+	c := testClaimer("wf")
+	c.Floors = NewFloors()
+	b.ResetTimer()
+	for range b.N {
+		next, err := NextWake(ctx, pool, c)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if next == nil {
+			b.Fatal("no next wake with 10,000 runs due in an hour")
+		}
+	}
+}
