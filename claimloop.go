@@ -69,6 +69,17 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 			l.claimNow, l.more = true, true
 		case n := <-sub.C:
 			l.notified(n)
+			// Take what else has arrived before claiming: one claim serves every run
+			// announced so far (those that came in while the last claim ran would each
+			// call for a claim of their own, most finding their runs claimed).
+			for more := true; more; {
+				select {
+				case n := <-sub.C:
+					l.notified(n)
+				default:
+					more = false
+				}
+			}
 		case <-sub.Missed:
 			// Notifications came faster than the loop took them and some were
 			// dropped: what they announced is known only to the database now.

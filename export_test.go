@@ -1,6 +1,11 @@
 package kagzi
 
-import "time"
+import (
+	"strconv"
+	"time"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
 
 // SetWaitPoll sets how long the client's Waits wait before their first look at the
 // run without a notification: tests set an hour to show that a notification woke them.
@@ -13,4 +18,12 @@ func ClaimFloor(w *Worker, workflowType string) (time.Time, bool) { return w.flo
 // type's concurrency keys.
 func KeyQueueFloor(w *Worker, workflowType string) (time.Time, bool) {
 	return w.keyFloors.Of(workflowType)
+}
+
+// AnnounceRunsInProcess hands the client's own subscribers n notifications that runs
+// of the workflow type are claimable now, as the database would deliver them.
+func AnnounceRunsInProcess(c *Client, workflowType string, n int) {
+	for range n {
+		c.notifier.Publish(store.WakeTopic(c.ns, workflowType) + "|" + strconv.FormatInt(time.Now().UnixMilli(), 10))
+	}
 }

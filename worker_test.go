@@ -459,3 +459,58 @@ func TestAWorkerFedByNotificationsClaimsOncePerRunAndDoesNotAskForItsNextWake(t 
 		t.Fatalf("%d claims and %d next-wake queries for 40 runs started one by one; want 20 to 60 claims, at most 5 queries", claims, asked)
 	}
 }
+
+// blockingClaims is a Hooks whose Claim counts the worker's claim statements and,
+// once armed, holds the claim loop in the next one until released.
+type blockingClaims struct {
+	kagzi.NopHooks
+	claims   atomic.Int64
+	armed    atomic.Bool
+	blocked  chan struct{}
+	released chan struct{}
+}
+
+func (b *blockingClaims) Claim(_ context.Context, e *kagzi.ClaimEvent) {
+	if e.Eager {
+		return
+	}
+	b.claims.Add(1)
+	if b.armed.CompareAndSwap(true, false) {
+		close(b.blocked)
+		<-b.released
+	}
+}
+
+func TestNotificationsThatArriveDuringAClaimCallForOneClaimAfterIt(t *testing.T) {
+	e := newEnv(t)
+	hooks := &blockingClaims{blocked: make(chan struct{}), released: make(chan struct{})}
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: hooks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf := kagzi.Define("announced", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	cfg := fastWorker()
+	cfg.PollInterval = time.Hour // no claim but the ones announced
+	runWorker(t, c, cfg, wf)
+	eventually(t, "the worker's first claim", func() bool { return hooks.claims.Load() > 0 })
+	// The worker is idle; the next claim (for one announcement) holds the loop while ten
+	// more runs are announced.
+	before := hooks.claims.Load()
+	hooks.armed.Store(true)
+	kagzi.AnnounceRunsInProcess(c, "announced", 1)
+	<-hooks.blocked
+	kagzi.AnnounceRunsInProcess(c, "announced", 10)
+	close(hooks.released)
+	// Then one claim serves the ten (each alone would call for a claim: ten, all but
+	// the first finding nothing). Wait until the worker stops claiming.
+	last, still := hooks.claims.Load(), time.Now()
+	for time.Since(still) < 500*time.Millisecond {
+		time.Sleep(20 * time.Millisecond)
+		if n := hooks.claims.Load(); n != last {
+			last, still = n, time.Now()
+		}
+	}
+	if n := last - before; n != 2 {
+		t.Fatalf("%d claims for an announcement and ten announced while it was claiming; want 2", n)
+	}
+}
