@@ -49,6 +49,7 @@ WITH held AS (
 	UPDATE kagzi.runs r SET available_at = now(), updated_at = now()
 	FROM dead d
 	WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = d.worker_id AND r.available_at > now()
+	  AND EXISTS (SELECT 1 FROM dead) -- read no run when no worker died, whichever side the plan joins first
 	RETURNING r.workflow_type
 )
 SELECT (SELECT count(*) FROM dead), (SELECT count(*) FROM freed),

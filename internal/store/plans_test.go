@@ -9,6 +9,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi/internal/committer"
 	"github.com/kagzi/kagzi/internal/testdb"
@@ -189,4 +190,67 @@ func TestAStartUsesItsGenericPlanEagerOrNot(t *testing.T) {
 				eager, custom, generic)
 		}
 	}
+}
+
+// The look for dead workers runs every ReapInterval on every worker: when no worker
+// died it must not read the namespace's running runs, whichever way Postgres plans it
+// (a generic plan made on small statistics joined the runs first, reading every
+// running run of the namespace at every look).
+func TestTheLookForDeadWorkersReadsNoRunWhenNoWorkerDied(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, available_at, lease_epoch, locked_by)
+		SELECT gen_random_uuid(), 'default', 'w' || g, 'wf', 'RUNNING', '1', now() + interval '1 hour', 1, 'live'
+		FROM generate_series(1, 1000) g`); err != nil {
+		t.Fatal(err)
+	}
+	for _, analyzed := range []bool{false, true} {
+		if analyzed {
+			if _, err := pool.Exec(ctx, "ANALYZE kagzi.runs"); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+			lines := explainAnalyzed(t, pool, mode, reapDeadWorkersSQL, "'default', 'me'")
+			for _, l := range lines {
+				if strings.Contains(l, " on runs r") && !strings.Contains(l, "Update on") && !strings.Contains(l, "never executed") {
+					t.Errorf("analyzed %v, %s: the look read runs though no worker died:\n%s", analyzed, mode, strings.Join(lines, "\n"))
+				}
+			}
+		}
+	}
+}
+
+// explainAnalyzed runs sql (with the literal arguments args) under EXPLAIN ANALYZE with
+// the plan cache mode mode, in a transaction it rolls back, and returns the plan's lines.
+func explainAnalyzed(t *testing.T, pool *pgxpool.Pool, mode, sql, args string) []string {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		_ = tx.Rollback(ctx)
+		_, _ = conn.Exec(ctx, "DEALLOCATE analyzed") // PREPARE outlives its transaction
+	}()
+	if _, err := tx.Exec(ctx, "SELECT set_config('plan_cache_mode', $1, true)", mode); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, "PREPARE analyzed AS "+sql); err != nil {
+		t.Fatal(err)
+	}
+	rows, _ := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) EXECUTE analyzed("+args+")")
+	lines, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return lines
 }
