@@ -212,16 +212,26 @@ func maxOverlap(intervals []interval) int {
 	return most
 }
 
-func TestFlowConcurrencyLimitsHoldExactlyAcrossKilledWorkerProcesses(t *testing.T) {
+// typeLimit is the concurrency limit of the type "limited" in ledgeredLimitedEnv, with a
+// key limit of 1.
+const typeLimit = 3
+
+// ledgeredLimitedEnv is a database with the ledger tables and the type "limited"'s limits.
+func ledgeredLimitedEnv(t *testing.T) (*env, context.Context) {
+	t.Helper()
 	e := newEnv(t)
 	ctx := context.Background()
 	if _, err := e.pool.Exec(ctx, ledgerSQL); err != nil {
 		t.Fatal(err)
 	}
-	const typeLimit = 3
 	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "limited", Concurrency: typeLimit, KeyConcurrency: 1}); err != nil {
 		t.Fatal(err)
 	}
+	return e, ctx
+}
+
+func TestFlowConcurrencyLimitsHoldExactlyAcrossKilledWorkerProcesses(t *testing.T) {
+	e, ctx := ledgeredLimitedEnv(t)
 	wf := ledgeredWorkflow(e.pool, "limited")
 	runs := 0
 	for i := range 60 {
@@ -283,15 +293,7 @@ func checkConcurrencyLedger(t *testing.T, pool *pgxpool.Pool, procs *flowProcs, 
 }
 
 func TestFlowLimitsHoldAcrossKilledProcessesThatClaimedTheirOwnStartsWithinTheLimits(t *testing.T) {
-	e := newEnv(t)
-	ctx := context.Background()
-	if _, err := e.pool.Exec(ctx, ledgerSQL); err != nil {
-		t.Fatal(err)
-	}
-	const typeLimit = 3
-	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "limited", Concurrency: typeLimit, KeyConcurrency: 1}); err != nil {
-		t.Fatal(err)
-	}
+	e, ctx := ledgeredLimitedEnv(t)
 	// Three worker processes each start 20 runs of their own, one at a time (lone
 	// starts: a start whose limits have room claims its run in its insert), 16 of
 	// them over 4 keys of the process, 4 without a key, and record when they are done.
