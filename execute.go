@@ -96,9 +96,10 @@ func (w *Worker) end(x *execution, e ending) {
 	w.releaseSlot(x)
 	final, e, err := x.finish(e, last)
 	if err == nil {
-		// This client's waiters hear of the end from us; others' from the end's own
-		// NOTIFY, when there are any (see waiters.go).
-		w.client.notifier.Publish(store.DoneTopic(x.run.RunID) + "|" + string(final))
+		// This client's waiters hear of the end from us, with what it recorded; others'
+		// from the end's own NOTIFY, when there are any (see waiters.go).
+		w.client.notifier.PublishValue(store.DoneTopic(x.run.RunID)+"|"+string(final),
+			&runEnd{status: final, output: e.output, detail: e.detailBytes(), workflowID: x.run.WorkflowID})
 	}
 	switch {
 	case errors.Is(err, errLeaseLost):

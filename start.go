@@ -439,9 +439,10 @@ func (c *Client) warnNoWorker(workflowType string, version *string) {
 // Wait blocks until the run ends or ctx is done, and returns the run's output. A run
 // that ended FAILED returns a *WorkflowError (errors.Is ErrWorkflowFailed); a
 // CANCELLED one returns ErrCancelled. Wait does not poll in a tight loop: it listens
-// for the run's completion notification (told in process when a worker of the same
-// client ends the run; else sent by the run's end, because the client registers as a
-// waiter), and looks at the run every few seconds in case a notification was missed.
+// for the run's completion notification (told in process, with the run's result, when
+// a worker of the same client ends the run: nothing is read back; else sent by the
+// run's end, because the client registers as a waiter), and looks at the run every few
+// seconds in case a notification was missed.
 func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 	var zero Out
 	if r == nil || r.client == nil {
@@ -455,11 +456,18 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 	sub := c.notifier.Subscribe(store.DoneTopic(id))
 	defer func() { sub.Close() }() // the subscription of the run waited for last
 	poll := c.waitPoll
+	var ended *runEnd // told by a worker of this client with its notification
 	for {
-		c.awaitEnds(ctx) // before each look: an end after it notifies this client
-		run, err := store.GetRun(ctx, c.pool, c.ns, id)
-		if err != nil {
-			return zero, wrapStoreErr("kagzi: wait for run "+r.RunID, err)
+		var run store.Run
+		if ended != nil {
+			run = store.Run{RunID: id, WorkflowID: ended.workflowID, Status: ended.status, Output: ended.output,
+				Error: ended.detail}
+			ended = nil
+		} else {
+			c.awaitEnds(ctx) // before each look: an end after it notifies this client
+			if run, err = store.GetRun(ctx, c.pool, c.ns, id); err != nil {
+				return zero, wrapStoreErr("kagzi: wait for run "+r.RunID, err)
+			}
 		}
 		if run.Status == StatusCompleted && run.ContinuedAsRunID != nil {
 			// It continued as new: wait for the run that took over its workflow id.
@@ -486,7 +494,8 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 		case <-ctx.Done():
 			timer.Stop()
 			return zero, ctx.Err()
-		case <-sub.C:
+		case n := <-sub.C:
+			ended, _ = n.Value.(*runEnd)
 		case <-timer.C:
 			poll = min(poll*2, c.maxWaitPoll())
 		}

@@ -22,6 +22,16 @@ import (
 // seconds, so a notification missed for any reason (a registration in the same
 // instant as the end, a lost connection) delays it, nothing more.
 
+// runEnd is what the worker that ended a run recorded, handed to the waiters of its
+// own client with the notification (notifier.Notification.Value): they need not read
+// the run back. The run had not continued as new.
+type runEnd struct {
+	status     RunStatus
+	output     []byte // COMPLETED
+	detail     []byte // FAILED: the error detail, as stored
+	workflowID string
+}
+
 // waiterTTL is how long a registration as a waiter lasts; waiterRetry is how long a
 // client that could not register waits before trying again.
 const (

@@ -33,6 +33,9 @@ type Notification struct {
 	// Topic is empty for the "reconnected, look again" signal.
 	Topic string
 	Extra string
+	// Value is what PublishValue handed over with the notification (nil for one
+	// from the database): subscribers share it and must not modify it.
+	Value any
 }
 
 // Notifier multiplexes one LISTEN connection.
@@ -254,6 +257,14 @@ func (n *Notifier) dispatch(msg Notification, all bool) {
 // without the database: for news that only this process needs to hear from itself.
 func (n *Notifier) Publish(payload string) {
 	n.dispatch(parse(payload), false)
+}
+
+// PublishValue is Publish with a value for the subscribers (Notification.Value), for
+// news whose details this process has at hand.
+func (n *Notifier) PublishValue(payload string, v any) {
+	msg := parse(payload)
+	msg.Value = v
+	n.dispatch(msg, false)
 }
 
 // parse splits a payload "topic|extra" at its last '|'.
