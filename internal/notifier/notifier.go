@@ -255,9 +255,7 @@ func (n *Notifier) dispatch(msg Notification, all bool) {
 
 // Publish delivers a payload to this process's subscribers of its topic at once,
 // without the database: for news that only this process needs to hear from itself.
-func (n *Notifier) Publish(payload string) {
-	n.dispatch(parse(payload), false)
-}
+func (n *Notifier) Publish(payload string) { n.PublishValue(payload, nil) }
 
 // PublishValue is Publish with a value for the subscribers (Notification.Value), for
 // news whose details this process has at hand.
