@@ -369,7 +369,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.rt = w.runtime(goroutines)
 	w.claimer = store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
 		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}, Floors: w.floors, KeyFloors: w.keyFloors,
-		KeyScans: map[string]bool{}, KeysFreed: map[string]bool{}, Durable: w.cfg.DurableClaims}
+		KeyScans: map[string]bool{}, KeysFreed: map[string]bool{}, Limited: map[string]bool{}, Durable: w.cfg.DurableClaims}
 	bg.start(ctx, service{"floors probe", w.probeFloors})
 	w.logger.Info("kagzi: worker started", "types", w.types, "max_concurrent", w.cfg.MaxConcurrent)
 	w.mu.Lock()

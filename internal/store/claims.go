@@ -143,6 +143,110 @@ UNION ALL
 SELECT * FROM kagzi.claim($1::text, $2::text[], $3::text[], $4::text[], $5::text, $6::bigint, $7::integer,
 	$8::uuid[], $9::timestamptz[], $10::boolean[], $11::timestamptz[], $12::boolean[]) WHERE (SELECT flow FROM gate)`
 
+// claimLimitedSQL is claimSQL for a worker some of whose types have a concurrency
+// limit and nothing else (no rate limit, no concurrency keys queued): the claim's
+// setup statement, in the same round trip, takes those types' locks ($13, the types
+// the worker's claims last found limited: Claimer.Limited) before this statement
+// starts, so its count of each type's slot holders sees every claim and eager start
+// of the type that committed before, as kagzi.claim's does. Each limited type's room
+// is its limit less its holders (not counting the worker's finishing runs, $8), its
+// runs are claimed holding a slot, and its next floor is now() only when it got fewer
+// runs than its room (its range was read through). Any other limit, a concurrency
+// limit on a type not locked, or queued keyed runs, send the claim to kagzi.claim as
+// claimSQL's gate does.
+//
+// It saved ~1 ms of a ~4.5 ms claim of 50 runs on a busy worker of a type limited to
+// its slots: kagzi.claim's PL/pgSQL set-ups, and its holders' count, which matched
+// each holder against every finishing run (a <> ALL over an array parameter is a
+// linear search, and an anti-join with it a nested loop in the generic plan, 5 ms
+// for 267 holders and 133 finishing runs; the NOT IN below hashes the array once).
+const claimLimitedSQL = `
+WITH lims AS MATERIALIZED (
+	SELECT t.workflow_type, l.concurrency,
+		l.workflow_type IS NULL OR (l.rate IS NULL AND l.key_concurrency IS NULL AND l.key_rate IS NULL
+			AND (l.concurrency IS NULL OR t.workflow_type = ANY ($13::text[]))) AS short
+	FROM unnest($2::text[]) AS t(workflow_type)
+	LEFT JOIN kagzi.flow_limits l ON l.namespace = $1 AND l.workflow_type = t.workflow_type
+), gate AS MATERIALIZED (
+	SELECT EXISTS (SELECT 1 FROM lims WHERE NOT short)
+		OR EXISTS (SELECT 1 FROM unnest($2::text[], $11::timestamptz[]) AS t(workflow_type, floor),
+			LATERAL (SELECT 1 FROM kagzi.runs r
+				WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
+				  AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING' AND r.priority >= 0
+				  AND r.available_at >= coalesce(t.floor, '-infinity')
+				LIMIT 1) q) AS flow
+), room AS MATERIALIZED (
+	SELECT lm.workflow_type, lm.concurrency IS NOT NULL AS holds,
+		CASE WHEN lm.concurrency IS NULL THEN greatest($7, 0) ELSE greatest(least($7, lm.concurrency - (
+			-- A holder whose lease passed (its worker died) no longer counts.
+			SELECT count(*) FROM kagzi.runs r
+			WHERE r.namespace = $1 AND r.workflow_type = lm.workflow_type AND r.holds_type_slot
+			  AND r.status = 'RUNNING' AND r.available_at > now()
+			  AND r.run_id NOT IN (SELECT unnest($8::uuid[])))), 0) END AS allow
+	FROM lims lm
+	WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
+), picked AS MATERIALIZED (
+	SELECT c.run_id, c.available_at, t.version, t.workflow_type, rm.holds
+	FROM unnest($2::text[], $3::text[], $9::timestamptz[]) AS t(workflow_type, version, floor)
+	JOIN room rm ON rm.workflow_type = t.workflow_type,
+	LATERAL (
+		SELECT r.run_id, r.available_at FROM kagzi.runs r
+		WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
+		  AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at <= now()
+		  AND r.available_at >= coalesce(t.floor, '-infinity')
+		  AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)
+		  AND (r.version IS NULL OR r.version = t.version)
+		ORDER BY r.available_at
+		LIMIT rm.allow
+		FOR UPDATE SKIP LOCKED
+	) c
+	ORDER BY c.available_at
+	LIMIT greatest($7, 0)
+), claimed AS MATERIALIZED (
+	-- The runs and their versions in one aggregation a kind (holding a slot or not),
+	-- so that they stay in step.
+	SELECT c.* FROM (SELECT holds, array_agg(run_id ORDER BY available_at, run_id) AS ids,
+			array_agg(version ORDER BY available_at, run_id) AS versions FROM picked GROUP BY holds) p,
+		LATERAL kagzi.claim_runs(p.ids, p.versions, $5, $6, p.holds) c
+)
+SELECT * FROM claimed
+UNION ALL
+-- Each type's next key-queue floor: none of its keyed runs is queued from the floor.
+SELECT NULL, $1, NULL, t.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL,
+	greatest(t.floor, now() - interval '1 second'), NULL, NULL, NULL, NULL, NULL, NULL, false
+FROM unnest($2::text[], $11::timestamptz[]) AS t(workflow_type, floor)
+WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
+UNION ALL
+-- Each type's next floor: a second before now() when the claim got fewer runs of the
+-- type than its room and fewer than it asked for in all (the type's range up to now
+-- was read through), else before the last run it claimed of the type (none for a
+-- type it claimed nothing of).
+SELECT NULL, $1, NULL, rm.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, now(),
+	CASE WHEN (SELECT count(*) FROM claimed) < $7
+			AND (SELECT count(*) FROM claimed c WHERE c.workflow_type = rm.workflow_type) < rm.allow THEN now()
+		ELSE (SELECT max(c.prev_available_at) FROM claimed c WHERE c.workflow_type = rm.workflow_type) END
+		- interval '1 second',
+	NULL, NULL, NULL, NULL, NULL
+FROM room rm
+WHERE ((SELECT count(*) FROM claimed) < $7
+		AND (SELECT count(*) FROM claimed c WHERE c.workflow_type = rm.workflow_type) < rm.allow)
+	OR EXISTS (SELECT 1 FROM claimed c WHERE c.workflow_type = rm.workflow_type)
+UNION ALL
+SELECT * FROM kagzi.claim($1::text, $2::text[], $3::text[], $4::text[], $5::text, $6::bigint, $7::integer,
+	$8::uuid[], $9::timestamptz[], $10::boolean[], $11::timestamptz[], $12::boolean[]) WHERE (SELECT flow FROM gate)`
+
+// claimLocksSQL is what claimSetupSQL adds for claimLimitedSQL: the locks of the
+// namespace's ($2) types that the claim takes for limited ($4), and of every other
+// type of the worker's ($3) with a concurrency limit, in the worker's order of its
+// types (kagzi.claim's, which takes them again when the claim goes its way: two
+// claims never take two types' locks in opposite orders), held to the commit.
+const claimLocksSQL = `,
+	(SELECT count(pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|' || $2::text || '|' || s.t, 0)))
+	 FROM (SELECT t.t FROM unnest($3::text[]) WITH ORDINALITY AS t(t, o)
+		WHERE t.t = ANY ($4::text[]) OR EXISTS (SELECT 1 FROM kagzi.flow_limits l
+			WHERE l.namespace = $2::text AND l.workflow_type = t.t AND l.concurrency IS NOT NULL)
+		ORDER BY t.o) s)`
+
 // Claimer is who claims: a worker of a namespace, the workflow types it registered
 // (with the version of each), and its lease. Cursors holds the last key the worker
 // visited in each type's concurrency-key queues: ClaimRuns reads and advances it.
@@ -173,6 +277,12 @@ type Claimer struct {
 	// Durable makes the claim wait for its WAL flush when it commits (see
 	// claimSetupSQL).
 	Durable bool
+	// Limited holds the types whose runs the last claim of each claimed holding a
+	// slot of the type's concurrency limit (nil: none; ClaimRuns keeps it when it is
+	// not nil): the next claim locks them in its setup and takes claimLimitedSQL's
+	// way. A type whose limit was removed since is locked once more for nothing; one
+	// limited since goes kagzi.claim's way until then.
+	Limited map[string]bool
 }
 
 // KeyFreed reports whether the time of a wake notification (its part after the
@@ -260,12 +370,26 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 	// The claim's token: drawn for this claim, sent in its setup statement (a db that
 	// cannot pipeline runs the claim alone, without one: its runs get none).
 	var token uuid.UUID
+	var locked []string
 	if _, ok := db.(batcher); ok {
 		token = uuid.New()
+		for _, t := range c.Types {
+			if c.Limited[t] {
+				locked = append(locked, t)
+			}
+		}
 	}
-	rows, err := queryAfterWith(ctx, db, claimSetupSQL(c.Lease, c.Durable), []any{token.String()}, claimSQL, c.Namespace,
-		pgArray(c.Types), pgArray(c.Versions), pgArray(cursors), c.WorkerID, c.Lease.Milliseconds(), limit,
-		pgArray(c.Finishing), pgArray(floors), pgArray(walk), pgArray(keyFloors), pgArray(scans))
+	setup, setupArgs, sql := claimSetupSQL(c.Lease, c.Durable), []any{token.String()}, claimSQL
+	args := []any{c.Namespace, pgArray(c.Types), pgArray(c.Versions), pgArray(cursors), c.WorkerID,
+		c.Lease.Milliseconds(), limit, pgArray(c.Finishing), pgArray(floors), pgArray(walk), pgArray(keyFloors),
+		pgArray(scans)}
+	if len(locked) > 0 {
+		setup += claimLocksSQL
+		setupArgs = append(setupArgs, c.Namespace, pgArray(c.Types), pgArray(locked))
+		sql = claimLimitedSQL
+		args = append(args, pgArray(locked))
+	}
+	rows, err := queryAfterWith(ctx, db, setup, setupArgs, sql, args...)
 	if err != nil {
 		return nil, ClaimReport{}, err
 	}
@@ -319,6 +443,13 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 		r.CreatedAt, r.DBNow, r.AvailableAt = createdAt.Time, dbNow.Time, availableAt.Time
 		r.ConcurrencyKey = key.String
 		r.HoldsSlot = holds.Valid && holds.Bool
+		if c.Limited != nil && r.HoldsSlot != c.Limited[r.WorkflowType] {
+			if r.HoldsSlot {
+				c.Limited[r.WorkflowType] = true
+			} else {
+				delete(c.Limited, r.WorkflowType)
+			}
+		}
 		if hasSteps.Bool {
 			resumed = append(resumed, r.RunID)
 		}

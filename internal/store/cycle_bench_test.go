@@ -85,6 +85,7 @@ func benchRunCycle(b *testing.B, keys int, typeLimit bool) {
 	// One claimer for the whole burn-down, as a worker keeps its cursors and floors.
 	claimer := testClaimer("wf")
 	claimer.Floors, claimer.KeyFloors, claimer.KeyScans = NewFloors(), NewFloors(), map[string]bool{}
+	claimer.Limited = map[string]bool{}
 	for done < b.N {
 		t0 := time.Now()
 		claimed, _, err := ClaimRuns(ctx, conn, claimer, batch)

@@ -49,3 +49,104 @@ func TestAClaimOfATypeLimitedTypeTakesNoMoreThanTheLimitsRoom(t *testing.T) {
 		t.Fatalf("a claim with one holder finishing got %d runs (%v), want 1", len(next), err)
 	}
 }
+
+// A worker whose claims found its type limited (Claimer.Limited) locks the type in the
+// claim's setup and claims through claimLimitedSQL: the same room as kagzi.claim's
+// (the limit less the holders, the worker's finishing runs not counted), counted
+// after the lock, so that a claim that committed while it waited for the lock is
+// counted; a type whose limit was removed is claimed without slots and forgotten.
+func TestAClaimOfAKnownLimitedTypeLocksItInItsSetupAndCountsWhatCommittedMeanwhile(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency) VALUES ('default', 'wf', 4)`); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uuid.UUID, 20)
+	inputs := make([][]byte, len(ids))
+	for i := range ids {
+		ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
+	}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, inputs, make([][]byte, len(ids)), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	c := testClaimer("wf")
+	c.Floors, c.KeyFloors, c.Limited = NewFloors(), NewFloors(), map[string]bool{}
+	first, _, err := ClaimRuns(ctx, conn, c, 10)
+	if err != nil || len(first) != 4 || !first[0].HoldsSlot {
+		t.Fatalf("the first claim got %d runs (%v), want the limit's 4 holding slots", len(first), err)
+	}
+	if !c.Limited["wf"] {
+		t.Fatal("the claimer did not learn that the type is limited")
+	}
+	if again, _, err := ClaimRuns(ctx, conn, c, 10); err != nil || len(again) != 0 {
+		t.Fatalf("a claim while the limit is full got %d runs (%v), want none", len(again), err)
+	}
+	c.Finishing = [][16]byte{first[0].RunID, first[1].RunID}
+	next, _, err := ClaimRuns(ctx, conn, c, 10)
+	if err != nil || len(next) != 2 || !next[0].HoldsSlot || !next[1].HoldsSlot {
+		t.Fatalf("a claim with two holders finishing got %d runs (%v), want 2 holding slots", len(next), err)
+	}
+	var generic int64
+	if err := conn.QueryRow(ctx, `SELECT generic_plans FROM pg_prepared_statements WHERE statement = $1`,
+		claimLimitedSQL).Scan(&generic); err != nil || generic != 2 {
+		t.Fatalf("the short way of a limited type ran %d times with its generic plan (%v), want 2", generic, err)
+	}
+
+	// Those four finish; another claimer (a worker elsewhere) takes one slot and commits
+	// while this claim waits for the type's lock: the claim must count it.
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'COMPLETED', finished_at = now(), holds_type_slot = false
+		WHERE run_id = ANY($1)`, []uuid.UUID{first[0].RunID, first[1].RunID, first[2].RunID, first[3].RunID}); err != nil {
+		t.Fatal(err)
+	}
+	c.Finishing = nil
+	other, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback(ctx)
+	if _, err := other.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('kagzi.flow.type|default|wf', 0))`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := other.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', holds_type_slot = true, started_at = now(),
+		available_at = now() + interval '1 minute' WHERE run_id = $1`, ids[19]); err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		n   int
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		claimed, _, err := ClaimRuns(ctx, conn, c, 10)
+		done <- result{len(claimed), err}
+	}()
+	time.Sleep(100 * time.Millisecond) // the claim most likely waits for the lock by now
+	if err := other.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if r := <-done; r.err != nil || r.n != 1 {
+		t.Fatalf("the claim after another one committed got %d runs (%v), want the 1 room left", r.n, r.err)
+	}
+	var holders int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE holds_type_slot AND status = 'RUNNING'`).Scan(&holders); err != nil || holders != 4 {
+		t.Fatalf("%d runs hold the type's slots (%v), want the limit's 4", holders, err)
+	}
+
+	// The limit is removed: the next claim takes runs without slots and forgets it.
+	if _, err := pool.Exec(ctx, `DELETE FROM kagzi.flow_limits`); err != nil {
+		t.Fatal(err)
+	}
+	free, _, err := ClaimRuns(ctx, conn, c, 3)
+	if err != nil || len(free) != 3 || free[0].HoldsSlot {
+		t.Fatalf("a claim after the limit was removed got %d runs (%v), want 3 holding no slot", len(free), err)
+	}
+	if c.Limited["wf"] {
+		t.Fatal("the claimer still takes the type for limited")
+	}
+}

@@ -142,7 +142,7 @@ BEGIN
             -- is free, and the claim that takes the run over holds it again.
             SELECT count(*) INTO held FROM kagzi.runs r
             WHERE r.namespace = p_ns AND r.workflow_type = p_types[i] AND r.holds_type_slot AND r.status = 'RUNNING'
-              AND r.available_at > now() AND r.run_id <> ALL (fin);
+              AND r.available_at > now() AND r.run_id NOT IN (SELECT unnest(fin));
             allow[i] := greatest(least(allow[i], lims[i].concurrency - held), 0);
         END IF;
         IF lims[i].rate IS NOT NULL THEN
@@ -448,7 +448,7 @@ BEGIN
                     SELECT count(*)::integer FROM kagzi.runs h
                     WHERE h.namespace = p_ns AND h.workflow_type = p_type AND h.flow_key = k.k
                       AND h.started_at IS NOT NULL AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')
-                      AND h.run_id <> ALL (p_finishing)) END,
+                      AND h.run_id NOT IN (SELECT unnest(p_finishing))) END,
                 CASE WHEN p_key_rate IS NULL THEN p_share
                     ELSE kagzi.flow_rate_room(p_ns, p_type, k.k, p_key_rate, p_key_rate_period_ms) END), 0) AS room
         ) rm
