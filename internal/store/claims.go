@@ -85,29 +85,18 @@ type StepRecord struct {
 // returns for such types: the claimed runs, each type's next key-queue floor, and
 // the next floor of each type when the claim read its runs (see kagzi.claim). When
 // any of the types has limits or keyed runs queued from its key floor (gate), the
-// statement calls kagzi.claim instead, for all of them. The plain read stands in both:
-// a change to it is made in both.
+// statement calls kagzi.claim instead, for all of them (or the claim goes
+// claimLimitedSQL's way: types whose only limit is a concurrency limit). The plain read
+// stands in all three: a change to it is made in each.
 const claimSQL = `
 WITH gate AS MATERIALIZED (
 	SELECT EXISTS (SELECT 1 FROM kagzi.flow_limits l WHERE l.namespace = $1 AND l.workflow_type = ANY ($2::text[]))
-		OR EXISTS (SELECT 1 FROM unnest($2::text[], $11::timestamptz[]) AS t(workflow_type, floor),
-			LATERAL (SELECT 1 FROM kagzi.runs r
-				WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
-				  AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING' AND r.priority >= 0
-				  AND r.available_at >= coalesce(t.floor, '-infinity')
-				LIMIT 1) q) AS flow
+		OR ` + claimKeyedQueuedSQL + ` AS flow
 ), picked AS MATERIALIZED (
 	SELECT c.run_id, c.available_at, t.version, t.workflow_type
 	FROM unnest($2::text[], $3::text[], $9::timestamptz[]) AS t(workflow_type, version, floor),
 	LATERAL (
-		SELECT r.run_id, r.available_at FROM kagzi.runs r
-		WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
-		  AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at <= now()
-		  AND r.available_at >= coalesce(t.floor, '-infinity')
-		  AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)
-		  AND (r.version IS NULL OR r.version = t.version)
-		ORDER BY r.available_at
-		LIMIT $7
+` + claimReadSQL + `$7
 		FOR UPDATE SKIP LOCKED
 	) c
 	WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
@@ -122,12 +111,7 @@ WITH gate AS MATERIALIZED (
 )
 SELECT * FROM claimed
 UNION ALL
--- Each type's next key-queue floor: none of its keyed runs is queued from the floor.
-SELECT NULL, $1, NULL, t.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL,
-	greatest(t.floor, now() - interval '1 second'), NULL, NULL, NULL, NULL, NULL, NULL, false
-FROM unnest($2::text[], $11::timestamptz[]) AS t(workflow_type, floor)
-WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
-UNION ALL
+` + claimKeyFloorsSQL + `
 -- Each type's next floor: a second before now() when the claim got fewer runs than
 -- it asked for (every type's range up to now was read through), else before the last
 -- run it claimed of the type (none for a type it claimed nothing of).
@@ -140,8 +124,7 @@ FROM unnest($2::text[]) AS t(workflow_type)
 WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
   AND ((SELECT count(*) FROM claimed) < $7 OR EXISTS (SELECT 1 FROM claimed c WHERE c.workflow_type = t.workflow_type))
 UNION ALL
-SELECT * FROM kagzi.claim($1::text, $2::text[], $3::text[], $4::text[], $5::text, $6::bigint, $7::integer,
-	$8::uuid[], $9::timestamptz[], $10::boolean[], $11::timestamptz[], $12::boolean[]) WHERE (SELECT flow FROM gate)`
+` + claimFallbackSQL
 
 // claimLimitedSQL is claimSQL for a worker some of whose types have a concurrency
 // limit and nothing else (no rate limit, no concurrency keys queued): the claim's
@@ -169,12 +152,7 @@ WITH lims AS MATERIALIZED (
 	LEFT JOIN kagzi.flow_limits l ON l.namespace = $1 AND l.workflow_type = t.workflow_type
 ), gate AS MATERIALIZED (
 	SELECT EXISTS (SELECT 1 FROM lims WHERE NOT short)
-		OR EXISTS (SELECT 1 FROM unnest($2::text[], $11::timestamptz[]) AS t(workflow_type, floor),
-			LATERAL (SELECT 1 FROM kagzi.runs r
-				WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
-				  AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING' AND r.priority >= 0
-				  AND r.available_at >= coalesce(t.floor, '-infinity')
-				LIMIT 1) q) AS flow
+		OR ` + claimKeyedQueuedSQL + ` AS flow
 ), room AS MATERIALIZED (
 	SELECT lm.workflow_type, lm.concurrency IS NOT NULL AS holds,
 		CASE WHEN lm.concurrency IS NULL THEN greatest($7, 0) ELSE greatest(least($7, lm.concurrency - (
@@ -190,14 +168,7 @@ WITH lims AS MATERIALIZED (
 	FROM unnest($2::text[], $3::text[], $9::timestamptz[]) AS t(workflow_type, version, floor)
 	JOIN room rm ON rm.workflow_type = t.workflow_type,
 	LATERAL (
-		SELECT r.run_id, r.available_at FROM kagzi.runs r
-		WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
-		  AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at <= now()
-		  AND r.available_at >= coalesce(t.floor, '-infinity')
-		  AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)
-		  AND (r.version IS NULL OR r.version = t.version)
-		ORDER BY r.available_at
-		LIMIT rm.allow
+` + claimReadSQL + `rm.allow
 		FOR UPDATE SKIP LOCKED
 	) c
 	ORDER BY c.available_at
@@ -211,12 +182,7 @@ WITH lims AS MATERIALIZED (
 )
 SELECT * FROM claimed
 UNION ALL
--- Each type's next key-queue floor: none of its keyed runs is queued from the floor.
-SELECT NULL, $1, NULL, t.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL,
-	greatest(t.floor, now() - interval '1 second'), NULL, NULL, NULL, NULL, NULL, NULL, false
-FROM unnest($2::text[], $11::timestamptz[]) AS t(workflow_type, floor)
-WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
-UNION ALL
+` + claimKeyFloorsSQL + `
 -- Each type's next floor: a second before now() when the claim got fewer runs of the
 -- type than its room and fewer than it asked for in all (the type's range up to now
 -- was read through), else before the last run it claimed of the type (none for a
@@ -232,8 +198,7 @@ WHERE ((SELECT count(*) FROM claimed) < $7
 		AND (SELECT count(*) FROM claimed c WHERE c.workflow_type = rm.workflow_type) < rm.allow)
 	OR EXISTS (SELECT 1 FROM claimed c WHERE c.workflow_type = rm.workflow_type)
 UNION ALL
-SELECT * FROM kagzi.claim($1::text, $2::text[], $3::text[], $4::text[], $5::text, $6::bigint, $7::integer,
-	$8::uuid[], $9::timestamptz[], $10::boolean[], $11::timestamptz[], $12::boolean[]) WHERE (SELECT flow FROM gate)`
+` + claimFallbackSQL
 
 // claimLocksSQL is what claimSetupSQL adds for claimLimitedSQL: the locks of the
 // namespace's ($2) types that the claim takes for limited ($4), and of every other
@@ -246,6 +211,40 @@ const claimLocksSQL = `,
 		WHERE t.t = ANY ($4::text[]) OR EXISTS (SELECT 1 FROM kagzi.flow_limits l
 			WHERE l.namespace = $2::text AND l.workflow_type = t.t AND l.concurrency IS NOT NULL)
 		ORDER BY t.o) s)`
+
+// The parts claimSQL and claimLimitedSQL share (the read also stands in kagzi.claim).
+const (
+	// claimKeyedQueuedSQL: some type ($2) has a keyed run queued from its key floor ($11).
+	claimKeyedQueuedSQL = `EXISTS (SELECT 1 FROM unnest($2::text[], $11::timestamptz[]) AS t(workflow_type, floor),
+			LATERAL (SELECT 1 FROM kagzi.runs r
+				WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
+				  AND r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING' AND r.priority >= 0
+				  AND r.available_at >= coalesce(t.floor, '-infinity')
+				LIMIT 1) q)`
+	// claimReadSQL reads a type's (t) claimable runs of no key from its floor, in
+	// order; the LIMIT's value follows it.
+	claimReadSQL = `
+		SELECT r.run_id, r.available_at FROM kagzi.runs r
+		WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
+		  AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at <= now()
+		  AND r.available_at >= coalesce(t.floor, '-infinity')
+		  AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)
+		  AND (r.version IS NULL OR r.version = t.version)
+		ORDER BY r.available_at
+		LIMIT `
+	// claimKeyFloorsSQL: each type's next key-queue floor, none of its keyed runs being
+	// queued from the floor (a row without a run each, then UNION ALL).
+	claimKeyFloorsSQL = `
+SELECT NULL, $1, NULL, t.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL,
+	greatest(t.floor, now() - interval '1 second'), NULL, NULL, NULL, NULL, NULL, NULL, false
+FROM unnest($2::text[], $11::timestamptz[]) AS t(workflow_type, floor)
+WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
+UNION ALL`
+	// claimFallbackSQL: kagzi.claim, when the gate says the claim needs it.
+	claimFallbackSQL = `
+SELECT * FROM kagzi.claim($1::text, $2::text[], $3::text[], $4::text[], $5::text, $6::bigint, $7::integer,
+	$8::uuid[], $9::timestamptz[], $10::boolean[], $11::timestamptz[], $12::boolean[]) WHERE (SELECT flow FROM gate)`
+)
 
 // Claimer is who claims: a worker of a namespace, the workflow types it registered
 // (with the version of each), and its lease. Cursors holds the last key the worker
