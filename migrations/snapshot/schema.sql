@@ -253,7 +253,7 @@ BEGIN
                 ELSE
                     sub := CASE WHEN seg = 1 THEN ks[1:split[i]] ELSE ks[split[i] + 1:cardinality(ks)] END;
                     IF pass = 2 THEN
-                        sub := ARRAY(SELECT k FROM unnest(sub) k WHERE i || E'\x1f' || k <> ALL (spent));
+                        sub := ARRAY(SELECT k FROM unnest(sub) k WHERE i || E'\x1f' || k NOT IN (SELECT unnest(spent)));
                     END IF;
                     CONTINUE WHEN coalesce(cardinality(sub), 0) = 0;
                     batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], sub, share,
@@ -264,7 +264,7 @@ BEGIN
                         PERFORM kagzi.flow_rate_add(p_ns, p_types[i], b.flow_key, lims[i].key_rate_period_ms, count(*)::integer)
                         FROM unnest(batch) b GROUP BY b.flow_key;
                         unserved := unserved || ARRAY(SELECT i || E'\x1f' || k FROM unnest(sub) k
-                            WHERE k <> ALL (ARRAY(SELECT b.flow_key FROM unnest(batch) b)));
+                            WHERE k NOT IN (SELECT b.flow_key FROM unnest(batch) b WHERE b.flow_key IS NOT NULL));
                     END IF;
                     served[i] := greatest(served[i], coalesce((SELECT 2 * max(array_position(ks, b.flow_key))
                         FROM unnest(batch) b), 0));
@@ -359,7 +359,7 @@ BEGIN
             PERFORM kagzi.flow_rate_add(p_ns, p_types[i], b.flow_key, lims[i].key_rate_period_ms, count(*)::integer)
             FROM unnest(batch) b GROUP BY b.flow_key;
             unserved := unserved || ARRAY(SELECT i || E'\x1f' || k FROM unnest(beyond) k
-                WHERE k <> ALL (ARRAY(SELECT b.flow_key FROM unnest(batch) b)));
+                WHERE k NOT IN (SELECT b.flow_key FROM unnest(batch) b WHERE b.flow_key IS NOT NULL));
         END IF;
         -- The next cursor: the last key served beyond the cap, else the last walked.
         beyond_cursor[i] := coalesce((SELECT beyond[max(array_position(beyond, b.flow_key))] FROM unnest(batch) b),
