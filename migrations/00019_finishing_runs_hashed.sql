@@ -13,6 +13,16 @@
 -- holders' count, measured: 4,000 holders and 8,000 finishing runs (a worker of 2,000
 -- slots under its type's limit), 125 ms before, 4 ms after; 200 and 100, 177 µs
 -- before, 123 µs after.
+--
+-- And the advisory locks a claim takes on the keys it visits (flow_lock_keys), each an
+-- entry of PostgreSQL's shared lock table until the claim commits (max_locks_per_
+-- transaction × max_connections entries, 6,400 by default, for every session of the
+-- database): a claim visited the room plus 16 keys (2,016 at 2,000 slots), and the
+-- walk beyond them after a key's place was freed locked up to 1,000 more, full or not.
+-- A few workers' claims at once could fill the table, and every session that needed a
+-- lock then failed with "out of shared memory". Now a claim visits at most 500 keys of
+-- the ring, and the walk beyond locks only the keys that have room by a look without
+-- the lock (their holders are counted again under it, as before).
 
 -- kagzi.claim_keyed claims queued runs of the type's keys ks (in that order), at most
 -- p_share from a key and p_max in all, each key within its room: its concurrency limit
@@ -139,6 +149,8 @@ DECLARE
     walk_end text[] := '{}';
     beyond_cursor text[] := '{}';
     beyond text[];
+    full_keys text[];
+    locked_keys text[];
     -- Per type: whether its next claim walks the ring with the skip scan rather than
     -- read its queued keys from the floor (see below); the keys this one read there
     -- (NULL: it did not, or there were too many).
@@ -225,7 +237,9 @@ BEGIN
         -- the keys with a concurrency limit are locked.
         cur := coalesce(p_cursors[i], '');
         kf := coalesce(p_key_floors[i], '-infinity');
-        m := allow[i] + 16; -- a few more keys than the room, for keys without any
+        -- A few more keys than the room, for keys without any; at most 500 (a claim
+        -- locks each key it visits that has a concurrency limit: see the header).
+        m := least(allow[i] + 16, 500);
         ks := '{}';
         sub := '{}';
         scan_next := scan_next || (key_first[i] IS NOT NULL AND coalesce(p_key_scans[i], false));
@@ -413,14 +427,30 @@ BEGIN
             END IF;
         END IF;
         IF lims[i].key_concurrency IS NOT NULL THEN
-            n := cardinality(beyond);
-            beyond := kagzi.flow_lock_keys(p_ns, p_types[i], beyond);
-            passed[i] := passed[i] + n - cardinality(beyond);
+            -- Only the keys with room by a look without their locks are locked (and
+            -- their holders counted again under the lock): a walk of 1,000 full keys
+            -- took 1,000 advisory locks, and a few workers walking at once filled
+            -- PostgreSQL's lock table. A key that looks full here was full when this
+            -- statement began; one freed since announces it, and a claim walks again.
+            full_keys := ARRAY(SELECT u.k FROM unnest(beyond) AS u(k)
+                WHERE (SELECT count(*) FROM kagzi.runs h
+                    WHERE h.namespace = p_ns AND h.workflow_type = p_types[i] AND h.flow_key = u.k
+                      AND h.started_at IS NOT NULL AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')
+                      AND h.run_id NOT IN (SELECT unnest(fin))) >= lims[i].key_concurrency);
+            locked_keys := kagzi.flow_lock_keys(p_ns, p_types[i], ARRAY(SELECT u.k
+                FROM unnest(beyond) WITH ORDINALITY AS u(k, o) WHERE u.k NOT IN (SELECT unnest(full_keys)) ORDER BY u.o));
+            passed[i] := passed[i] + cardinality(beyond) - cardinality(full_keys) - cardinality(locked_keys);
+            -- The cursor may pass the full keys and the locked ones; the keys another
+            -- claim held are not passed by it: the look again that their count asks for
+            -- visits them.
+            beyond_cursor[i] := (SELECT u.k FROM unnest(beyond) WITH ORDINALITY AS u(k, o)
+                WHERE u.k IN (SELECT unnest(full_keys)) OR u.k IN (SELECT unnest(locked_keys))
+                ORDER BY u.o DESC LIMIT 1);
+            beyond := locked_keys;
+        ELSE
+            beyond_cursor[i] := beyond[cardinality(beyond)];
         END IF;
-        -- The keys another claim held are not passed by the cursor: the look again
-        -- that their count asks for visits them.
         CONTINUE WHEN cardinality(beyond) = 0;
-        beyond_cursor[i] := beyond[cardinality(beyond)];
         share := ceil(least(allow[i], budget)::numeric / cardinality(beyond))::integer;
         batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], beyond, share,
             least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,

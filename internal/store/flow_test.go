@@ -227,3 +227,86 @@ func TestTheClaimsCountsOfHoldersHashTheFinishingRuns(t *testing.T) {
 		}
 	}
 }
+
+// Every key a claim visits that has a concurrency limit is locked until the claim
+// commits, an entry each in PostgreSQL's shared lock table (6,400 by default, for every
+// session of the database). The walk beyond the ring's cap after a key's place was
+// freed visits up to 1,000 more keys: it locks only those with room, not the full ones.
+func TestAClaimsWalkBeyondTheRingLocksOnlyTheKeysWithRoom(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency) VALUES ('default', 'wk', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	// 1,000 keys, each with a sleeping holder and a queued run; key k0500's holder
+	// has just finished.
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, available_at, started_at, flow_key)
+		SELECT gen_random_uuid(), 'default', 'h' || g, 'wk', CASE WHEN g = 500 THEN 'COMPLETED' ELSE 'SLEEPING' END, '1',
+			now() + interval '1 hour', now() - interval '1 minute', 'k' || lpad(g::text, 4, '0')
+		FROM generate_series(0, 999) g;
+		INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, available_at, flow_key)
+		SELECT gen_random_uuid(), 'default', 'q' || g, 'wk', 'PENDING', '1', now() - interval '1 second',
+			'k' || lpad(g::text, 4, '0')
+		FROM generate_series(0, 999) g;
+		ANALYZE kagzi.runs`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	c := testClaimer("wk")
+	c.Versions = []string{""}
+	c.KeysFreed = map[string]bool{"wk": true}
+	claimed, _, err := ClaimRuns(ctx, tx, c, 10)
+	if err != nil || len(claimed) != 1 || claimed[0].ConcurrencyKey != "k0500" {
+		t.Fatalf("the claim got %d runs (%v), want the queued run of the freed key k0500", len(claimed), err)
+	}
+	var locks int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&locks); err != nil {
+		t.Fatal(err)
+	}
+	// The ring's visit: the room (10) plus 16 keys, locked; beyond it, the one key
+	// with room.
+	if locks > 10+16+1 {
+		t.Fatalf("the claim holds %d advisory locks, want at most %d: the keys of its ring and the one with room", locks, 10+16+1)
+	}
+	if cursor := c.Cursors["wk"]; cursor < "k0500" {
+		t.Fatalf("the cursor after the walk is %q, want one past the keys walked (k0500 or later)", cursor)
+	}
+}
+
+// A claim of 2,000 slots visited the room plus 16 keys of the ring, and locked each:
+// now at most 500, so that a few large workers' claims at once stay far from filling
+// PostgreSQL's lock table.
+func TestAClaimLocksAtMostFiveHundredKeys(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency) VALUES ('default', 'wk', 1);
+		INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, available_at, flow_key)
+		SELECT gen_random_uuid(), 'default', 'q' || g, 'wk', 'PENDING', '1', now() - interval '1 second',
+			'k' || lpad(g::text, 4, '0')
+		FROM generate_series(0, 1999) g;
+		ANALYZE kagzi.runs`); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	c := testClaimer("wk")
+	c.Versions = []string{""}
+	claimed, _, err := ClaimRuns(ctx, tx, c, 2000)
+	if err != nil || len(claimed) != 500 {
+		t.Fatalf("a claim of 2,000 over 2,000 free keys got %d runs (%v), want the 500 keys it may visit", len(claimed), err)
+	}
+	var locks int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()`).Scan(&locks); err != nil || locks > 500 {
+		t.Fatalf("the claim holds %d advisory locks (%v), want at most 500", locks, err)
+	}
+}

@@ -69,6 +69,8 @@ DECLARE
     walk_end text[] := '{}';
     beyond_cursor text[] := '{}';
     beyond text[];
+    full_keys text[];
+    locked_keys text[];
     -- Per type: whether its next claim walks the ring with the skip scan rather than
     -- read its queued keys from the floor (see below); the keys this one read there
     -- (NULL: it did not, or there were too many).
@@ -155,7 +157,9 @@ BEGIN
         -- the keys with a concurrency limit are locked.
         cur := coalesce(p_cursors[i], '');
         kf := coalesce(p_key_floors[i], '-infinity');
-        m := allow[i] + 16; -- a few more keys than the room, for keys without any
+        -- A few more keys than the room, for keys without any; at most 500 (a claim
+        -- locks each key it visits that has a concurrency limit: see the header).
+        m := least(allow[i] + 16, 500);
         ks := '{}';
         sub := '{}';
         scan_next := scan_next || (key_first[i] IS NOT NULL AND coalesce(p_key_scans[i], false));
@@ -343,14 +347,30 @@ BEGIN
             END IF;
         END IF;
         IF lims[i].key_concurrency IS NOT NULL THEN
-            n := cardinality(beyond);
-            beyond := kagzi.flow_lock_keys(p_ns, p_types[i], beyond);
-            passed[i] := passed[i] + n - cardinality(beyond);
+            -- Only the keys with room by a look without their locks are locked (and
+            -- their holders counted again under the lock): a walk of 1,000 full keys
+            -- took 1,000 advisory locks, and a few workers walking at once filled
+            -- PostgreSQL's lock table. A key that looks full here was full when this
+            -- statement began; one freed since announces it, and a claim walks again.
+            full_keys := ARRAY(SELECT u.k FROM unnest(beyond) AS u(k)
+                WHERE (SELECT count(*) FROM kagzi.runs h
+                    WHERE h.namespace = p_ns AND h.workflow_type = p_types[i] AND h.flow_key = u.k
+                      AND h.started_at IS NOT NULL AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')
+                      AND h.run_id NOT IN (SELECT unnest(fin))) >= lims[i].key_concurrency);
+            locked_keys := kagzi.flow_lock_keys(p_ns, p_types[i], ARRAY(SELECT u.k
+                FROM unnest(beyond) WITH ORDINALITY AS u(k, o) WHERE u.k NOT IN (SELECT unnest(full_keys)) ORDER BY u.o));
+            passed[i] := passed[i] + cardinality(beyond) - cardinality(full_keys) - cardinality(locked_keys);
+            -- The cursor may pass the full keys and the locked ones; the keys another
+            -- claim held are not passed by it: the look again that their count asks for
+            -- visits them.
+            beyond_cursor[i] := (SELECT u.k FROM unnest(beyond) WITH ORDINALITY AS u(k, o)
+                WHERE u.k IN (SELECT unnest(full_keys)) OR u.k IN (SELECT unnest(locked_keys))
+                ORDER BY u.o DESC LIMIT 1);
+            beyond := locked_keys;
+        ELSE
+            beyond_cursor[i] := beyond[cardinality(beyond)];
         END IF;
-        -- The keys another claim held are not passed by the cursor: the look again
-        -- that their count asks for visits them.
         CONTINUE WHEN cardinality(beyond) = 0;
-        beyond_cursor[i] := beyond[cardinality(beyond)];
         share := ceil(least(allow[i], budget)::numeric / cardinality(beyond))::integer;
         batch := ARRAY(SELECT c FROM kagzi.claim_keyed(p_ns, p_types[i], p_versions[i], beyond, share,
             least(allow[i], budget), lims[i].key_concurrency, lims[i].key_rate,
