@@ -251,6 +251,34 @@ func TestFlowConcurrencyLimitsHoldExactlyAcrossKilledWorkerProcesses(t *testing.
 	checkConcurrencyLedger(t, e.pool, procs, typeLimit, 48, runs)
 }
 
+// A type limited by concurrency alone: each worker's claims, once the first of them
+// found the type limited, take the short way (the type locked in the claim's setup,
+// its holders counted by the claim statement; store.claimLimitedSQL). The limit holds
+// across processes killed with SIGKILL as kagzi.claim's does.
+func TestATypeLimitAloneHoldsExactlyAcrossKilledWorkerProcesses(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	if _, err := e.pool.Exec(ctx, ledgerSQL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "limited", Concurrency: typeLimit}); err != nil {
+		t.Fatal(err)
+	}
+	wf := ledgeredWorkflow(e.pool, "limited")
+	const runs = 60
+	for i := range runs {
+		if _, err := kagzi.Start(ctx, e.client, wf, flowInput{MS: 40 + i%4*15, Sleep: i%2 == 0}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	procs := &flowProcs{t: t, url: e.url, pool: e.pool}
+	procs.churn(runs, 3, 3, 400*time.Millisecond)
+	if procs.kills == 0 {
+		t.Fatal("no process was killed: the test tested no crash")
+	}
+	checkConcurrencyLedger(t, e.pool, procs, typeLimit, 0, runs)
+}
+
 // checkConcurrencyLedger checks the ledger of the type "limited" after its runs
 // completed: at most typeLimit bodies at one instant, each key's runs one at a time
 // in start order (keyed of them), every run completed and no slot left held.
