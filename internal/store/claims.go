@@ -188,16 +188,16 @@ UNION ALL
 -- type than its room and fewer than it asked for in all (the type's range up to now
 -- was read through), else before the last run it claimed of the type (none for a
 -- type it claimed nothing of).
-SELECT NULL, $1, NULL, rm.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, now(),
-	CASE WHEN (SELECT count(*) FROM claimed) < $7
-			AND (SELECT count(*) FROM claimed c WHERE c.workflow_type = rm.workflow_type) < rm.allow THEN now()
-		ELSE (SELECT max(c.prev_available_at) FROM claimed c WHERE c.workflow_type = rm.workflow_type) END
-		- interval '1 second',
-	NULL, NULL, NULL, NULL, NULL
-FROM room rm
-WHERE ((SELECT count(*) FROM claimed) < $7
-		AND (SELECT count(*) FROM claimed c WHERE c.workflow_type = rm.workflow_type) < rm.allow)
-	OR EXISTS (SELECT 1 FROM claimed c WHERE c.workflow_type = rm.workflow_type)
+SELECT NULL, $1, NULL, f.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL, NULL, now(),
+	CASE WHEN f.through THEN now() ELSE f.last END - interval '1 second', NULL, NULL, NULL, NULL, NULL
+FROM (
+	SELECT rm.workflow_type, tk.last,
+		(SELECT count(*) FROM claimed) < $7 AND coalesce(tk.n, 0) < rm.allow AS through
+	FROM room rm
+	LEFT JOIN (SELECT c.workflow_type, count(*) AS n, max(c.prev_available_at) AS last
+		FROM claimed c GROUP BY c.workflow_type) tk ON tk.workflow_type = rm.workflow_type
+) f
+WHERE f.through OR f.last IS NOT NULL
 UNION ALL
 ` + claimFallbackSQL
 

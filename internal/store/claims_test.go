@@ -405,7 +405,15 @@ func TestAClaimCountsTheConcurrencyKeysItPassedOverWhileAnotherClaimHeldThem(t *
 	}
 }
 
+// Both ways: kagzi.claim's, and claimLimitedSQL's (the claimer knows the type for
+// limited from the start).
 func TestALimitedTypesClaimReadsFromTheFloorAndReturnsTheNextOne(t *testing.T) {
+	t.Parallel()
+	t.Run("kagzi.claim", func(t *testing.T) { testLimitedFloor(t, nil) })
+	t.Run("short way", func(t *testing.T) { testLimitedFloor(t, map[string]bool{"wf": true}) })
+}
+
+func testLimitedFloor(t *testing.T, limited map[string]bool) {
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
@@ -435,7 +443,7 @@ func TestALimitedTypesClaimReadsFromTheFloorAndReturnsTheNextOne(t *testing.T) {
 		}
 	}
 	c := testClaimer("wf")
-	c.Floors = NewFloors()
+	c.Floors, c.Limited = NewFloors(), limited
 	// The limit admits two: the read stopped at the second run, the floor a second
 	// before it.
 	claimed, _, err := ClaimRuns(ctx, pool, c, 10)
