@@ -46,6 +46,7 @@ func main() {
 		verbose   = flag.Bool("v", false, "log the systems' warnings")
 		sqlTop    = flag.Int("sql", 0, "print the N statements of each system variant that took the most time (to stderr)")
 		cpuprof   = flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
+		memprof   = flag.String("memprofile", "", "write an allocation profile of the whole run to this file (go tool pprof -sample_index=alloc_space)")
 		flowParts = flag.String("flow", "flownone,flowtype,flowkeys,flowrate,fair", "the parts of the flow workload, comma-separated")
 		vac       vacuumParams
 	)
@@ -87,6 +88,18 @@ func main() {
 			os.Exit(1)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memprof != "" {
+		defer func() {
+			f, err := os.Create(*memprof)
+			if err == nil {
+				err = pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
+			if err != nil {
+				fmt.Fprintln(os.Stderr, err)
+			}
+		}()
 	}
 	if *quick {
 		// Quick sizes, unless a flag says otherwise.
