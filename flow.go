@@ -113,6 +113,9 @@ func (l Limits) validate() error {
 		switch {
 		case r.rate == 0 && r.period != 0:
 			return invalidArgument("limits of %s: a %sPeriod without a %s", l.WorkflowType, r.name, r.name)
+		case r.rate > 0 && r.period == 0:
+			return invalidArgument("limits of %s: a %s without a %sPeriod (%v..%v)", l.WorkflowType, r.name, r.name,
+				MinRatePeriod, MaxRatePeriod)
 		case r.rate > 0 && (r.period < MinRatePeriod || r.period > MaxRatePeriod):
 			return invalidArgument("limits of %s: %sPeriod %v is not within %v..%v", l.WorkflowType, r.name, r.period,
 				MinRatePeriod, MaxRatePeriod)
@@ -291,7 +294,8 @@ func (c *Client) hold(ctx context.Context, r store.Run) (*Hold, error) {
 // String formats the hold for people.
 func (h *Hold) String() string {
 	if h.Until != nil {
-		return fmt.Sprintf("held by the %s limit until %s", h.Limit, h.Until.Format(time.RFC3339))
+		// Milliseconds: a hold due within the second would print as a time already past.
+		return fmt.Sprintf("held by the %s limit until %s", h.Limit, h.Until.Format("2006-01-02T15:04:05.000Z07:00"))
 	}
 	return fmt.Sprintf("held by the %s limit until a run that holds a place stops", h.Limit)
 }

@@ -39,12 +39,29 @@ func TestSetLimitsRejectsBadLimitsWithInvalidArgumentAndChangesNothing(t *testin
 			t.Errorf("%s: got %v, want ErrInvalidArgument", name, err)
 		}
 	}
+	// A rate without its period says which is missing, not that a zero period is out of range.
+	_, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "wf", Rate: 5})
+	if err == nil || !strings.Contains(err.Error(), "a Rate without a RatePeriod") {
+		t.Errorf("rate without a period: %v, want it to name the missing RatePeriod", err)
+	}
 	all, err := e.client.ListLimits(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(all) != 1 || all[0].WorkflowType != "wf" || all[0].Concurrency != 2 || all[0].Rate != 0 {
 		t.Fatalf("limits after the rejected sets: %+v, want only the first", all)
+	}
+}
+
+func TestAHoldDueWithinTheSecondPrintsItsTimeToTheMillisecond(t *testing.T) {
+	until := time.Date(2026, 11, 26, 22, 15, 7, 250_000_000, time.UTC)
+	h := kagzi.Hold{Limit: "rate", Until: &until}
+	if got, want := h.String(), "held by the rate limit until 2026-11-26T22:15:07.250Z"; got != want {
+		t.Errorf("Hold.String() = %q, want %q", got, want)
+	}
+	if got, want := (&kagzi.Hold{Limit: "key-concurrency"}).String(),
+		"held by the key-concurrency limit until a run that holds a place stops"; got != want {
+		t.Errorf("Hold.String() = %q, want %q", got, want)
 	}
 }
 
