@@ -245,4 +245,20 @@ func TestNewClientRefusesAConfigurationThatNeedsMoreConnectionsThanMaxConnection
 	if n := pool.Stat().TotalConns(); n != 0 {
 		t.Fatalf("%d connections opened", n)
 	}
+	// The refusal says what to change: a smaller pool, or, when the pool has one
+	// connection already, the direct connection.
+	one, err := pgxpool.New(context.Background(), "postgres://app@127.0.0.1:1/app?pool_max_conns=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer one.Close()
+	for _, tc := range []struct {
+		pool *pgxpool.Pool
+		want string
+	}{{pool, "lower the pool's MaxConns"}, {one, "or set DisableDirectConn"}} {
+		_, err := kagzi.NewClient(tc.pool, kagzi.Config{MaxConnections: 1, Logger: quietLogger()})
+		if !errors.Is(err, kagzi.ErrInvalidArgument) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("pool of %d, MaxConnections 1: %v, want ErrInvalidArgument saying %q", tc.pool.Config().MaxConns, err, tc.want)
+		}
+	}
 }

@@ -48,7 +48,7 @@ type Config struct {
 	// has its own. Archived runs (see ArchiveAfter) go a day's partition at a time,
 	// once the day is past the longest Retention of the namespaces sharing the
 	// database; a namespace with a shorter one deletes its own older runs in small
-	// batches (docs/history.md).
+	// batches (docs/evolving-workflows.md, "Retention and the history").
 	Retention time.Duration
 	// ArchiveAfter is how long a finished run stays in the live tables before the
 	// workers of this client move it, with its steps, attempts, signals, events and
@@ -198,8 +198,14 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	}
 	if cfg.MaxConnections > 0 && connections(pool, cfg.DisableDirectConn) > cfg.MaxConnections {
 		n := connections(pool, cfg.DisableDirectConn)
-		return nil, invalidArgument("the client needs up to %d connections (the pool's MaxConns %d + %d direct), more than MaxConnections %d: "+
-			"lower the pool's MaxConns (pool_max_conns)", n, pool.Config().MaxConns, n-int(pool.Config().MaxConns), cfg.MaxConnections)
+		fix := "lower the pool's MaxConns (pool_max_conns)"
+		if pool.Config().MaxConns <= 1 {
+			// The pool cannot shrink: only the direct connection can go (notifications
+			// and the liveness lock with it, see DisableDirectConn).
+			fix = "raise MaxConnections, or set DisableDirectConn"
+		}
+		return nil, invalidArgument("the client needs up to %d connections (the pool's MaxConns %d + %d direct), more than MaxConnections %d: %s",
+			n, pool.Config().MaxConns, n-int(pool.Config().MaxConns), cfg.MaxConnections, fix)
 	}
 	c := &Client{id: uuid.New(), waitPoll: 250 * time.Millisecond, pool: pool, read: pool, ns: cfg.Namespace,
 		logger: cfg.Logger, retention: cfg.Retention, archiveAfter: cfg.ArchiveAfter,

@@ -688,6 +688,7 @@ func TestNewWorkerRejectsBadConfig(t *testing.T) {
 		{LeaseDuration: time.Millisecond},
 		{LeaseDuration: time.Second, HeartbeatInterval: 2 * time.Second},
 		{PollInterval: -time.Second},
+		{PruneInterval: -time.Second}, // was accepted, and Run panicked in its ticker
 	}
 	for _, cfg := range bad {
 		if _, err := kagzi.NewWorker(c, cfg, greet); !errors.Is(err, kagzi.ErrInvalidArgument) {

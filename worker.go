@@ -275,8 +275,8 @@ func (cfg *WorkerConfig) resolve(client *Client) error {
 	case cfg.HeartbeatInterval <= 0 || cfg.HeartbeatInterval >= cfg.LeaseDuration:
 		return invalidArgument("HeartbeatInterval %v must be positive and shorter than LeaseDuration %v",
 			cfg.HeartbeatInterval, cfg.LeaseDuration)
-	case cfg.PollInterval < 0 || cfg.DrainTimeout < 0 || cfg.MaxInProcessSleep < 0:
-		return invalidArgument("negative PollInterval, DrainTimeout or MaxInProcessSleep")
+	case cfg.PollInterval < 0 || cfg.DrainTimeout < 0 || cfg.MaxInProcessSleep < 0 || cfg.PruneInterval < 0:
+		return invalidArgument("negative PollInterval, DrainTimeout, MaxInProcessSleep or PruneInterval")
 	case cfg.DefaultRetry.Err() != nil:
 		return fmt.Errorf("DefaultRetry: %w", cfg.DefaultRetry.Err())
 	}
