@@ -24,7 +24,19 @@ type actionFunc func(q *req, a Action) (to string, err error)
 // CSRF token.
 func (c *console) post(pattern string, f actionFunc) {
 	c.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
-		r.Body = http.MaxBytesReader(w, r.Body, 2<<20)
+		r.Body = http.MaxBytesReader(w, r.Body, maxFormBytes)
+		if err := r.ParseForm(); err != nil {
+			// Read here, so that a form over the cap says so rather than looking like
+			// a form without its CSRF token (the cap leaves it empty).
+			var tooBig *http.MaxBytesError
+			if errors.As(err, &tooBig) {
+				err = fmt.Errorf("%w: the form is larger than %d MiB", errTooLarge, maxFormBytes>>20)
+			} else {
+				err = badRequest("unreadable form: %v", err)
+			}
+			c.fail(w, r, nil, err)
+			return
+		}
 		a := Action(r.PathValue("action"))
 		if a == "" {
 			a = Action("bulk-" + r.PostFormValue("action"))
@@ -50,6 +62,12 @@ func (c *console) post(pattern string, f actionFunc) {
 		}
 	})
 }
+
+// maxFormBytes bounds an action's form (a signal's payload is the largest part).
+const maxFormBytes = 2 << 20
+
+// errTooLarge is a form over maxFormBytes.
+var errTooLarge = errors.New("request too large")
 
 var knownActions = map[Action]bool{ActionCancel: true, ActionRerun: true, ActionFork: true, ActionSignal: true,
 	ActionPauseSchedule: true, ActionResumeSchedule: true, ActionTrigger: true, ActionBulkCancel: true, ActionBulkRerun: true}

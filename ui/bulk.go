@@ -77,6 +77,13 @@ func (c *console) bulkAction(q *req, a Action) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	// A filter the listing refuses (a parent that is not a run id, a type too long)
+	// is the request's fault: refused before anything is done or audited.
+	probe := f.RunFilter
+	probe.PageSize, probe.PageToken = 1, ""
+	if _, err := q.client.ListRuns(q.r.Context(), probe); isBadInput(err) {
+		return "", err
+	}
 	var res kagzi.BulkResult
 	detail := map[string]any{"filter": f.Values, "confirmed_count": q.r.PostFormValue("count")}
 	err = c.audited(q, a, f.Describe(), nil, detail, func() ([]string, int64, map[string]any, error) {

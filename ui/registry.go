@@ -129,7 +129,7 @@ func (c *console) audit(q *req) (string, any, error) {
 		if err == nil {
 			before, err = strconv.ParseInt(string(raw), 10, 64)
 		}
-		if err != nil {
+		if err != nil || before <= 0 {
 			return "", nil, badRequest("malformed page token %q", p)
 		}
 	}

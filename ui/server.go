@@ -111,7 +111,7 @@ var errForbidden = errors.New("forbidden")
 
 // open resolves the request's namespace and asks whether the caller may do a.
 func (c *console) open(w http.ResponseWriter, r *http.Request, a Action) (*req, error) {
-	q := &req{w: w, r: r, ns: r.PathValue("ns"), root: relativeRoot(r.URL.Path)}
+	q := &req{w: w, r: r, ns: r.PathValue("ns"), root: relativeRoot(r.URL.EscapedPath())}
 	var err error
 	if q.client, err = c.clientFor(q.ns); err != nil {
 		return q, err
@@ -170,7 +170,8 @@ func (c *console) clientFor(ns string) (*kagzi.Client, error) {
 }
 
 // relativeRoot is the relative path from a URL path to the console's root ("/"):
-// "./" for "/x", "../" for "/n/x", and so on.
+// "./" for "/x", "../" for "/n/x", and so on. The path is the escaped one: a
+// namespace with a "/" in it is one segment ("%2F"), as the browser resolves it.
 func relativeRoot(path string) string {
 	depth := strings.Count(path, "/") - 1
 	if depth <= 0 {
@@ -182,7 +183,7 @@ func relativeRoot(path string) string {
 // redirect sends a 303 to a path relative to the console's root. http.Redirect
 // would resolve it against the path StripPrefix left, which lost the prefix.
 func redirect(w http.ResponseWriter, r *http.Request, to string) {
-	w.Header().Set("Location", relativeRoot(r.URL.Path)+to)
+	w.Header().Set("Location", relativeRoot(r.URL.EscapedPath())+to)
 	w.WriteHeader(http.StatusSeeOther)
 }
 
@@ -244,6 +245,8 @@ func (c *console) fail(w http.ResponseWriter, r *http.Request, q *req, err error
 		status = http.StatusForbidden
 	case errors.Is(err, errCSRF):
 		status = http.StatusForbidden
+	case errors.Is(err, errTooLarge):
+		status = http.StatusRequestEntityTooLarge
 	case errors.Is(err, kagzi.ErrNotFound):
 		status = http.StatusNotFound
 	case errors.Is(err, kagzi.ErrInvalidArgument), errors.Is(err, kagzi.ErrAlreadyExists),
@@ -253,7 +256,7 @@ func (c *console) fail(w http.ResponseWriter, r *http.Request, q *req, err error
 		c.opts.Logger.Error("kagzi console", "path", r.URL.Path, "error", err)
 	}
 	if q == nil {
-		q = &req{w: w, r: r, root: relativeRoot(r.URL.Path)}
+		q = &req{w: w, r: r, root: relativeRoot(r.URL.EscapedPath())}
 	}
 	q.w, q.r = w, r
 	c.render(q, status, "error", http.StatusText(status), errorView{Status: status, Message: err.Error()})

@@ -67,7 +67,7 @@ func EndAudit(ctx context.Context, db DBTX, id int64, outcome string, runIDs []u
 // id beforeID (0: from the newest); with runID set, only those on that run.
 func ListAudit(ctx context.Context, db DBTX, namespace string, runID *uuid.UUID, beforeID int64, limit int) ([]AuditEntry, error) {
 	sql := `SELECT ` + auditColumns + ` FROM kagzi.console_audit
-		WHERE namespace = $1 AND ($2 = 0 OR id < $2)`
+		WHERE namespace = $1 AND ($2::bigint = 0 OR id < $2::bigint)`
 	args := []any{namespace, beforeID, limit}
 	if runID != nil {
 		sql += ` AND run_ids @> ARRAY[$4::uuid]`
