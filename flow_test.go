@@ -429,6 +429,12 @@ func TestRunInfoTellsWhichLimitHoldsARunBack(t *testing.T) {
 	} else if h.String() == "" {
 		t.Error("Hold.String is empty")
 	}
+	// The same run read by its workflow id shows the same hold.
+	if info, err := e.client.GetRunByWorkflowID(ctx, heldRate); err != nil {
+		t.Fatal(err)
+	} else if info.Hold == nil || info.Hold.Limit != "rate" {
+		t.Errorf("the rated run read by its workflow id shows hold %+v, want the rate limit", info.Hold)
+	}
 	// Another key is not held by the first key's limit.
 	eventually(t, "the run of another key to be claimed", func() bool { return runStatus(t, e.client, otherKey) == kagzi.StatusRunning })
 	close(release)

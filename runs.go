@@ -88,8 +88,9 @@ type RunInfo struct {
 	// run that took over its workflow id.
 	ContinuedFromRunID string `json:"continued_from_run_id,omitempty"`
 	ContinuedAsRunID   string `json:"continued_as_run_id,omitempty"`
-	// Hold, filled by GetRun for a PENDING run that could be claimed now, tells the
-	// flow-control limit that holds it back (see SetLimits); nil when none does.
+	// Hold, filled by GetRun and GetRunByWorkflowID for a PENDING run that could be
+	// claimed now, tells the flow-control limit that holds it back (see SetLimits);
+	// nil when none does.
 	Hold *Hold `json:"hold,omitempty"`
 	// Deadline is when the run fails with CodeDeadlineExceeded if it has not finished
 	// (see WithDeadline, WithRunTimeout); nil: none.
@@ -186,6 +187,9 @@ func (c *Client) GetRunByWorkflowID(ctx context.Context, workflowID string) (*Ru
 		return nil, wrapStoreErr("kagzi: get run of workflow id "+workflowID, err)
 	}
 	info := c.decodeRunInfo(runInfo(r))
+	if info.Hold, err = c.hold(ctx, r); err != nil {
+		return nil, dbError("kagzi: get run of workflow id "+workflowID, err)
+	}
 	return &info, nil
 }
 
