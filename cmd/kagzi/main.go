@@ -165,7 +165,11 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 	// Flags before the command.
 	fs := a.flagSet("kagzi")
 	if err := fs.Parse(args); err != nil {
-		return err
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(a.stdout, usage)
+			return err
+		}
+		return usagef("%v", err)
 	}
 	args = fs.Args()
 	if len(args) == 0 {

@@ -551,7 +551,9 @@ func TestMissingDatabaseAndBadUsageAreClearErrors(t *testing.T) {
 		t.Fatalf("no database: exit %d, %q", r.code, r.stderr)
 	}
 	for _, args := range [][]string{{}, {"nope"}, {"runs"}, {"runs", "show"}, {"runs", "list", "--bogus"},
-		{"schedules", "pause"}, {"migrate", "sideways"}} {
+		{"schedules", "pause"}, {"migrate", "sideways"},
+		// Flags before the command, wrong as after it (these exited 1, without the hint).
+		{"--bogus", "runs", "list"}, {"-n"}, {"--limit", "5", "runs", "list"}} {
 		if r := kagziCmd(t, "", args...); r.code != 2 || !strings.Contains(r.stderr, "kagzi help") {
 			t.Fatalf("kagzi %q: exit %d, %q", args, r.code, r.stderr)
 		}
