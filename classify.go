@@ -18,8 +18,9 @@ import (
 // another try.
 
 // dbError turns driver errors Kagzi knows into its own: a missing schema becomes
-// ErrSchemaNotMigrated, a closed pool ErrClosed, and a database that cannot be
-// reached (see unavailable) an *UnavailableError. Others are wrapped as they are.
+// ErrSchemaNotMigrated, a data exception (a value the database cannot hold)
+// ErrInvalidArgument, a closed pool ErrClosed, and a database that cannot be reached
+// (see unavailable) an *UnavailableError. Others are wrapped as they are.
 func dbError(op string, err error) error {
 	if err == nil {
 		return nil
@@ -29,6 +30,12 @@ func dbError(op string, err error) error {
 		switch pgErr.Code {
 		case "42P01", "3F000": // undefined_table, invalid_schema_name
 			return fmt.Errorf("%s: %w: %v", op, ErrSchemaNotMigrated, err)
+		}
+		if strings.HasPrefix(pgErr.Code, "22") {
+			// A data exception: a value the database cannot hold (a NUL character in
+			// JSON or text, bytes that are not UTF-8, a time past PostgreSQL's range,
+			// a number past its column's): the caller's input, refused as a whole.
+			return fmt.Errorf("%s: %w: %v", op, ErrInvalidArgument, err)
 		}
 	}
 	if strings.Contains(err.Error(), "closed pool") {

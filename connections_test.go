@@ -222,6 +222,8 @@ func TestNewClientRefusesAConfigurationThatNeedsMoreConnectionsThanMaxConnection
 		{"not checked", kagzi.Config{DirectConnConfig: direct}, 5},
 		{"negative", kagzi.Config{MaxConnections: -1}, 0},
 		{"a direct connection's configuration and none", kagzi.Config{DirectConnConfig: direct, DisableDirectConn: true}, 0},
+		// pgx panics on a ConnConfig ParseConfig did not make: refused, not a crash later.
+		{"a direct connection's configuration not made by ParseConfig", kagzi.Config{DirectConnConfig: &pgx.ConnConfig{}}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.cfg.Logger = quietLogger()

@@ -121,10 +121,18 @@ func (c *Context) Sleep(name string, d time.Duration) error {
 	return c.sleep(name, nil, d)
 }
 
-// SleepUntil is Sleep until the time t.
+// SleepUntil is Sleep until the time t, at the latest the end of year 9999 (later
+// is ErrInvalidArgument: PostgreSQL's timestamps end in year 294276, and a wake time
+// centuries away is a mistake).
 func (c *Context) SleepUntil(name string, t time.Time) error {
+	if t.After(maxWakeTime) {
+		return invalidArgument("sleep %q: wake time %v is after %v", name, t, maxWakeTime)
+	}
 	return c.sleep(name, &t, 0)
 }
+
+// maxWakeTime is the latest wake time of SleepUntil.
+var maxWakeTime = time.Date(9999, 12, 31, 23, 59, 59, 0, time.UTC)
 
 func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
 	key, pos, err := c.nextKey(name, KindSleep)
@@ -147,8 +155,7 @@ func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
 			return nil
 		}
 		wake := *rec.WakeAt
-		c.suspend(store.SleepWrite{Fence: x.run.Fence, WakeAt: &wake})
-		return nil // not reached
+		return c.suspend(store.SleepWrite{Fence: x.run.Fence, WakeAt: &wake})
 	}
 	remaining := d
 	if until != nil {
@@ -157,13 +164,15 @@ func (c *Context) sleep(name string, until *time.Time, d time.Duration) error {
 	w := store.SleepWrite{Fence: x.run.Fence, Key: key, Name: name, Position: pos, WakeAt: until, Duration: d}
 	c.hookSleep(key, name, remaining, remaining > threshold)
 	if remaining > threshold {
-		c.suspend(w)
+		return c.suspend(w)
 	}
 	var wake, dbNow time.Time
-	c.write(func(ctx context.Context, db *writer) (err error) {
+	if err := c.write(func(ctx context.Context, db *writer) (err error) {
 		wake, dbNow, err = db.recordSleep(ctx, w)
 		return err
-	})
+	}); err != nil {
+		return err
+	}
 	x.hist.set(key, store.StepRecord{Kind: KindSleep, Status: StepCompleted, WakeAt: &wake})
 	if remaining := wake.Sub(dbNow); remaining > 0 {
 		c.waitInProcess(remaining)

@@ -35,9 +35,13 @@ func (c *Context) SetEvent(key string, value any) error {
 		return NonRetryable(err)
 	}
 	c.ensureLease()
-	c.write(func(ctx context.Context, db *writer) error {
+	if err := c.write(func(ctx context.Context, db *writer) error {
 		return db.setEvent(ctx, store.EventWrite{Fence: x.run.Fence, StepKey: stepKey, Key: key, Position: pos, Value: b})
-	})
+	}); err != nil {
+		// The database refused the value (a NUL character, which jsonb cannot hold):
+		// nothing was published, and the workflow hears it.
+		return NonRetryable(fmt.Errorf("kagzi: event %q: %w", key, err))
+	}
 	x.hist.set(stepKey, store.StepRecord{Kind: KindEvent, Status: StepCompleted, Output: b})
 	return nil
 }

@@ -225,13 +225,19 @@ func (c *Context) write(op fencedWrite) error {
 	return err
 }
 
-// suspend puts the run to sleep in the database and stops the execution.
-func (c *Context) suspend(s store.SleepWrite) {
-	c.write(func(ctx context.Context, db *writer) error {
+// suspend puts the run to sleep in the database and stops the execution. When the
+// database refuses the write (not a lost lease, which stops the execution), it returns
+// the error and the execution goes on: the run is still RUNNING, and its workflow
+// function gets the error from the call that wanted to sleep.
+func (c *Context) suspend(s store.SleepWrite) error {
+	if err := c.write(func(ctx context.Context, db *writer) error {
 		_, err := db.suspend(ctx, s)
 		return err
-	})
+	}); err != nil {
+		return err
+	}
 	c.stop(exitSuspended)
+	return nil // not reached
 }
 
 // flush makes the held-back step record durable (see holdRecord), as the fenced

@@ -3,6 +3,7 @@ package kagzi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -190,6 +191,11 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	if cfg.ArchiveAfter == 0 {
 		cfg.ArchiveAfter = DefaultArchiveAfter
 	}
+	if d := cfg.DirectConnConfig; d != nil && (d.Host == "" || d.Port == 0) {
+		// pgx.ConnectConfig panics on a configuration ParseConfig did not make, in
+		// the listener's goroutine; one made by it always names a host and a port.
+		return nil, invalidArgument("DirectConnConfig names no host or port: make it with pgx.ParseConfig")
+	}
 	if cfg.DisableDirectConn && cfg.DirectConnConfig != nil {
 		return nil, invalidArgument("DirectConnConfig with DisableDirectConn: give the direct connection's configuration, or say there is none")
 	}
@@ -253,7 +259,7 @@ func (c *Client) Connections() int { return connections(c.pool, c.noDirect) }
 // connectDirect opens the client's direct connection (not the pool's): the LISTEN
 // connection, which also holds its workers' liveness locks. Its configuration is
 // Config.DirectConnConfig, or the pool's.
-func (c *Client) connectDirect(ctx context.Context) (*pgx.Conn, error) {
+func (c *Client) connectDirect(ctx context.Context) (conn *pgx.Conn, err error) {
 	cfg := c.direct
 	if cfg == nil {
 		cfg = c.pool.Config().ConnConfig
@@ -265,6 +271,13 @@ func (c *Client) connectDirect(ctx context.Context) (*pgx.Conn, error) {
 	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
 		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
 	}
+	defer func() {
+		// pgx panics on a configuration ParseConfig did not make; NewClient refuses
+		// the ones it can tell, and this keeps any other from crashing the process.
+		if r := recover(); r != nil {
+			conn, err = nil, fmt.Errorf("kagzi: the direct connection's configuration: %v", r)
+		}
+	}()
 	return pgx.ConnectConfig(ctx, cfg)
 }
 

@@ -689,6 +689,16 @@ func TestNewWorkerRejectsBadConfig(t *testing.T) {
 		{LeaseDuration: time.Second, HeartbeatInterval: 2 * time.Second},
 		{PollInterval: -time.Second},
 		{PruneInterval: -time.Second}, // was accepted, and Run panicked in its ticker
+		// Accepted before, and then broke Run: every claim refused (tcp_user_timeout
+		// overflowed), the registry's int4 overflowed, jsonb refused the NUL, or a
+		// statement every nanosecond.
+		{LeaseDuration: 30 * 24 * time.Hour},
+		{MaxConcurrent: 1 << 31},
+		{Labels: map[string]string{"zone": "a\x00b"}},
+		{Labels: map[string]string{"": "x"}},
+		{PollInterval: time.Nanosecond},
+		{PruneInterval: time.Nanosecond},
+		{LeaseDuration: time.Second, HeartbeatInterval: time.Nanosecond},
 	}
 	for _, cfg := range bad {
 		if _, err := kagzi.NewWorker(c, cfg, greet); !errors.Is(err, kagzi.ErrInvalidArgument) {

@@ -184,6 +184,11 @@ func (r Retry) next(attempt int, d *ErrorDetail) (delay time.Duration, retry boo
 	if r.jitter > 0 {
 		wait *= 1 + r.jitter*(2*rand.Float64()-1)
 	}
+	// A wait past what a Duration holds (a maximum near math.MaxInt64, jittered up)
+	// would convert to a negative one, that is no wait at all.
+	if wait >= math.MaxInt64 {
+		return time.Duration(math.MaxInt64), true
+	}
 	return time.Duration(wait), true
 }
 

@@ -66,3 +66,20 @@ func TestLinearWaitsItsIntervalEvenAboveTheDefaultCap(t *testing.T) {
 		}
 	}
 }
+
+func TestAWaitPastWhatADurationHoldsIsTheLongestWaitNotNone(t *testing.T) {
+	for name, r := range map[string]Retry{
+		"Linear at MaxInt64":           Linear(3, time.Duration(1<<63-1)),
+		"jittered up past MaxInt64":    Exponential(3).Initial(1 << 62).Max(time.Duration(1<<63 - 1)).Jitter(1),
+		"exponential past the maximum": Exponential(5).Initial(1 << 62).Max(time.Duration(1<<63 - 1)),
+	} {
+		if err := r.Err(); err != nil {
+			t.Fatalf("%s: Err() = %v", name, err)
+		}
+		for range 20 { // jitter draws
+			if d, ok := r.next(2, &ErrorDetail{}); !ok || d <= 0 {
+				t.Fatalf("%s: wait after attempt 2 = %v, %v; want a long positive wait", name, d, ok)
+			}
+		}
+	}
+}

@@ -337,6 +337,11 @@ func (c *Client) newRun(o *startOptions, workflowType string, input []byte) (sto
 	if err := o.flowOptions(&flow); err != nil {
 		return store.NewRun{}, err
 	}
+	if o.version != nil {
+		if err := validVersion(*o.version); err != nil {
+			return store.NewRun{}, err
+		}
+	}
 	runID, err := uuid.NewV7()
 	if err != nil {
 		return store.NewRun{}, fmt.Errorf("kagzi: start: %w", err)

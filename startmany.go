@@ -42,6 +42,9 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 	if err := o.flowOptions(&like); err != nil {
 		return nil, err
 	}
+	if err := validVersion(*o.version); err != nil {
+		return nil, err
+	}
 	var err error
 	if like.StartAt, like.Deadline, err = o.times(time.Now()); err != nil {
 		return nil, err

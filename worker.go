@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -23,19 +25,21 @@ type WorkerConfig struct {
 	// ID names the worker in run leases (RunInfo.LockedBy). Default
 	// "hostname/pid/random", unique per Worker.
 	ID string
-	// MaxConcurrent is how many runs the worker executes at once. Default 10.
+	// MaxConcurrent is how many runs the worker executes at once, at most MaxLimit.
+	// Default 10.
 	MaxConcurrent int
 	// LeaseDuration is how long a claim holds a run without a heartbeat. A run whose
-	// worker died is claimed again once its lease passes. Default 10s.
+	// worker died is claimed again once its lease passes. Default 10s; 100ms..24h.
 	LeaseDuration time.Duration
 	// HeartbeatInterval is how often the worker extends the leases of all its runs
-	// in one statement. Default LeaseDuration/3; it must be shorter than LeaseDuration.
+	// in one statement. Default LeaseDuration/3; it must be shorter than LeaseDuration,
+	// and 10ms or more.
 	HeartbeatInterval time.Duration
 	// PollInterval is how often an idle worker looks for work when no notification
 	// arrives (a fallback: new runs, wake times and leases normally wake it through
 	// LISTEN/NOTIFY and timers). Default 5s, or 1s when the client has no direct
 	// connection (Config.DisableDirectConn): polling is then how it learns of runs
-	// started or woken by other processes.
+	// started or woken by other processes. 10ms or more.
 	PollInterval time.Duration
 	// DrainTimeout is how long Run waits, after its context is done, for running
 	// workflows to finish before handing their runs back. Default 10s.
@@ -86,10 +90,11 @@ type WorkerConfig struct {
 	// PruneInterval is how often the worker prunes finished runs past the client's
 	// Retention (a few batches of 500 each time), moves those finished more than the
 	// client's ArchiveAfter ago into the history, and drops the history's partitions
-	// past the retention. Default 1 minute.
+	// past the retention. Default 1 minute; 10ms or more.
 	PruneInterval time.Duration
 	// Labels are free-form facts about the worker (region, deployment, ...) recorded
-	// in the worker registry.
+	// in the worker registry. Keys are names (1-255 bytes of UTF-8 without control
+	// characters); values are UTF-8 text without NUL characters.
 	Labels map[string]string
 	// Logger receives the worker's logs. Default: the client's logger.
 	Logger *slog.Logger
@@ -102,6 +107,9 @@ type WorkerConfig struct {
 	// are not takeovers. Default DefaultMaxTakeovers; negative: no limit.
 	MaxTakeovers int
 }
+
+// maxLease is the longest WorkerConfig.LeaseDuration.
+const maxLease = 24 * time.Hour
 
 // DefaultMaxTakeovers is WorkerConfig.MaxTakeovers when none is given.
 const DefaultMaxTakeovers = 5
@@ -265,13 +273,28 @@ func (cfg *WorkerConfig) resolve(client *Client) error {
 	if cfg.ReapInterval == 0 {
 		cfg.ReapInterval = DefaultReapInterval
 	}
+	for k, v := range cfg.Labels {
+		if err := validName("label key", k); err != nil {
+			return err
+		}
+		if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+			return invalidArgument("label %q: its value is not UTF-8 text without NUL characters", k)
+		}
+	}
 	switch {
 	case cfg.ReapInterval > 0 && cfg.ReapInterval < 10*time.Millisecond:
 		return invalidArgument("ReapInterval %v is below 10ms", cfg.ReapInterval)
-	case cfg.MaxConcurrent < 0:
-		return invalidArgument("negative MaxConcurrent %d", cfg.MaxConcurrent)
-	case cfg.LeaseDuration < 100*time.Millisecond:
-		return invalidArgument("LeaseDuration %v is below 100ms", cfg.LeaseDuration)
+	case cfg.MaxConcurrent < 0 || cfg.MaxConcurrent > MaxLimit:
+		return invalidArgument("MaxConcurrent %d is not within 0..%d", cfg.MaxConcurrent, MaxLimit)
+	case cfg.LeaseDuration < 100*time.Millisecond || cfg.LeaseDuration > maxLease:
+		// Above maxLease the claim's tcp_user_timeout (milliseconds, an int) overflows.
+		return invalidArgument("LeaseDuration %v is not within 100ms..%v", cfg.LeaseDuration, maxLease)
+	case (cfg.PollInterval > 0 && cfg.PollInterval < 10*time.Millisecond) ||
+		(cfg.PruneInterval > 0 && cfg.PruneInterval < 10*time.Millisecond) ||
+		(cfg.HeartbeatInterval > 0 && cfg.HeartbeatInterval < 10*time.Millisecond):
+		// Each is a statement per interval: a nanosecond one is a busy loop.
+		return invalidArgument("PollInterval %v, PruneInterval %v and HeartbeatInterval %v must each be 10ms or more",
+			cfg.PollInterval, cfg.PruneInterval, cfg.HeartbeatInterval)
 	case cfg.HeartbeatInterval <= 0 || cfg.HeartbeatInterval >= cfg.LeaseDuration:
 		return invalidArgument("HeartbeatInterval %v must be positive and shorter than LeaseDuration %v",
 			cfg.HeartbeatInterval, cfg.LeaseDuration)

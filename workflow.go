@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"unicode/utf8"
 )
 
 // Workflow is a workflow definition: a Go function registered under a name, its
@@ -66,12 +67,21 @@ func Define[In, Out any](name string, fn func(ctx *Context, input In) (Out, erro
 		w.err = invalidArgument("workflow %q: nil DefineOption", name)
 	} else if fn == nil {
 		w.err = invalidArgument("workflow %q has a nil function", name)
-	} else if len(o.version) > 255 || strings.ContainsFunc(o.version, func(r rune) bool { return r < 0x20 }) {
-		w.err = invalidArgument("workflow %q: invalid version %q", name, o.version)
+	} else if err := validVersion(o.version); err != nil {
+		w.err = fmt.Errorf("workflow %q: %w", name, err)
 	} else if err := o.retry.Err(); err != nil {
 		w.err = fmt.Errorf("workflow %q: %w", name, err)
 	}
 	return w
+}
+
+// validVersion checks a version (WithVersion, WithRunVersion): at most 255 bytes of
+// UTF-8 without control characters; "" is no version.
+func validVersion(v string) error {
+	if len(v) > 255 || !utf8.ValidString(v) || strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return invalidArgument("invalid version %q: at most 255 bytes of UTF-8 without control characters", v)
+	}
+	return nil
 }
 
 // Name returns the workflow type.

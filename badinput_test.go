@@ -1,0 +1,92 @@
+package kagzi_test
+
+import (
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kagzi/kagzi"
+)
+
+// Found by an outside audit of the API with bad values: each was a raw database
+// error, a value silently not stored, or a run left RUNNING with nothing executing it.
+
+func TestValuesTheDatabaseCannotHoldAreInvalidArguments(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("echo-text", func(ctx *kagzi.Context, s string) (string, error) { return s, nil })
+	if _, err := kagzi.Start(ctx, e.client, wf, "a\x00b"); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("an input with a NUL character: %v, want ErrInvalidArgument", err)
+	}
+	if _, err := e.client.StartByName(ctx, "echo-text", json.RawMessage(`"a\u0000b"`)); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("a raw input with a NUL character: %v, want ErrInvalidArgument", err)
+	}
+	if _, err := kagzi.Start(ctx, e.client, wf, "x", kagzi.WithStartAt(time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC))); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("a start time past PostgreSQL's: %v, want ErrInvalidArgument", err)
+	}
+	for _, v := range []string{"v\x00", "v\xff", "v\x7f", strings.Repeat("v", 300)} {
+		if _, err := kagzi.Start(ctx, e.client, wf, "x", kagzi.WithRunVersion(v)); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("WithRunVersion(%q): %v, want ErrInvalidArgument", v, err)
+		}
+		if _, err := kagzi.StartMany(ctx, e.client, wf, []string{"x"}, kagzi.WithRunVersion(v)); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("StartMany WithRunVersion(%q): %v, want ErrInvalidArgument", v, err)
+		}
+	}
+	var n int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d runs after refused starts, want none", n)
+	}
+}
+
+func TestAnEventValueTheDatabaseRefusesIsAnErrorNotAValueSilentlyLost(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var setErr error
+	wf := kagzi.Define("publisher", func(ctx *kagzi.Context, _ int) (string, error) {
+		if err := ctx.SetEvent("good", "before"); err != nil {
+			return "", err
+		}
+		setErr = ctx.SetEvent("bad", "a\x00b")
+		return "done", nil
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if setErr == nil || !errors.Is(setErr, kagzi.ErrNonRetryable) {
+		t.Fatalf("SetEvent of a value with a NUL character returned %v, want a non-retryable error", setErr)
+	}
+	if got, err := kagzi.GetEvent[string](ctx, e.client, run.RunID, "good"); err != nil || got != "before" {
+		t.Fatalf("the event set before: %q, %v", got, err)
+	}
+}
+
+func TestASleepPastTheYear9999IsAnInvalidArgumentAndTheRunGoesOn(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("far-sleeper", func(ctx *kagzi.Context, _ int) (string, error) {
+		err := ctx.SleepUntil("far", time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC))
+		if !errors.Is(err, kagzi.ErrInvalidArgument) {
+			return "", kagzi.NonRetryable(errors.New("SleepUntil year 300000 did not return ErrInvalidArgument"))
+		}
+		return "went on", nil
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := run.Wait(ctx)
+	if err != nil || out != "went on" {
+		t.Fatalf("the run: %q, %v; want it to complete after the refused sleep", out, err)
+	}
+}
