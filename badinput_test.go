@@ -1,6 +1,7 @@
 package kagzi_test
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"strings"
@@ -88,5 +89,34 @@ func TestASleepPastTheYear9999IsAnInvalidArgumentAndTheRunGoesOn(t *testing.T) {
 	out, err := run.Wait(ctx)
 	if err != nil || out != "went on" {
 		t.Fatalf("the run: %q, %v; want it to complete after the refused sleep", out, err)
+	}
+}
+
+func TestAStepNameWithAHashIsRefusedSoItCannotSpellABranchsStepKey(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var refused error
+	ran := false
+	wf := kagzi.Define("spelling", func(ctx *kagzi.Context, _ int) (string, error) {
+		b := kagzi.Go(ctx, "b", func(bc *kagzi.Context) (string, error) {
+			return kagzi.Step(bc, "c", func(context.Context) (string, error) { return "from-branch", nil })
+		})
+		if _, err := b.Get(); err != nil {
+			return "", err
+		}
+		// "b#1/c" + "#1" is the branch's step's key.
+		_, refused = kagzi.Step(ctx, "b#1/c", func(context.Context) (string, error) { ran = true; return "mine", nil })
+		return "done", nil
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if !errors.Is(refused, kagzi.ErrInvalidArgument) || ran {
+		t.Fatalf("Step named \"b#1/c\": %v (body ran: %v), want ErrInvalidArgument before anything ran", refused, ran)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -209,6 +210,12 @@ func (c *Context) nextKey(name string, kind StepKind) (key string, pos int, err 
 	}
 	if err := validName("step name", name); err != nil {
 		return "", 0, err
+	}
+	if strings.ContainsRune(name, '#') {
+		// '#' ends a name in its key (name#occurrence, and a branch's steps are
+		// branch#n/name#m): a name with one could spell another scope's key and
+		// replay that step's output.
+		return "", 0, invalidArgument("%s %q: a step name cannot contain '#'", kindCall(kind), name)
 	}
 	key, pos = c.sc.next(name)
 	if c.x.hist.fresh() { // a fresh run: no history to check against
