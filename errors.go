@@ -21,7 +21,8 @@ var (
 	ErrNoWorker = errors.New("kagzi: no live worker registered the workflow type")
 	// ErrInvalidArgument: the input was rejected before anything was written.
 	ErrInvalidArgument = errors.New("kagzi: invalid argument")
-	// ErrRunFinished: the run already ended (COMPLETED or FAILED) and cannot be changed.
+	// ErrRunFinished: the run already ended (COMPLETED, FAILED or CANCELLED) and cannot
+	// be changed.
 	ErrRunFinished = errors.New("kagzi: run finished")
 	// ErrCancelled: the run was cancelled. Wait returns it for a CANCELLED run.
 	ErrCancelled = errors.New("kagzi: run cancelled")

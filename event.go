@@ -50,6 +50,9 @@ func (c *Context) SetEvent(key string, value any) error {
 // ErrNotFound when the run does not exist or has not set the event.
 func GetEvent[T any](ctx context.Context, c *Client, runID, key string) (T, error) {
 	var out T
+	if c == nil {
+		return out, invalidArgument("GetEvent: nil client")
+	}
 	id, err := parseRunID(runID)
 	if err != nil {
 		return out, err

@@ -711,6 +711,13 @@ func TestNewWorkerRejectsBadConfig(t *testing.T) {
 	if _, err := kagzi.NewWorker(c, kagzi.WorkerConfig{}); !errors.Is(err, kagzi.ErrInvalidArgument) {
 		t.Errorf("no workflows: got %v, want ErrInvalidArgument", err)
 	}
+	// A typed nil *Workflow in the Definition interface panicked.
+	if _, err := kagzi.NewWorker(c, kagzi.WorkerConfig{}, (*kagzi.Workflow[greetIn, greetOut])(nil)); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("a typed nil workflow: got %v, want ErrInvalidArgument", err)
+	}
+	if _, err := kagzi.GetEvent[string](context.Background(), nil, "0190a0f4-0000-7000-8000-000000000000", "k"); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Errorf("GetEvent with a nil client: got %v, want ErrInvalidArgument", err)
+	}
 	if _, err := kagzi.NewClient(nil, kagzi.Config{}); !errors.Is(err, kagzi.ErrInvalidArgument) {
 		t.Errorf("nil pool: got %v, want ErrInvalidArgument", err)
 	}

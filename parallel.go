@@ -276,6 +276,10 @@ func Race[T any](ctx *Context, name string, fns []func(context.Context) (T, erro
 		var zero T
 		return zero, invalidArgument("race %q: no functions", name)
 	}
+	if i := slices.IndexFunc(fns, func(f func(context.Context) (T, error)) bool { return f == nil }); i >= 0 {
+		var zero T
+		return zero, invalidArgument("race %q: function %d is nil", name, i)
+	}
 	return Step(ctx, name, func(c context.Context) (T, error) {
 		rctx, cancel := context.WithCancel(c)
 		defer cancel()

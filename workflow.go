@@ -109,6 +109,9 @@ type definition struct {
 }
 
 func (w *Workflow[In, Out]) definition() *definition {
+	if w == nil { // a typed nil *Workflow in a Definition
+		return &definition{err: invalidArgument("nil workflow")}
+	}
 	return &definition{name: w.name, version: w.version, err: w.err, retry: w.retry, run: func(ctx *Context, input []byte) ([]byte, error) {
 		var in In
 		if err := json.Unmarshal(input, &in); err != nil {
