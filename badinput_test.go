@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -118,5 +119,27 @@ func TestAStepNameWithAHashIsRefusedSoItCannotSpellABranchsStepKey(t *testing.T)
 	}
 	if !errors.Is(refused, kagzi.ErrInvalidArgument) || ran {
 		t.Fatalf("Step named \"b#1/c\": %v (body ran: %v), want ErrInvalidArgument before anything ran", refused, ran)
+	}
+}
+
+func TestAStepOutputThatCannotBeRecordedFailsTheStepWithInvalidOutput(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var stepErr error
+	wf := kagzi.Define("unencodable-step", func(ctx *kagzi.Context, _ int) (string, error) {
+		_, stepErr = kagzi.Step(ctx, "inf", func(context.Context) (float64, error) { return math.Inf(1), nil })
+		return "done", nil
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var se *kagzi.StepError
+	if !errors.As(stepErr, &se) || se.Detail.Code != kagzi.CodeInvalidOutput || !se.Detail.NonRetryable {
+		t.Fatalf("a step returning +Inf: %v, want a non-retryable StepError with code %s (as a workflow output's)", stepErr, kagzi.CodeInvalidOutput)
 	}
 }

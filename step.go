@@ -188,18 +188,22 @@ func runAttempt[T any](s *stepCall, fn func(context.Context) (T, error)) stepRes
 }
 
 // encodeOutput encodes a step's output as it is recorded; its errors fail the step
-// for good.
+// for good, with CodeInvalidOutput (as a workflow's output that cannot be recorded)
+// and wrapping ErrInvalidArgument.
 func (s *stepCall) encodeOutput(out any, typ string) ([]byte, error) {
+	invalid := func(err error) error {
+		return &Error{Code: CodeInvalidOutput, NonRetryable: true, Err: fmt.Errorf("%w: %w", ErrInvalidArgument, err)}
+	}
 	b, err := json.Marshal(out)
 	if err != nil {
-		return nil, NonRetryable(fmt.Errorf("output of step %s (%s) does not encode as JSON: %w", s.key, typ, err))
+		return nil, invalid(fmt.Errorf("output of step %s (%s) does not encode as JSON: %w", s.key, typ, err))
 	}
 	p := s.x.rt.payloads
 	if b, err = p.encode(b); err != nil {
-		return nil, NonRetryable(fmt.Errorf("output of step %s: %w", s.key, err))
+		return nil, invalid(fmt.Errorf("output of step %s: %w", s.key, err))
 	}
 	if len(b) > p.maxBytes {
-		return nil, NonRetryable(fmt.Errorf("output of step %s is %d bytes, over the limit of %d", s.key, len(b), p.maxBytes))
+		return nil, invalid(fmt.Errorf("output of step %s is %d bytes, over the limit of %d", s.key, len(b), p.maxBytes))
 	}
 	return b, nil
 }
