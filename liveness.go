@@ -61,6 +61,9 @@ type liveness struct {
 	// found another worker with runs in hand (or a dead one).
 	reapedAt time.Time
 	busy     bool
+	// warnedPooler: the warning that the direct connection does not keep its
+	// session was logged (once a worker).
+	warnedPooler bool
 }
 
 // keepLiveness keeps the worker's liveness lock until release is called. The worker
@@ -134,14 +137,24 @@ func (l *liveness) Tick(ctx context.Context, conn *pgx.Conn) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, w.beatTimeout())
 	defer cancel()
-	workers, runs, busy, err := store.ReapDeadWorkers(rctx, conn, w.client.ns, w.cfg.ID)
+	r, err := store.ReapDeadWorkers(rctx, conn, w.client.ns, w.cfg.ID, l.key)
 	if err != nil {
 		return err
 	}
-	l.reapedAt, l.busy = now, busy || workers > 0
-	if workers > 0 {
+	l.reapedAt, l.busy = now, r.Busy || r.Workers > 0
+	if r.Workers > 0 {
 		w.logger.Warn("kagzi: workers whose process died are OFFLINE; their runs are claimable now",
-			"workers", workers, "runs", runs)
+			"workers", r.Workers, "runs", r.Runs)
+	}
+	if !r.LockHere && !l.warnedPooler {
+		// The lock was taken on this connection, which no longer runs on the session
+		// that holds it: a transaction pooler between the client and the server. Its
+		// LISTEN is as unreliable, and the lock outlives the process.
+		l.warnedPooler = true
+		w.logger.Warn("kagzi: the client's direct connection does not keep its session (a transaction-pooling "+
+			"proxy such as PgBouncer?): notifications arrive late or never, and a dead worker's runs wait for their "+
+			"leases; give Config.DirectConnConfig the server's own address, or set DisableDirectConn",
+			"worker", w.cfg.ID)
 	}
 	return nil
 }

@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -55,7 +58,7 @@ func pgbouncerPath(t *testing.T) string {
 // newPgBouncer starts a PgBouncer with pool_mode=transaction on a free port in front
 // of the PostgreSQL server at host:port, with serverConns server connections per
 // database and user at most. Every database name is forwarded as it is.
-func newPgBouncer(t *testing.T, host string, port, serverConns int) *pgbouncer {
+func newPgBouncer(t *testing.T, host string, port, serverConns int, extraSettings ...string) *pgbouncer {
 	t.Helper()
 	bin := pgbouncerPath(t)
 	out, err := exec.Command(bin, "--version").CombinedOutput()
@@ -98,6 +101,9 @@ pidfile = %s
 		filepath.Join(dir, "pgbouncer.log"), filepath.Join(dir, "pgbouncer.pid"))
 	if b.PreparedStatements {
 		ini += "max_prepared_statements = 200\n"
+	}
+	for _, line := range extraSettings {
+		ini += line + "\n"
 	}
 	for name, content := range map[string]string{"pgbouncer.ini": ini, "users.txt": `"postgres" ""` + "\n"} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644); err != nil {
@@ -264,6 +270,80 @@ func TestEveryPartOfKagziWorksThroughPgBouncerAloneWhenTheClientHasNoDirectConne
 	if keys != 0 || locks != 0 || sessions != 0 {
 		t.Fatalf("%d workers record a liveness key, %d advisory locks are held, %d sessions bypass the pooler; want none", keys, locks, sessions)
 	}
+}
+
+func TestAWorkerWarnsWhenItsDirectConnectionGoesThroughATransactionPooler(t *testing.T) {
+	t.Parallel()
+	db := testdb.NewEmpty(t)
+	u, _ := url.Parse(db)
+	// Round robin: each transaction of a client on the next server session, as a
+	// busy pooler would hand them out.
+	b := newPgBouncer(t, "127.0.0.1", 5432, 4, "server_round_robin = 1")
+	ctx := waitCtx(t)
+	pool, err := pgxpool.NewWithConfig(ctx, b.poolConfig(t, strings.TrimPrefix(u.Path, "/")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if err := kagzi.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	// No DirectConnConfig: the direct connection is made from the pool's
+	// configuration, through the pooler (the misconfiguration deployment.md warns of).
+	pooled := &messages{}
+	c, err := kagzi.NewClient(pool, kagzi.Config{Logger: slog.New(pooled)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	runWorker(t, c, fastWorker(), pgbTick)
+	// A client whose direct connection is the server's own: no such warning.
+	direct, err := pgx.ParseConfig(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	right := &messages{}
+	c2, err := kagzi.NewClient(pool, kagzi.Config{Namespace: "right", DirectConnConfig: direct, Logger: slog.New(right)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c2.Close)
+	runWorker(t, c2, fastWorker(), pgbTick)
+	const warning = "does not keep its session"
+	eventually(t, "the warning that the direct connection does not keep its session", func() bool {
+		return pooled.contains(warning)
+	})
+	// The well configured client's workers have reaped several times by now.
+	time.Sleep(3 * time.Second)
+	if right.contains(warning) {
+		t.Fatalf("a client with a direct connection of its own warned that it does not keep its session")
+	}
+}
+
+// messages is a slog.Handler that keeps the messages of warnings.
+type messages struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (m *messages) Enabled(context.Context, slog.Level) bool { return true }
+
+func (m *messages) Handle(_ context.Context, rec slog.Record) error {
+	if rec.Level >= slog.LevelWarn {
+		m.mu.Lock()
+		m.msgs = append(m.msgs, rec.Message)
+		m.mu.Unlock()
+	}
+	return nil
+}
+
+func (m *messages) WithAttrs([]slog.Attr) slog.Handler { return m }
+func (m *messages) WithGroup(string) slog.Handler      { return m }
+
+func (m *messages) contains(s string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.ContainsFunc(m.msgs, func(msg string) bool { return strings.Contains(msg, s) })
 }
 
 // testdbPool is a pool straight to the database (not through a pooler), for the

@@ -57,13 +57,28 @@ SELECT (SELECT count(*) FROM dead), (SELECT count(*) FROM freed),
 		AND o.active_runs > 0),
 	(SELECT count(pg_notify('` + Channel + `', 'w|' || octet_length($1::text) || ':' || $1 || '|' || t.workflow_type
 		|| '|' || (extract(epoch FROM now()) * 1000)::bigint))
-	 FROM (SELECT DISTINCT workflow_type FROM freed) t)`
+	 FROM (SELECT DISTINCT workflow_type FROM freed) t),
+	EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+		AND l.pid = pg_backend_pid() AND ((l.classid::bigint << 32) | l.objid::bigint) = $3)`
+
+// Reaped is what a look for dead workers found.
+type Reaped struct {
+	// Workers and Runs count the dead workers marked OFFLINE and their runs made
+	// claimable; Busy says another live worker reported runs in hand.
+	Workers, Runs int
+	Busy          bool
+	// LockHere says the session that ran the look holds the looking worker's own
+	// liveness lock, as it must: a connection that does not keep its session (a
+	// transaction-pooling proxy) runs each statement on whichever server session
+	// is free, and the lock was left on another.
+	LockHere bool
+}
 
 // ReapDeadWorkers marks the namespace's dead workers OFFLINE and makes their runs
-// claimable at once (see reapDeadWorkersSQL). It returns how many workers and runs,
-// and whether another live worker than me (a worker id) reported runs in hand.
-func ReapDeadWorkers(ctx context.Context, db DBTX, namespace, me string) (workers, runs int, busy bool, err error) {
+// claimable at once (see reapDeadWorkersSQL), as the worker me, whose liveness key is
+// key, on the session that should hold its lock.
+func ReapDeadWorkers(ctx context.Context, db DBTX, namespace, me string, key int64) (r Reaped, err error) {
 	var notified int
-	err = db.QueryRow(ctx, reapDeadWorkersSQL, namespace, me).Scan(&workers, &runs, &busy, &notified)
-	return workers, runs, busy, err
+	err = db.QueryRow(ctx, reapDeadWorkersSQL, namespace, me, key).Scan(&r.Workers, &r.Runs, &r.Busy, &notified, &r.LockHere)
+	return r, err
 }

@@ -75,7 +75,8 @@ func TestAReapTellsWhetherAnotherLiveWorkerReportedRunsInHand(t *testing.T) {
 	}
 	busy := func() bool {
 		t.Helper()
-		_, _, b, err := ReapDeadWorkers(ctx, pool, "default", "me")
+		r, err := ReapDeadWorkers(ctx, pool, "default", "me", 1)
+		b := r.Busy
 		if err != nil {
 			t.Fatal(err)
 		}
