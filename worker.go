@@ -33,13 +33,13 @@ type WorkerConfig struct {
 	LeaseDuration time.Duration
 	// HeartbeatInterval is how often the worker extends the leases of all its runs
 	// in one statement. Default LeaseDuration/3; it must be shorter than LeaseDuration,
-	// and 10ms or more.
+	// and 1ms or more.
 	HeartbeatInterval time.Duration
 	// PollInterval is how often an idle worker looks for work when no notification
 	// arrives (a fallback: new runs, wake times and leases normally wake it through
 	// LISTEN/NOTIFY and timers). Default 5s, or 1s when the client has no direct
 	// connection (Config.DisableDirectConn): polling is then how it learns of runs
-	// started or woken by other processes. 10ms or more.
+	// started or woken by other processes. 1ms or more.
 	PollInterval time.Duration
 	// DrainTimeout is how long Run waits, after its context is done, for running
 	// workflows to finish before handing their runs back. Default 10s.
@@ -90,7 +90,7 @@ type WorkerConfig struct {
 	// PruneInterval is how often the worker prunes finished runs past the client's
 	// Retention (a few batches of 500 each time), moves those finished more than the
 	// client's ArchiveAfter ago into the history, and drops the history's partitions
-	// past the retention. Default 1 minute; 10ms or more.
+	// past the retention. Default 1 minute; 1ms or more.
 	PruneInterval time.Duration
 	// Labels are free-form facts about the worker (region, deployment, ...) recorded
 	// in the worker registry. Keys are names (1-255 bytes of UTF-8 without control
@@ -289,11 +289,11 @@ func (cfg *WorkerConfig) resolve(client *Client) error {
 	case cfg.LeaseDuration < 100*time.Millisecond || cfg.LeaseDuration > maxLease:
 		// Above maxLease the claim's tcp_user_timeout (milliseconds, an int) overflows.
 		return invalidArgument("LeaseDuration %v is not within 100ms..%v", cfg.LeaseDuration, maxLease)
-	case (cfg.PollInterval > 0 && cfg.PollInterval < 10*time.Millisecond) ||
-		(cfg.PruneInterval > 0 && cfg.PruneInterval < 10*time.Millisecond) ||
-		(cfg.HeartbeatInterval > 0 && cfg.HeartbeatInterval < 10*time.Millisecond):
+	case (cfg.PollInterval > 0 && cfg.PollInterval < time.Millisecond) ||
+		(cfg.PruneInterval > 0 && cfg.PruneInterval < time.Millisecond) ||
+		(cfg.HeartbeatInterval > 0 && cfg.HeartbeatInterval < time.Millisecond):
 		// Each is a statement per interval: a nanosecond one is a busy loop.
-		return invalidArgument("PollInterval %v, PruneInterval %v and HeartbeatInterval %v must each be 10ms or more",
+		return invalidArgument("PollInterval %v, PruneInterval %v and HeartbeatInterval %v must each be 1ms or more",
 			cfg.PollInterval, cfg.PruneInterval, cfg.HeartbeatInterval)
 	case cfg.HeartbeatInterval <= 0 || cfg.HeartbeatInterval >= cfg.LeaseDuration:
 		return invalidArgument("HeartbeatInterval %v must be positive and shorter than LeaseDuration %v",
