@@ -270,7 +270,10 @@ func TestRunsInFlightWhenPostgreSQLCrashesAllCompleteOnceTheServerIsBack(t *test
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("%d runs not completed two minutes after the crash", left)
+			var detail string
+			_ = c.pool.QueryRow(ctx, `SELECT string_agg(format('%s %s takeovers=%s epoch=%s error=%s', run_id, status,
+				takeovers, lease_epoch, coalesce(error::text, '-')), '; ') FROM kagzi.runs WHERE status <> 'COMPLETED'`).Scan(&detail)
+			t.Fatalf("%d runs not completed two minutes after the crash: %s", left, detail)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
