@@ -101,6 +101,15 @@ Flags of every command:
   --json             print JSON instead of tables
 `
 
+// pageSize checks a --limit: 1..1000, as its help says (the library would read 0
+// as its default of 50, and refuse more than 1000 as a failed command).
+func pageSize(n int) (int, error) {
+	if n < 1 || n > 1000 {
+		return 0, usagef("--limit %d is not within 1..1000", n)
+	}
+	return n, nil
+}
+
 // usageError is a mistake in the command line: exit status 2.
 type usageError struct{ msg string }
 

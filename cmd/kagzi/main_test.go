@@ -553,7 +553,9 @@ func TestMissingDatabaseAndBadUsageAreClearErrors(t *testing.T) {
 	for _, args := range [][]string{{}, {"nope"}, {"runs"}, {"runs", "show"}, {"runs", "list", "--bogus"},
 		{"schedules", "pause"}, {"migrate", "sideways"},
 		// Flags before the command, wrong as after it (these exited 1, without the hint).
-		{"--bogus", "runs", "list"}, {"-n"}, {"--limit", "5", "runs", "list"}} {
+		{"--bogus", "runs", "list"}, {"-n"}, {"--limit", "5", "runs", "list"},
+		// A --limit outside 1..1000 (0 was read as the default 50).
+		{"runs", "list", "--limit", "0"}, {"workers", "list", "--limit", "1001"}, {"schedules", "list", "--limit", "-1"}} {
 		if r := kagziCmd(t, "", args...); r.code != 2 || !strings.Contains(r.stderr, "kagzi help") {
 			t.Fatalf("kagzi %q: exit %d, %q", args, r.code, r.stderr)
 		}

@@ -364,7 +364,11 @@ func registerRunFilter(fs *flag.FlagSet) *runFilterFlags {
 func (ff *runFilterFlags) filter() (kagzi.RunFilter, error) {
 	f := kagzi.RunFilter{WorkflowTypes: splitList(*ff.types), WorkflowID: *ff.wfID, WorkflowIDPrefix: *ff.prefix,
 		ScheduleID: *ff.schedule, ParentRunID: *ff.parent, RootOnly: *ff.rootOnly, ErrorCode: *ff.errorCode,
-		OldestFirst: *ff.oldestFirst, IncludePayloads: *ff.payloads, PageSize: *ff.limit, PageToken: *ff.token}
+		OldestFirst: *ff.oldestFirst, IncludePayloads: *ff.payloads, PageToken: *ff.token}
+	var err error
+	if f.PageSize, err = pageSize(*ff.limit); err != nil {
+		return kagzi.RunFilter{}, err
+	}
 	if len(ff.attrs) > 0 {
 		f.Attributes = ff.attrs
 	}

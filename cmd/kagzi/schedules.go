@@ -17,7 +17,11 @@ func (a *app) schedulesList(ctx context.Context, args []string) error {
 	if _, err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	f := kagzi.ScheduleFilter{WorkflowType: *typ, PageSize: *limit, PageToken: *token}
+	size, err := pageSize(*limit)
+	if err != nil {
+		return err
+	}
+	f := kagzi.ScheduleFilter{WorkflowType: *typ, PageSize: size, PageToken: *token}
 	switch {
 	case *paused && *active:
 		return usagef("schedules list: --paused and --active exclude each other")

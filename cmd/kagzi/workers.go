@@ -18,7 +18,11 @@ func (a *app) workersList(ctx context.Context, args []string) error {
 	if _, err := a.parse(fs, args, 0, 0); err != nil {
 		return err
 	}
-	f := kagzi.WorkerFilter{WorkflowType: *typ, PageSize: *limit, PageToken: *token}
+	size, err := pageSize(*limit)
+	if err != nil {
+		return err
+	}
+	f := kagzi.WorkerFilter{WorkflowType: *typ, PageSize: size, PageToken: *token}
 	for _, s := range splitList(*statuses) {
 		f.Statuses = append(f.Statuses, kagzi.WorkerStatus(strings.ToUpper(s)))
 	}
