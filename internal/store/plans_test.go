@@ -213,7 +213,7 @@ func TestTheLookForDeadWorkersReadsNoRunWhenNoWorkerDied(t *testing.T) {
 			}
 		}
 		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
-			lines := explainAnalyzed(t, pool, mode, reapDeadWorkersSQL, "'default', 'me'")
+			lines := explainAnalyzed(t, pool, mode, reapDeadWorkersSQL, "'default', 'me', 1")
 			for _, l := range lines {
 				if strings.Contains(l, " on runs r") && !strings.Contains(l, "Update on") && !strings.Contains(l, "never executed") {
 					t.Errorf("analyzed %v, %s: the look read runs though no worker died:\n%s", analyzed, mode, strings.Join(lines, "\n"))
