@@ -54,7 +54,9 @@ type ForkOptions struct {
 // origin's completed steps recorded before its step fromStep (a step key such as
 // "charge#1"), so it replays them and runs from fromStep on. The fork records its
 // origin (RunInfo.ForkedFromRunID, ForkedFromStep). Use it to try a fix on a copy, or
-// to redo the end of a run with another input or version.
+// to redo the end of a run with another input or version. A fork cannot wait on the
+// origin's child: when a copied StartChild's child is still running and its result is
+// not among the copied steps, Fork returns ErrInvalidArgument and starts nothing.
 func (c *Client) Fork(ctx context.Context, runID, fromStep string, o ForkOptions) (*Run[json.RawMessage], error) {
 	id, err := parseRunID(runID)
 	if err != nil {
@@ -101,6 +103,14 @@ func (c *Client) Fork(ctx context.Context, runID, fromStep string, o ForkOptions
 		_, err := store.CopyStepsBefore(ctx, tx, origin.RunID, fromStep, forkID)
 		if errors.Is(err, store.ErrNotFound) {
 			return invalidArgument("run %s has no step %q", runID, fromStep)
+		}
+		var active *store.ChildActiveError
+		if errors.As(err, &active) {
+			// Its end would wake the origin, not the fork, which would wait on it for
+			// an hour at a time; and the fork would not own it (a cancel of the fork
+			// would leave it running).
+			return invalidArgument("fork run %s from %q: %v; fork from its StartChild step or before it, or once "+
+				"the child has ended", runID, fromStep, active)
 		}
 		return err
 	})

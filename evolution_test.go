@@ -335,3 +335,47 @@ func TestPruningRemovesOnlyOldFinishedRunsWhileWorkersRun(t *testing.T) {
 		t.Fatalf("%d steps of pruned runs remain", n)
 	}
 }
+
+// Found from outside: a fork from after a StartChild whose child still ran copied the
+// child's start, and its Get waited on the origin's child, whose end wakes the origin,
+// sleeping an hour at a time; a cancel of the fork left the child running.
+func TestAForkThatWouldWaitOnTheOriginsRunningChildIsRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	child := kagzi.Define("slow-child", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "wait", func(context.Context) (int, error) { <-release; return n, nil })
+	})
+	parent := kagzi.Define("failing-parent", func(ctx *kagzi.Context, n int) (int, error) {
+		ch, err := kagzi.StartChild(ctx, "c", child, n)
+		if err != nil {
+			return 0, err
+		}
+		if _, err := kagzi.Step(ctx, "boom", func(context.Context) (int, error) {
+			return 0, kagzi.NonRetryable(errors.New("boom"))
+		}); err != nil {
+			return 0, err
+		}
+		return ch.Get()
+	})
+	runWorker(t, e.client, fastWorker(), parent, child)
+	p, err := kagzi.Start(ctx, e.client, parent, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := p.Wait(ctx); err == nil {
+		t.Fatal("the parent completed; want it FAILED at boom")
+	}
+	before := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs`)
+	if _, err := e.client.Fork(ctx, p.RunID, "boom#1", kagzi.ForkOptions{}); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Fatalf("a fork past the start of a running child: %v, want ErrInvalidArgument", err)
+	}
+	if after := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs`); after != before {
+		t.Fatalf("%d runs after the refused fork, %d before", after, before)
+	}
+	// From the StartChild step on, the fork starts a child of its own.
+	if _, err := e.client.Fork(ctx, p.RunID, "c#1", kagzi.ForkOptions{}); err != nil {
+		t.Fatalf("a fork from the StartChild step: %v", err)
+	}
+	close(release)
+}

@@ -72,12 +72,22 @@ func RerunRun(ctx context.Context, db Beginner, namespace string, runID uuid.UUI
 func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, fromKey string, to uuid.UUID) (int, error) {
 	var found bool
 	var copied int
+	var childStep, child *string
 	err := db.QueryRow(ctx, `
 		WITH cut AS (
 			SELECT created_at, step_key FROM kagzi.steps_all WHERE run_id = $1 AND step_key = $2
 		), src AS (
 			SELECT s.* FROM kagzi.steps_all s, cut
 			WHERE s.run_id = $1 AND s.status = 'COMPLETED' AND (s.created_at, s.step_key) < (cut.created_at, cut.step_key)
+		), waits AS (
+			-- A child the copy started (its StartChild step) whose result it does not
+			-- hold, still running: the fork would wait on another run's child, whose end
+			-- wakes the origin, not the fork.
+			SELECT s.step_key, r.run_id FROM src s
+			JOIN kagzi.runs r ON r.run_id = (s.output->>'run_id')::uuid AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING')
+			WHERE s.kind = 'CHILD' AND s.step_key NOT LIKE '%/result' AND jsonb_typeof(s.output) = 'object'
+			  AND NOT EXISTS (SELECT 1 FROM src o WHERE o.step_key = s.step_key || '/result')
+			LIMIT 1
 		), ins AS (
 			INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, output, error, attempts, wake_at,
 				created_at, updated_at, position, started_at, finished_at)
@@ -91,14 +101,27 @@ func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, fromKey str
 			FROM kagzi.step_attempts_all a JOIN ins ON ins.step_key = a.step_key
 			WHERE a.run_id = $1
 		)
-		SELECT EXISTS (SELECT 1 FROM cut), (SELECT count(*) FROM ins)`, origin, fromKey, to).Scan(&found, &copied)
+		SELECT EXISTS (SELECT 1 FROM cut), (SELECT count(*) FROM ins), (SELECT step_key FROM waits),
+			(SELECT run_id::text FROM waits)`, origin, fromKey, to).Scan(&found, &copied, &childStep, &child)
 	if err != nil {
 		return 0, err
 	}
 	if !found {
 		return 0, ErrNotFound
 	}
+	if child != nil {
+		// The caller rolls the copy back.
+		return 0, &ChildActiveError{Step: *childStep, Child: *child}
+	}
 	return copied, nil
+}
+
+// ChildActiveError is CopyStepsBefore's refusal to copy the start of a child that
+// is still running without its result.
+type ChildActiveError struct{ Step, Child string }
+
+func (e *ChildActiveError) Error() string {
+	return "step " + e.Step + " started child run " + e.Child + ", which is still running"
 }
 
 // PruneFinished deletes up to limit runs of the namespace that finished before
