@@ -56,25 +56,17 @@ func TestAnEventValueTheDatabaseRefusesIsAnErrorNotAValueSilentlyLost(t *testing
 		setErr = ctx.SetEvent("bad", "a\x00b")
 		return "done", nil
 	})
-	runWorker(t, e.client, fastWorker(), wf)
-	run, err := kagzi.Start(ctx, e.client, wf, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := run.Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
+	runID, _ := runToEnd(t, e, wf)
 	if setErr == nil || !errors.Is(setErr, kagzi.ErrNonRetryable) {
 		t.Fatalf("SetEvent of a value with a NUL character returned %v, want a non-retryable error", setErr)
 	}
-	if got, err := kagzi.GetEvent[string](ctx, e.client, run.RunID, "good"); err != nil || got != "before" {
+	if got, err := kagzi.GetEvent[string](ctx, e.client, runID, "good"); err != nil || got != "before" {
 		t.Fatalf("the event set before: %q, %v", got, err)
 	}
 }
 
 func TestASleepPastTheYear9999IsAnInvalidArgumentAndTheRunGoesOn(t *testing.T) {
 	e := newEnv(t)
-	ctx := waitCtx(t)
 	wf := kagzi.Define("far-sleeper", func(ctx *kagzi.Context, _ int) (string, error) {
 		err := ctx.SleepUntil("far", time.Date(300000, 1, 1, 0, 0, 0, 0, time.UTC))
 		if !errors.Is(err, kagzi.ErrInvalidArgument) {
@@ -82,20 +74,13 @@ func TestASleepPastTheYear9999IsAnInvalidArgumentAndTheRunGoesOn(t *testing.T) {
 		}
 		return "went on", nil
 	})
-	runWorker(t, e.client, fastWorker(), wf)
-	run, err := kagzi.Start(ctx, e.client, wf, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := run.Wait(ctx)
-	if err != nil || out != "went on" {
-		t.Fatalf("the run: %q, %v; want it to complete after the refused sleep", out, err)
+	if _, out := runToEnd(t, e, wf); out != "went on" {
+		t.Fatalf("the run's output: %q; want it to complete after the refused sleep", out)
 	}
 }
 
 func TestAStepNameWithAHashIsRefusedSoItCannotSpellABranchsStepKey(t *testing.T) {
 	e := newEnv(t)
-	ctx := waitCtx(t)
 	var refused error
 	ran := false
 	wf := kagzi.Define("spelling", func(ctx *kagzi.Context, _ int) (string, error) {
@@ -109,14 +94,7 @@ func TestAStepNameWithAHashIsRefusedSoItCannotSpellABranchsStepKey(t *testing.T)
 		_, refused = kagzi.Step(ctx, "b#1/c", func(context.Context) (string, error) { ran = true; return "mine", nil })
 		return "done", nil
 	})
-	runWorker(t, e.client, fastWorker(), wf)
-	run, err := kagzi.Start(ctx, e.client, wf, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := run.Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
+	runToEnd(t, e, wf)
 	if !errors.Is(refused, kagzi.ErrInvalidArgument) || ran {
 		t.Fatalf("Step named \"b#1/c\": %v (body ran: %v), want ErrInvalidArgument before anything ran", refused, ran)
 	}
@@ -124,22 +102,30 @@ func TestAStepNameWithAHashIsRefusedSoItCannotSpellABranchsStepKey(t *testing.T)
 
 func TestAStepOutputThatCannotBeRecordedFailsTheStepWithInvalidOutput(t *testing.T) {
 	e := newEnv(t)
-	ctx := waitCtx(t)
 	var stepErr error
 	wf := kagzi.Define("unencodable-step", func(ctx *kagzi.Context, _ int) (string, error) {
 		_, stepErr = kagzi.Step(ctx, "inf", func(context.Context) (float64, error) { return math.Inf(1), nil })
 		return "done", nil
 	})
-	runWorker(t, e.client, fastWorker(), wf)
-	run, err := kagzi.Start(ctx, e.client, wf, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := run.Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
+	runToEnd(t, e, wf)
 	var se *kagzi.StepError
 	if !errors.As(stepErr, &se) || se.Detail.Code != kagzi.CodeInvalidOutput || !se.Detail.NonRetryable {
 		t.Fatalf("a step returning +Inf: %v, want a non-retryable StepError with code %s (as a workflow output's)", stepErr, kagzi.CodeInvalidOutput)
 	}
+}
+
+// runToEnd runs wf once with input 1 on a worker of its own and returns the run's id
+// and output once it completed.
+func runToEnd(t *testing.T, e *env, wf *kagzi.Workflow[int, string]) (runID, out string) {
+	t.Helper()
+	runWorker(t, e.client, fastWorker(), wf)
+	ctx := waitCtx(t)
+	run, err := kagzi.Start(ctx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err = run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return run.RunID, out
 }
