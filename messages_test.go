@@ -19,16 +19,18 @@ func TestListSignalsAndEventsPageThroughARunsSignalsAndEventsAndStayInTheNamespa
 		}
 		return kagzi.WaitSignal[string](ctx, "go", time.Minute)
 	})
-	runWorker(t, e.client, fastWorker(), wf)
 	run, err := kagzi.Start(ctx, e.client, wf, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	// All three before the worker runs: with it running, the run could take "go" and
+	// finish before the last one was sent (ErrRunFinished, seen once under load).
 	for _, name := range []string{"other", "go", "other"} {
 		if err := e.client.Signal(ctx, run.RunID, name, name); err != nil {
 			t.Fatal(err)
 		}
 	}
+	runWorker(t, e.client, fastWorker(), wf)
 	if _, err := run.Wait(ctx); err != nil {
 		t.Fatal(err)
 	}
