@@ -219,8 +219,12 @@ func (c *Client) validSchedule(s Schedule) (store.ScheduleDefinition, *cronspec.
 	if err := validScheduleID(s.ID); err != nil {
 		return d, nil, err
 	}
-	if s.WorkflowType == "" {
+	switch {
+	case s.WorkflowType == "":
 		s.WorkflowType = s.Workflow
+	case s.Workflow != "" && s.Workflow != s.WorkflowType:
+		return d, nil, invalidArgument("schedule %q: WorkflowType %q and Workflow %q disagree (Workflow is WorkflowType's old name)",
+			s.ID, s.WorkflowType, s.Workflow)
 	}
 	if err := validName("workflow type", s.WorkflowType); err != nil {
 		return d, nil, err

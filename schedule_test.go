@@ -436,6 +436,8 @@ func TestInvalidSchedulesAreRejectedWithWhatIsWrongAndNothingWritten(t *testing.
 		{"unknown overlap", func(s *kagzi.Schedule) { s.Overlap = 7 }, "overlap"},
 		{"input not JSON", func(s *kagzi.Schedule) { s.Input = json.RawMessage("{") }, "not valid JSON"},
 		{"input not encodable", func(s *kagzi.Schedule) { s.Input = func() {} }, "does not encode"},
+		// Workflow (WorkflowType's old name) naming another type was ignored.
+		{"two workflow types", func(s *kagzi.Schedule) { s.Workflow = "other" }, "disagree"},
 	}
 	for _, tt := range tests {
 		s := ok
