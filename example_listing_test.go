@@ -29,3 +29,13 @@ func ExampleRunFilter() {
 	// order-1 true
 	// order-2 true
 }
+
+// Refuse a request's filter before acting on it: Err reads nothing.
+func ExampleRunFilter_Err() {
+	f := kagzi.RunFilter{ParentRunID: "not-a-run-id"}
+	if err := f.Err(); err != nil {
+		fmt.Println(err)
+	}
+	// Output:
+	// kagzi: invalid argument: run id "not-a-run-id" is not a UUID
+}

@@ -171,5 +171,12 @@ func TestBadListingFiltersAreTypedErrors(t *testing.T) {
 		if _, err := e.client.ListRuns(ctx, f); !errors.Is(err, kagzi.ErrInvalidArgument) {
 			t.Errorf("filter %d (%+v): got %v, want ErrInvalidArgument", i, f, err)
 		}
+		// Err tells the same without reading anything.
+		if err := f.Err(); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("filter %d (%+v): Err() = %v, want ErrInvalidArgument", i, f, err)
+		}
+	}
+	if err := (kagzi.RunFilter{WorkflowType: "ok", ParentRunID: child}).Err(); err != nil {
+		t.Errorf("a good filter: Err() = %v, want nil", err)
 	}
 }

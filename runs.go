@@ -283,6 +283,15 @@ func (c *Client) listRuns(ctx context.Context, db store.DBTX, f RunFilter) (*Run
 	return page, nil
 }
 
+// Err reports what ListRuns would refuse in the filter (an error wrapping
+// ErrInvalidArgument) before reading anything, nil when nothing; CancelRuns and
+// RerunRuns refuse the same (besides a PageToken, and with PageSize their own). It
+// reads nothing itself: use it to refuse a request before acting on it.
+func (f RunFilter) Err() error {
+	_, err := f.params("")
+	return err
+}
+
 // params checks the filter and turns it into the store's parameters for namespace ns.
 func (f RunFilter) params(ns string) (store.ListRunsParams, error) {
 	p := store.ListRunsParams{Namespace: ns, WorkflowID: f.WorkflowID, WorkflowIDPrefix: f.WorkflowIDPrefix,

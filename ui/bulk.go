@@ -79,9 +79,7 @@ func (c *console) bulkAction(q *req, a Action) (string, error) {
 	}
 	// A filter the listing refuses (a parent that is not a run id, a type too long)
 	// is the request's fault: refused before anything is done or audited.
-	probe := f.RunFilter
-	probe.PageSize, probe.PageToken = 1, ""
-	if _, err := q.client.ListRuns(q.r.Context(), probe); isBadInput(err) {
+	if err := f.RunFilter.Err(); err != nil {
 		return "", err
 	}
 	var res kagzi.BulkResult
