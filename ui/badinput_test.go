@@ -80,3 +80,17 @@ func TestPagesOfANamespaceWithASlashLinkBackToTheConsoleUnderItsPrefix(t *testin
 		t.Fatalf("the page's base does not lead back to /console/:\n%s", page)
 	}
 }
+
+func TestSwitchingToAnEmptyNamespaceNameIsABadRequestThatSaysSo(t *testing.T) {
+	e := newEnv(t)
+	b := serve(t, ui.Handler(e.client, ui.Options{Logger: quiet()}))
+	for _, path := range []string{"ns", "ns?name=", "ns?name=%20%20"} {
+		if status, body := b.get(path); status != http.StatusBadRequest || !strings.Contains(body, "name a namespace") {
+			t.Errorf("GET %s: %d, want 400 asking for a namespace\n%s", path, status, body)
+		}
+	}
+	// A name still switches.
+	if status, body := b.get("ns?name=default"); status != http.StatusSeeOther {
+		t.Errorf("GET ns?name=default: %d, want a redirect to the namespace\n%s", status, body)
+	}
+}

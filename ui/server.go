@@ -66,7 +66,12 @@ func newConsole(client *kagzi.Client, opts Options) *console {
 		redirect(w, r, "n/"+url.PathEscape(client.Namespace())+"/")
 	})
 	c.mux.HandleFunc("GET /ns", func(w http.ResponseWriter, r *http.Request) {
-		redirect(w, r, "n/"+url.PathEscape(r.FormValue("name"))+"/")
+		name := strings.TrimSpace(r.FormValue("name"))
+		if name == "" {
+			c.fail(w, r, nil, fmt.Errorf("%w: name a namespace to switch to", kagzi.ErrInvalidArgument))
+			return
+		}
+		redirect(w, r, "n/"+url.PathEscape(name)+"/")
 	})
 	c.page("GET /n/{ns}/{$}", "overview", c.overview)
 	c.page("GET /n/{ns}/runs", "runs", c.runs)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -77,21 +78,29 @@ func (a *app) serveUI(ctx context.Context, args []string) error {
 
 // listenAndServe serves h on addr (HTTPS with a certificate) until ctx ends, then
 // shuts down, waiting up to 5 s for requests in flight.
+//
+// The certificate and key are loaded before it listens, so that a missing or bad
+// file fails the command before it says it is listening.
 func (a *app) listenAndServe(ctx context.Context, addr, certFile, keyFile string, h http.Handler) error {
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 	scheme := "http"
 	if certFile != "" {
+		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return fmt.Errorf("ui: TLS certificate: %w", err)
+		}
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
 		scheme = "https"
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
 	}
 	fmt.Fprintf(a.stderr, "kagzi: console listening on %s://%s/ (namespace %s)\n", scheme, lis.Addr(), a.namespace)
 	errc := make(chan error, 1)
 	go func() {
 		if certFile != "" {
-			errc <- srv.ServeTLS(lis, certFile, keyFile)
+			errc <- srv.ServeTLS(lis, "", "")
 		} else {
 			errc <- srv.Serve(lis)
 		}

@@ -106,3 +106,13 @@ func TestUIServesTheConsoleOnLoopbackAndAsksForTheTokenWhenOneIsSet(t *testing.T
 		t.Fatalf("another namespace without --namespaces: %d, want 404", status)
 	}
 }
+
+func TestUIWithAMissingCertificateFailsBeforeSayingItListens(t *testing.T) {
+	t.Parallel()
+	url := testdb.New(t)
+	missing := t.TempDir() + "/missing.pem"
+	r := kagziCmd(t, url, "ui", "--addr", "127.0.0.1:0", "--tls-cert", missing, "--tls-key", missing)
+	if r.code == 0 || strings.Contains(r.stderr, "listening") || !strings.Contains(r.stderr, "missing.pem") {
+		t.Fatalf("ui with a missing certificate: exit %d, %q; want a failure naming the file, before any \"listening\"", r.code, r.stderr)
+	}
+}
