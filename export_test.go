@@ -27,3 +27,10 @@ func AnnounceRunsInProcess(c *Client, workflowType string, n int) {
 		c.notifier.Publish(store.WakeTopic(c.ns, workflowType) + "|" + strconv.FormatInt(time.Now().UnixMilli(), 10))
 	}
 }
+
+// SetStartsIdle sets how long the client's start committers wait for a start before
+// they end; call it before the client is used.
+func SetStartsIdle(c *Client, d time.Duration) { c.starts.RunOnDemand(2, d) }
+
+// StartSenders returns how many goroutines share the client's starts' commits now.
+func StartSenders(c *Client) int { return c.starts.Senders() }

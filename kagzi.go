@@ -221,10 +221,11 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	}
 	c.sender = notifier.NewSender(pool, store.Channel, cfg.Logger)
 	// Starts that commit on their own share commits when they come together (group
-	// commit, as the workers' step records do). Its two goroutines idle on a channel
-	// for the client's life.
+	// commit, as the workers' step records do). Its two goroutines run while starts
+	// come, and end when none came for startsIdle: a client nothing uses any more
+	// holds no goroutine, and is collected with everything it holds.
 	c.starts = committer.New(pool, 256)
-	go c.starts.Run(context.Background(), 2)
+	c.starts.RunOnDemand(2, startsIdle)
 	if cfg.DisableDirectConn {
 		c.noDirect = true
 		c.notifier = notifier.New(nil, store.Channel, cfg.Logger)
@@ -237,6 +238,10 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	c.hooks = cfg.Hooks
 	return c, nil
 }
+
+// startsIdle is how long the goroutines that share starts' commits wait for a start
+// before they end (a variable for the tests).
+var startsIdle = 10 * time.Second
 
 // connections is what a client over pool may open at most: the pool's MaxConns and
 // its direct connection.

@@ -94,3 +94,25 @@ func TestSwitchingToAnEmptyNamespaceNameIsABadRequestThatSaysSo(t *testing.T) {
 		t.Errorf("GET ns?name=default: %d, want a redirect to the namespace\n%s", status, body)
 	}
 }
+
+func TestARequestForANamespaceAuthorizeRefusesMakesNoClient(t *testing.T) {
+	e := newEnv(t)
+	made := 0
+	b := serve(t, ui.Handler(e.client, ui.Options{Logger: quiet(),
+		Namespaces: func(ns string) (*kagzi.Client, error) {
+			made++
+			return kagzi.NewClient(e.pool, kagzi.Config{Namespace: ns, Logger: quiet()})
+		},
+		Authorize: func(r *http.Request, a ui.Access) (string, bool) { return "t", a.Namespace == "default" || a.Namespace == "other" }}))
+	for i := range 20 {
+		if status, body := b.get("n/refused" + string(rune('a'+i)) + "/"); status != http.StatusForbidden {
+			t.Fatalf("a refused namespace: %d, want 403\n%s", status, body)
+		}
+	}
+	if made != 0 {
+		t.Fatalf("%d clients made for refused requests, want none", made)
+	}
+	if status, body := b.get("n/other/"); status != http.StatusOK || made != 1 {
+		t.Fatalf("an allowed namespace: %d with %d clients made, want 200 and one\n%s", status, made, body)
+	}
+}

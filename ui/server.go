@@ -117,16 +117,21 @@ var errForbidden = errors.New("forbidden")
 // open resolves the request's namespace and asks whether the caller may do a.
 func (c *console) open(w http.ResponseWriter, r *http.Request, a Action) (*req, error) {
 	q := &req{w: w, r: r, ns: r.PathValue("ns"), root: relativeRoot(r.URL.EscapedPath())}
+	if c.opts.Namespaces == nil && q.ns != c.client.Namespace() {
+		return q, fmt.Errorf("%w: namespace %q is not served here", kagzi.ErrNotFound, q.ns)
+	}
+	// Asked before the namespace's client is made, so that a refused request makes
+	// none (and caches none).
+	who, ok := c.authorize(r, Access{Namespace: q.ns, Action: a})
+	if !ok {
+		return q, fmt.Errorf("%w: %s in namespace %q is not allowed", errForbidden, a, q.ns)
+	}
 	var err error
 	if q.client, err = c.clientFor(q.ns); err != nil {
 		return q, err
 	}
 	q.pool = clientdb.Pool(q.client)
 	q.read = clientdb.ReadPool(q.client)
-	who, ok := c.authorize(r, Access{Namespace: q.ns, Action: a})
-	if !ok {
-		return q, fmt.Errorf("%w: %s in namespace %q is not allowed", errForbidden, a, q.ns)
-	}
 	q.who = who
 	q.csrf = c.csrfToken(w, r)
 	return q, nil

@@ -24,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -52,6 +53,15 @@ type Committer struct {
 	holdUntil atomic.Int64
 	// setup: see SetupMergedBatches.
 	setup string
+	// The senders of RunOnDemand: how many to keep while requests come (want), how
+	// many run, how long one waits for a request before it ends (idle), and how many
+	// callers are about to queue a request (pending; a sender does not end while one
+	// is). Guarded by mu.
+	mu      sync.Mutex
+	want    int
+	running int
+	pending int
+	idle    time.Duration
 }
 
 // SetupMergedBatches makes every batch that holds a merged statement run sql first,
@@ -138,17 +148,71 @@ func (c *Committer) Run(ctx context.Context, senders int) {
 	}
 }
 
+// RunOnDemand makes the committer start up to senders senders when requests come,
+// each of which ends after idle without one (Run's senders run until its context
+// ends). A committer that nothing uses holds no goroutine, so that a value that owns
+// one (a Client) can be dropped and collected. Call it instead of Run.
+func (c *Committer) RunOnDemand(senders int, idle time.Duration) {
+	c.mu.Lock()
+	c.want, c.idle = senders, idle
+	c.mu.Unlock()
+}
+
+// arrive starts the senders RunOnDemand asks for before a request is queued, and
+// counts the request pending until leave, so that no sender ends meanwhile.
+func (c *Committer) arrive() {
+	c.mu.Lock()
+	c.pending++
+	for c.running < c.want {
+		c.running++
+		go c.send(context.Background())
+	}
+	c.mu.Unlock()
+}
+
+func (c *Committer) leave() {
+	c.mu.Lock()
+	c.pending--
+	c.mu.Unlock()
+}
+
+// idleEnd reports whether an idle sender of RunOnDemand ends: none is about to queue
+// a request (one that is started the senders it needs when it arrived).
+func (c *Committer) idleEnd() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.pending > 0 {
+		return false
+	}
+	c.running--
+	return true
+}
+
 func (c *Committer) send(ctx context.Context) {
 	batch := make([]*request, 0, c.maxBatch)
 	var last time.Time // when this sender's last batch went
 	hold := false      // whether the next batch waits until gather after it
+	var idle <-chan time.Time
+	if c.idle > 0 {
+		t := time.NewTicker(c.idle)
+		defer t.Stop()
+		idle = t.C
+	}
+	busy := false // whether a request came since the last tick
 	for {
 		batch = batch[:0]
 		select {
 		case <-ctx.Done():
 			return
+		case <-idle:
+			if !busy && c.idleEnd() {
+				return
+			}
+			busy = false
+			continue
 		case r := <-c.reqs:
 			batch = append(batch, r)
+			busy = true
 		}
 		if hold {
 			if wait := time.Until(last.Add(c.gather)); wait > 0 {
@@ -420,10 +484,26 @@ func (c *Committer) do(req *request) error {
 		return req.alone(c.pool)
 	}
 	req.done = make(chan error, 1)
+	if c.idle > 0 {
+		c.arrive()
+	}
 	select {
 	case c.reqs <- req:
 	case <-req.ctx.Done():
+		if c.idle > 0 {
+			c.leave()
+		}
 		return req.ctx.Err()
 	}
+	if c.idle > 0 {
+		c.leave()
+	}
 	return <-req.done
+}
+
+// Senders returns how many senders of RunOnDemand run.
+func (c *Committer) Senders() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.running
 }
