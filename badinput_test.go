@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -128,4 +129,47 @@ func runToEnd(t *testing.T, e *env, wf *kagzi.Workflow[int, string]) (runID, out
 		t.Fatal(err)
 	}
 	return run.RunID, out
+}
+
+// Found from outside: IDReuseNever held only against later starts that passed it too.
+func TestARunStartedWithIDReuseNeverKeepsItsIDFromStartsWithoutTheOption(t *testing.T) {
+	e := newEnv(t)
+	wf := kagzi.Define("kept-id", func(ctx *kagzi.Context, n int) (string, error) { return strconv.Itoa(n), nil })
+	runWorker(t, e.client, fastWorker(), wf)
+	ctx := waitCtx(t)
+	first, err := kagzi.Start(ctx, e.client, wf, 1, kagzi.WithID("order-1"), kagzi.WithIDReuse(kagzi.IDReuseNever))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again, err := kagzi.Start(ctx, e.client, wf, 2, kagzi.WithID("order-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName, err := e.client.StartByName(ctx, "kept-id", 3, kagzi.WithID("order-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct {
+		id     string
+		exists bool
+	}{{again.RunID, again.AlreadyExists}, {byName.RunID, byName.AlreadyExists}} {
+		if r.id != first.RunID || !r.exists {
+			t.Fatalf("a start of the id without the option: run %s (already exists %v), want the finished run %s", r.id, r.exists, first.RunID)
+		}
+	}
+	// An id whose finished run did not ask for it is free again, as before.
+	free, err := kagzi.Start(ctx, e.client, wf, 4, kagzi.WithID("order-2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := free.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	next, err := kagzi.Start(ctx, e.client, wf, 5, kagzi.WithID("order-2"))
+	if err != nil || next.AlreadyExists || next.RunID == free.RunID {
+		t.Fatalf("a start of an id whose run finished without IDReuseNever: %+v, %v; want a new run", next, err)
+	}
 }

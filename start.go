@@ -24,7 +24,8 @@ const (
 	IDReuseAfterFinish IDReuse = iota
 	// IDReuseNever makes the workflow id an idempotency key for good: a start of an id
 	// whose run finished returns that finished run (AlreadyExists) instead of starting
-	// again. It applies to runs started with it.
+	// again. It applies to runs started with it, and holds for every later start of
+	// the id, with this option or without.
 	IDReuseNever
 )
 
@@ -375,7 +376,7 @@ func (c *Client) newRun(o *startOptions, workflowType string, input []byte) (sto
 	return store.NewRun{
 		RunID: runID, Namespace: c.ns, WorkflowID: o.id, WorkflowType: workflowType,
 		Version: o.version, NewestVersion: o.version == nil, Attributes: attrs,
-		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, Deadline: deadline,
+		Input: input, StartAt: startAt, ReuseNever: o.reuse == IDReuseNever, KeptID: o.idSet, Deadline: deadline,
 		Priority: flow.Priority, FlowKey: flow.FlowKey, Debounce: flow.Debounce,
 	}, nil
 }

@@ -24,6 +24,10 @@ type NewRun struct {
 	StartAt time.Time
 	// ReuseNever keeps the workflow id an idempotency key after the run finishes.
 	ReuseNever bool
+	// KeptID makes a start without ReuseNever look for a finished run of its workflow
+	// id that was started with it, as a start with ReuseNever does: that run keeps the
+	// id for good, whatever later starts ask (a caller's own id; generated ids are new).
+	KeptID bool
 	// IDNotBefore, with ReuseNever, is a time before which no run of the workflow id
 	// can have been created (a child's derived id names its parent, created then): the
 	// look for a finished run of the id then reads only the history's partitions from
@@ -392,7 +396,7 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, st Start
 	switch {
 	case n.ReuseNever && n.IDNotBefore != nil:
 		variant = 2
-	case n.ReuseNever:
+	case n.ReuseNever, n.KeptID:
 		variant = 1
 	}
 	stmt := insertRuns[mode][variant]
