@@ -779,3 +779,100 @@ func TestABurstHeldBackByARateLimitStartsAsTheWindowAdmitsNotAtTheNextPoll(t *te
 		})
 	}
 }
+
+// Found from outside: a concurrency limit set while runs of the type executed did not
+// count them, and admitted runs past it.
+func TestALimitSetWhileRunsExecuteCountsThemAndAdmitsNoneUntilTheTypeIsUnderIt(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	oldDone, newDone := make(chan struct{}), make(chan struct{})
+	wf := kagzi.Define("late-limit", func(ctx *kagzi.Context, in string) (string, error) {
+		return kagzi.Step(ctx, "block", func(c context.Context) (string, error) {
+			release := oldDone
+			if in == "new" {
+				release = newDone
+			}
+			select {
+			case <-release:
+			case <-c.Done():
+				return "", c.Err()
+			}
+			return in, nil
+		})
+	})
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 10
+	runWorker(t, e.client, cfg, wf)
+	for range 5 {
+		if _, err := kagzi.Start(ctx, e.client, wf, "old"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "five runs to execute", func() bool { return countStatus(t, e, "late-limit", kagzi.StatusRunning) == 5 })
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "late-limit", Concurrency: 2}); err != nil {
+		t.Fatal(err)
+	}
+	var held []string
+	for range 3 {
+		r, err := kagzi.Start(ctx, e.client, wf, "new")
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, r.RunID)
+	}
+	for _, id := range held {
+		eventually(t, "the new run to be held by the type's limit", func() bool {
+			info, err := e.client.GetRun(ctx, id)
+			return err == nil && info.Hold != nil && info.Hold.Limit == "concurrency"
+		})
+	}
+	time.Sleep(3 * fastWorker().PollInterval) // claims and polls that would admit them
+	if n := countStatus(t, e, "late-limit", kagzi.StatusRunning); n != 5 {
+		t.Fatalf("%d runs RUNNING after a limit of 2 was set over 5, want the 5 alone", n)
+	}
+	close(oldDone)
+	eventually(t, "two new runs to execute once the old ones ended", func() bool {
+		return countStatus(t, e, "late-limit", kagzi.StatusCompleted) == 5 && countStatus(t, e, "late-limit", kagzi.StatusRunning) == 2
+	})
+	time.Sleep(3 * fastWorker().PollInterval)
+	if n := countStatus(t, e, "late-limit", kagzi.StatusRunning); n != 2 {
+		t.Fatalf("%d runs RUNNING under a limit of 2", n)
+	}
+	close(newDone)
+	eventually(t, "every run to complete", func() bool { return countStatus(t, e, "late-limit", kagzi.StatusCompleted) == 8 })
+}
+
+// Found from outside: a run of a key waiting for its retry counted itself among its
+// key's holders, and RunInfo said its own place held it back.
+func TestARunWaitingForItsRetryIsNotHeldByItsOwnKeyPlace(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("retried-key", func(ctx *kagzi.Context, in string) (string, error) {
+		return kagzi.Step(ctx, "flaky", func(context.Context) (string, error) {
+			return "", errors.New("not yet")
+		}, kagzi.WithRetry(kagzi.Exponential(5).Initial(300*time.Millisecond).Jitter(0)))
+	})
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "retried-key", KeyConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	stop := runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, "x", kagzi.WithConcurrencyKey("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the run to wait for its retry", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE run_id = $1 AND status = 'PENDING' AND started_at IS NOT NULL`, run.RunID) == 1
+	})
+	stop() // nothing claims it now
+	eventually(t, "the retry to be due", func() bool {
+		info, err := e.client.GetRun(ctx, run.RunID)
+		return err == nil && info.Status == kagzi.StatusPending && !info.AvailableAt.After(time.Now())
+	})
+	info, err := e.client.GetRun(ctx, run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Hold != nil {
+		t.Fatalf("the only run of its key, due for its retry: held by %v, want no hold", info.Hold)
+	}
+}

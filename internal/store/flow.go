@@ -40,7 +40,10 @@ func scanFlowLimits(row pgx.Row) (FlowLimits, error) {
 }
 
 // setFlowLimits stores a type's limits and tells its workers, whose claims read them:
-// a raised limit may admit runs at once.
+// a raised limit may admit runs at once. A concurrency limit counts the runs that
+// hold its slots (holds_type_slot), which claims mark only while the type has one: the
+// type's runs executing when it is set, claimed without it, are marked too (mark), so
+// that they count as they would had the limit been there when they were claimed.
 var setFlowLimits = named(`
 WITH upsert AS (
 	INSERT INTO kagzi.flow_limits AS l (namespace, workflow_type, concurrency, key_concurrency,
@@ -53,6 +56,11 @@ WITH upsert AS (
 		rate_period_ms = excluded.rate_period_ms, key_rate = excluded.key_rate,
 		key_rate_period_ms = excluded.key_rate_period_ms, updated_at = now()
 	RETURNING `+flowLimitsColumns+`
+), mark AS (
+	UPDATE kagzi.runs r SET holds_type_slot = true
+	FROM upsert u
+	WHERE u.concurrency IS NOT NULL AND r.namespace = u.namespace AND r.workflow_type = u.workflow_type
+	  AND r.status = 'RUNNING' AND NOT r.holds_type_slot AND r.available_at > now()
 )
 SELECT upsert.*, pg_notify('`+Channel+`', 'w|' || octet_length(namespace) || ':' || namespace || '|' || workflow_type
 	|| '|' || (extract(epoch FROM now()) * 1000)::bigint)::text FROM upsert`,
@@ -149,10 +157,16 @@ type FlowHold struct {
 
 // RunHold tells what flow control holds a claimable PENDING run back by, or nil: a
 // run of a concurrency key whose key is full, of a type whose concurrency limit or
-// rate window is full, or of a key whose rate window is.
+// rate window is full, or of a key whose rate window is. A run of a key that started
+// once (one waiting for a retry, or handed back) holds its key's place and passed its
+// key's rate window: only its type's limits hold it back.
 func RunHold(ctx context.Context, db DBTX, namespace string, r Run) (*FlowHold, error) {
 	var limit *string
 	var rateNext, keyRateNext *time.Time
+	key := r.FlowKey
+	if r.StartedAt != nil {
+		key = nil
+	}
 	err := db.QueryRow(ctx, `
 		SELECT CASE
 			WHEN l.key_concurrency IS NOT NULL AND $3::text IS NOT NULL AND (
@@ -173,7 +187,7 @@ func RunHold(ctx context.Context, db DBTX, namespace string, r Run) (*FlowHold, 
 			CASE WHEN l.key_rate IS NOT NULL AND $3::text IS NOT NULL
 				THEN kagzi.flow_rate_next($1, $2, $3, l.key_rate, l.key_rate_period_ms) END
 		FROM kagzi.flow_limits l WHERE l.namespace = $1 AND l.workflow_type = $2`,
-		namespace, r.WorkflowType, r.FlowKey).Scan(&limit, &rateNext, &keyRateNext)
+		namespace, r.WorkflowType, key).Scan(&limit, &rateNext, &keyRateNext)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return nil, nil
