@@ -119,6 +119,10 @@ func (l Limits) validate() error {
 		case r.rate > 0 && (r.period < MinRatePeriod || r.period > MaxRatePeriod):
 			return invalidArgument("limits of %s: %sPeriod %v is not within %v..%v", l.WorkflowType, r.name, r.period,
 				MinRatePeriod, MaxRatePeriod)
+		case r.period%time.Millisecond != 0:
+			// Stored in milliseconds: refused rather than cut.
+			return invalidArgument("limits of %s: %sPeriod %v is not a whole number of milliseconds", l.WorkflowType,
+				r.name, r.period)
 		}
 	}
 	if l.Concurrency == 0 && l.KeyConcurrency == 0 && l.Rate == 0 && l.KeyRate == 0 {
@@ -151,7 +155,7 @@ func limitsOf(l store.FlowLimits) Limits {
 // those it had. They apply from every worker's next claim; a run already running when
 // a lower limit is set finishes, and no run is admitted until the type is back under
 // it. Invalid limits (negative, over MaxLimit, a rate without a period in
-// MinRatePeriod..MaxRatePeriod, none at all) are ErrInvalidArgument and change nothing.
+// MinRatePeriod..MaxRatePeriod or not a whole number of milliseconds, none at all) are ErrInvalidArgument and change nothing.
 func (c *Client) SetLimits(ctx context.Context, l Limits) (*Limits, error) {
 	if err := l.validate(); err != nil {
 		return nil, err
@@ -233,7 +237,8 @@ func WithConcurrencyKey(key string) StartOption {
 // its input with its own (the last input wins) and pushes its beginning to window
 // from now, but never past maxWait after the first start. Start returns that run,
 // with AlreadyExists set for every start but the first. A start after the run began
-// creates the next one. maxWait must be at least window; WithID, WithDelay and
+// creates the next one. maxWait must be at least window; both are whole
+// milliseconds (1 ms to MaxRatePeriod for the window). WithID, WithDelay and
 // WithStartAt do not combine with it.
 func WithDebounce(key string, window, maxWait time.Duration) StartOption {
 	return func(o *startOptions) {
@@ -256,8 +261,12 @@ func (o *startOptions) flowOptions(n *store.NewRun) error {
 		switch {
 		case validName("debounce key", d.Key) != nil:
 			return validName("debounce key", d.Key)
-		case d.Window <= 0 || d.Window > MaxRatePeriod:
-			return invalidArgument("debounce window %v is not within (0, %v]", d.Window, MaxRatePeriod)
+		case d.Window < time.Millisecond || d.Window > MaxRatePeriod:
+			return invalidArgument("debounce window %v is not within %v..%v", d.Window, time.Millisecond, MaxRatePeriod)
+		case d.Window%time.Millisecond != 0 || d.MaxWait%time.Millisecond != 0:
+			// Stored in milliseconds: refused rather than cut.
+			return invalidArgument("debounce window %v or maximum wait %v is not a whole number of milliseconds",
+				d.Window, d.MaxWait)
 		case d.MaxWait < d.Window || d.MaxWait > 7*MaxRatePeriod:
 			return invalidArgument("debounce maximum wait %v must be at least the window %v and at most %v",
 				d.MaxWait, d.Window, 7*MaxRatePeriod)

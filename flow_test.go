@@ -33,6 +33,8 @@ func TestSetLimitsRejectsBadLimitsWithInvalidArgumentAndChangesNothing(t *testin
 		"negative key rate":       {WorkflowType: "wf", KeyRate: -1, KeyRatePeriod: time.Second},
 		"key rate without period": {WorkflowType: "wf", KeyRate: 1},
 		"empty workflow type":     {Concurrency: 1},
+		"period of 10.5ms":        {WorkflowType: "wf", Rate: 1, RatePeriod: 10500 * time.Microsecond},
+		"key period of 1s+1ns":    {WorkflowType: "wf", KeyRate: 1, KeyRatePeriod: time.Second + 1},
 	} {
 		_, err := e.client.SetLimits(ctx, l)
 		if !errors.Is(err, kagzi.ErrInvalidArgument) {
@@ -135,6 +137,9 @@ func TestFlowStartOptionsRejectBadInputAndStartNothing(t *testing.T) {
 		"control character in key":   {kagzi.WithConcurrencyKey("a\nb")},
 		"empty debounce key":         {kagzi.WithDebounce("", time.Second, time.Second)},
 		"zero debounce window":       {kagzi.WithDebounce("k", 0, time.Second)},
+		"window under a millisecond": {kagzi.WithDebounce("k", time.Microsecond, time.Microsecond)},
+		"window of 1.5ms":            {kagzi.WithDebounce("k", 1500*time.Microsecond, time.Second)},
+		"max wait of 1s+1µs":         {kagzi.WithDebounce("k", time.Second, time.Second+time.Microsecond)},
 		"max wait below the window":  {kagzi.WithDebounce("k", time.Minute, time.Second)},
 		"debounce with a workflowid": {kagzi.WithDebounce("k", time.Second, time.Minute), kagzi.WithID("x")},
 		"debounce with a delay":      {kagzi.WithDebounce("k", time.Second, time.Minute), kagzi.WithDelay(time.Second)},
