@@ -53,8 +53,9 @@ type RunInfo struct {
 	// lease (the process died, froze or lost its database). Past the worker's
 	// MaxTakeovers the run fails with CodeRecoveryExhausted.
 	Takeovers int `json:"takeovers"`
-	// AvailableAt is when the run may next be claimed: its start time while PENDING,
-	// its wake time while SLEEPING, its lease expiry while RUNNING.
+	// AvailableAt is when the run may next be claimed: its start time while PENDING
+	// (moved earlier by its priority, one second per level: WithPriority), its wake
+	// time while SLEEPING, its lease expiry while RUNNING. Claims take runs in its order.
 	AvailableAt time.Time `json:"available_at"`
 	// LockedBy is the id of the worker holding the run while RUNNING.
 	LockedBy        string     `json:"worker_id,omitempty"`
