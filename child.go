@@ -81,7 +81,7 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	}
 	b, err := json.Marshal(input)
 	if err != nil {
-		return nil, NonRetryable(fmt.Errorf("kagzi: input of child %s (%s) does not encode as JSON: %w", key, wf.name, err))
+		return nil, NonRetryable(invalidArgument("input of child %s (%s) does not encode as JSON: %v", key, wf.name, err))
 	}
 	parentID := x.run.RunID
 	opts = append([]StartOption{WithRunVersion(wf.version)}, opts...)

@@ -29,7 +29,7 @@ func (c *Context) SetEvent(key string, value any) error {
 	}
 	b, err := json.Marshal(value)
 	if err != nil {
-		return NonRetryable(fmt.Errorf("kagzi: event %q does not encode as JSON: %w", key, err))
+		return NonRetryable(invalidArgument("event %q does not encode as JSON: %v", key, err))
 	}
 	if b, err = x.rt.payloads.encodePayload(fmt.Sprintf("kagzi: event %q", key), b); err != nil {
 		return NonRetryable(err)
@@ -39,8 +39,8 @@ func (c *Context) SetEvent(key string, value any) error {
 		return db.setEvent(ctx, store.EventWrite{Fence: x.run.Fence, StepKey: stepKey, Key: key, Position: pos, Value: b})
 	}); err != nil {
 		// The database refused the value (a NUL character, which jsonb cannot hold):
-		// nothing was published, and the workflow hears it.
-		return NonRetryable(fmt.Errorf("kagzi: event %q: %w", key, err))
+		// nothing was published, and the workflow hears it (ErrInvalidArgument).
+		return NonRetryable(dbError(fmt.Sprintf("kagzi: event %q", key), err))
 	}
 	x.hist.set(stepKey, store.StepRecord{Kind: KindEvent, Status: StepCompleted, Output: b})
 	return nil
@@ -55,6 +55,9 @@ func GetEvent[T any](ctx context.Context, c *Client, runID, key string) (T, erro
 	}
 	id, err := parseRunID(runID)
 	if err != nil {
+		return out, err
+	}
+	if err := validName("event key", key); err != nil {
 		return out, err
 	}
 	raw, err := store.GetEvent(ctx, c.pool, c.ns, id, key)
@@ -75,8 +78,14 @@ func GetEvent[T any](ctx context.Context, c *Client, runID, key string) (T, erro
 // and looks again every few seconds in case one was missed.
 func WaitEvent[T any](ctx context.Context, c *Client, runID, key string, timeout time.Duration) (T, error) {
 	var zero T
+	if c == nil {
+		return zero, invalidArgument("WaitEvent: nil client")
+	}
 	id, err := parseRunID(runID)
 	if err != nil {
+		return zero, err
+	}
+	if err := validName("event key", key); err != nil {
 		return zero, err
 	}
 	if timeout <= 0 {

@@ -53,7 +53,9 @@ type ForkOptions struct {
 // Fork starts a new run of the origin's workflow that begins with copies of the
 // origin's completed steps recorded before its step fromStep (a step key such as
 // "charge#1"), so it replays them and runs from fromStep on. The fork records its
-// origin (RunInfo.ForkedFromRunID, ForkedFromStep). Use it to try a fix on a copy, or
+// origin (RunInfo.ForkedFromRunID, ForkedFromStep), and from the start the events and
+// attributes its copied steps set (docs/evolving-workflows.md says which attributes).
+// Use it to try a fix on a copy, or
 // to redo the end of a run with another input or version. A fork cannot wait on the
 // origin's child: when a copied StartChild's child is still running and its result is
 // not among the copied steps, Fork returns ErrInvalidArgument and starts nothing.
@@ -100,7 +102,7 @@ func (c *Client) Fork(ctx context.Context, runID, fromStep string, o ForkOptions
 			return fmt.Errorf("%w: workflow id %q is held by run %s", ErrAlreadyExists, run.WorkflowID, run.RunID)
 		}
 		forkID, _ := parseRunID(run.RunID)
-		_, err := store.CopyStepsBefore(ctx, tx, origin.RunID, fromStep, forkID)
+		_, err := store.CopyStepsBefore(ctx, tx, origin.RunID, origin.Attributes, fromStep, forkID)
 		if errors.Is(err, store.ErrNotFound) {
 			return invalidArgument("run %s has no step %q", runID, fromStep)
 		}

@@ -84,8 +84,14 @@ func (f *Future[T]) run(branch *Context, fn func(*Context) (T, error)) {
 
 // Get waits for the branch and returns its result. When the branch was unwound (the
 // run was cancelled, lost its lease, passed its deadline, or the worker is shutting
-// down), Get unwinds its caller too and does not return.
+// down), Get unwinds its caller too and does not return. A nil or zero Future (one
+// Go did not return) is ErrInvalidArgument.
 func (f *Future[T]) Get() (T, error) {
+	if f == nil || f.done == nil {
+		// Not made by Go: nothing would ever complete it.
+		var zero T
+		return zero, invalidArgument("Future.Get on a Future that Go did not return")
+	}
 	<-f.done
 	if f.unwound {
 		f.parent.checkAlive()

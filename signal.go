@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -69,6 +70,11 @@ func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, 
 	}
 	if err := validName("signal name", name); err != nil {
 		return err
+	}
+	if strings.ContainsRune(name, '#') {
+		// WaitSignal's name is a step name, which cannot hold '#': no wait could
+		// ever receive it.
+		return invalidArgument("signal name %q: a signal name cannot contain '#' (no WaitSignal can wait for it)", name)
 	}
 	var o signalOptions
 	for _, opt := range opts {

@@ -66,10 +66,13 @@ func RerunRun(ctx context.Context, db Beginner, namespace string, runID uuid.UUI
 
 // CopyStepsBefore copies into the run to the completed steps of the origin run
 // recorded before its step fromKey (in the order they were first recorded), with
-// their attempt history. It returns how many steps it copied, or ErrNotFound when the
+// their attempt history, and what those steps left that their replays do not write
+// again: the events they published and the attributes they set (over the origin's
+// attributes, originAttributes, of keys no SetAttributes changed). It returns how
+// many steps it copied, or ErrNotFound when the
 // origin has no step fromKey. The run to must be a fork (forked_from_run_id set): a
 // claim loads the steps of a run it claims for the first time only if it is one.
-func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, fromKey string, to uuid.UUID) (int, error) {
+func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, originAttributes []byte, fromKey string, to uuid.UUID) (int, error) {
 	var found bool
 	var copied int
 	var childStep, child *string
@@ -100,9 +103,31 @@ func CopyStepsBefore(ctx context.Context, db DBTX, origin uuid.UUID, fromKey str
 			SELECT $3, a.step_key, a.attempt, a.status, a.error, a.started_at, a.finished_at
 			FROM kagzi.step_attempts_all a JOIN ins ON ins.step_key = a.step_key
 			WHERE a.run_id = $1
+		), evs AS (
+			-- The events the copied SetEvent steps published (the last of each key),
+			-- which their replays do not write again.
+			INSERT INTO kagzi.events (run_id, key, value)
+			SELECT DISTINCT ON (s.name) $3, s.name, s.output FROM src s
+			WHERE s.kind = 'EVENT' AND s.output IS NOT NULL
+			ORDER BY s.name, s.created_at DESC, s.step_key DESC
+		), attrs AS (
+			-- The attributes the copied SetAttributes steps leave (the last change of
+			-- each key; a null removes it), over the origin's ($4) keys that no
+			-- SetAttributes of the origin changed: those it was started with.
+			SELECT (SELECT coalesce(jsonb_object_agg(o.key, o.value), '{}') FROM jsonb_each(coalesce($4::jsonb, '{}')) o
+					WHERE NOT EXISTS (SELECT 1 FROM kagzi.steps_all c WHERE c.run_id = $1 AND c.kind = 'ATTRIBUTES'
+						AND jsonb_typeof(c.output) = 'object' AND c.output ? o.key))
+				|| (SELECT coalesce(jsonb_object_agg(x.k, x.v) FILTER (WHERE jsonb_typeof(x.v) <> 'null'), '{}') FROM (
+					SELECT DISTINCT ON (e.key) e.key AS k, e.value AS v
+					FROM src s, jsonb_each(s.output) e
+					WHERE s.kind = 'ATTRIBUTES' AND jsonb_typeof(s.output) = 'object'
+					ORDER BY e.key, s.created_at DESC, s.step_key DESC) x) AS a
+		), setattrs AS (
+			UPDATE kagzi.runs r SET attributes = nullif(a.a, '{}') FROM attrs a
+			WHERE r.run_id = $3 AND r.attributes IS DISTINCT FROM nullif(a.a, '{}')
 		)
 		SELECT EXISTS (SELECT 1 FROM cut), (SELECT count(*) FROM ins), (SELECT step_key FROM waits),
-			(SELECT run_id::text FROM waits)`, origin, fromKey, to).Scan(&found, &copied, &childStep, &child)
+			(SELECT run_id::text FROM waits)`, origin, fromKey, to, originAttributes).Scan(&found, &copied, &childStep, &child)
 	if err != nil {
 		return 0, err
 	}
