@@ -28,7 +28,12 @@
 // run of the namespace is running or claimable, the Env moves every such time
 // earlier by the wait until the earliest one, as if that much time had passed, and
 // moves its clock (Env.Now) on by as much: a run that sleeps 30 days completes in
-// milliseconds, and timers fire in their order. Advance moves time by hand. The
+// milliseconds, and timers fire in their order. A run that a flow-control limit (see
+// kagzi.Client.SetLimits) holds back is not claimable, though its time came: held by
+// its key's concurrency limit, it waits for a holder to stop, whose own times move;
+// held by a rate limit, the time the window admits it again is one of the times, and
+// the rate windows move with the rest. Wait follows a run that continued as new to the
+// run that took over (see kagzi.ContinueAsNew). Advance moves time by hand. The
 // Env's workers wait in process for nothing longer than a nanosecond
 // (WorkerConfig.MaxInProcessSleep), so every sleep and backoff goes through the
 // database, except inside branches (Go, Map), which wait in process in real time.
@@ -179,9 +184,9 @@ func NewWithOptions(t testing.TB, o Options, workflows ...kagzi.Definition) *Env
 func (e *Env) Now() time.Time { return time.Now().Add(time.Duration(e.offset.Load())) }
 
 // Advance moves time on by d: every waiting time of the Env's unfinished runs (start,
-// wake and retry times, deadlines, signal timeouts) comes d closer, and the Env's
-// clock, which the scheduler reads, moves d ahead. Runs whose time came are claimed at
-// once.
+// wake and retry times, deadlines, signal timeouts) and of its rate limits' windows
+// comes d closer, and the Env's clock, which the scheduler reads, moves d ahead. Runs
+// whose time came are claimed at once.
 func (e *Env) Advance(d time.Duration) {
 	e.T.Helper()
 	if d <= 0 {
@@ -189,10 +194,20 @@ func (e *Env) Advance(d time.Duration) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
 	defer cancel()
-	if _, err := store.ShiftTime(ctx, e.Pool, e.Client.Namespace(), d); err != nil {
+	if err := e.shift(ctx, d); err != nil {
 		e.T.Fatalf("kagzitest: advance %v: %v", d, err)
 	}
+}
+
+// shift moves the namespace's waiting times d earlier, as if d had passed, with the
+// windows of its rate limits (the starts they counted leave them d sooner), in one
+// statement (store.ShiftTime), and moves the Env's clock d on.
+func (e *Env) shift(ctx context.Context, d time.Duration) error {
+	if _, err := store.ShiftTime(ctx, e.Pool, e.Client.Namespace(), d); err != nil {
+		return err
+	}
 	e.offset.Add(int64(d))
+	return nil
 }
 
 // advanceIdle advances time to the earliest timer when no run is running or
@@ -203,10 +218,9 @@ func (e *Env) advanceIdle(ctx context.Context) (time.Duration, error) {
 		return 0, err
 	}
 	d := next.Sub(now).Truncate(time.Microsecond) + time.Microsecond
-	if _, err := store.ShiftTime(ctx, e.Pool, e.Client.Namespace(), d); err != nil {
+	if err := e.shift(ctx, d); err != nil {
 		return 0, err
 	}
-	e.offset.Add(int64(d))
 	return d, nil
 }
 
@@ -227,49 +241,77 @@ func Start[In, Out any](e *Env, wf *kagzi.Workflow[In, Out], input In, opts ...k
 }
 
 // Wait waits for the run to end, skipping time whenever nothing runs (see the package
-// doc), and returns its output or error as Run.Wait does. It fails the test when the
-// run has not ended after Options.Timeout of real time.
+// doc), and returns its output or error as Run.Wait does: a run that continued as new
+// (see kagzi.ContinueAsNew) is followed to the run that took over its workflow id,
+// whose time is skipped too. It fails the test when the run has not ended after
+// Options.Timeout of real time, saying what it waits for.
 func Wait[Out any](e *Env, run *kagzi.Run[Out]) (Out, error) {
 	e.T.Helper()
 	var zero Out
 	ctx, cancel := context.WithTimeout(context.Background(), e.opts.Timeout)
 	defer cancel()
+	runID := run.RunID // the run of the chain waited for now
 	for {
-		info, err := e.Client.GetRun(ctx, run.RunID)
-		if err != nil {
-			e.T.Fatalf("kagzitest: run %s: %v", run.RunID, err)
+		info, err := e.Client.GetRun(ctx, runID)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			e.T.Fatalf("kagzitest: run %s: %v", runID, err)
 			return zero, err
-		}
-		if info.Status.Terminal() {
-			return run.Wait(ctx)
-		}
-		if _, err := e.advanceIdle(ctx); err != nil && ctx.Err() == nil {
-			e.T.Fatalf("kagzitest: advance time: %v", err)
+		case err != nil:
+			// Timed out during the read: the diagnostic below reads again.
+		case info.Status == kagzi.StatusCompleted && info.ContinuedAsRunID != "":
+			runID = info.ContinuedAsRunID // as Run.Wait does
+			continue
+		case info.Status.Terminal():
+			out, err := run.Wait(ctx) // follows the chain to runID, which ended
+			if ctx.Err() != nil {
+				break // the read timed out
+			}
+			return out, err
+		default:
+			if _, err := e.advanceIdle(ctx); err != nil && ctx.Err() == nil {
+				e.T.Fatalf("kagzitest: advance time: %v", err)
+				return zero, err
+			}
 		}
 		select {
 		case <-ctx.Done():
-			e.T.Fatalf("kagzitest: run %s (%s) is still %s after %v; %s", run.RunID, run.WorkflowType,
-				info.Status, e.opts.Timeout, e.waitingFor(run.RunID))
+			e.T.Fatalf("%s", e.stillWaiting(run.RunID, run.WorkflowType, runID))
 			return zero, ctx.Err()
 		case <-time.After(2 * time.Millisecond):
 		}
 	}
 }
 
-// waitingFor describes what a run that does not end waits for.
-func (e *Env) waitingFor(runID string) string {
+// stillWaiting says, for the failure of a test, that the run waited for (firstID),
+// or the run of its chain it waits for now (runID, when it continued as new), is
+// still going after Options.Timeout, and what it waits for. It reads with a context
+// of its own: the wait's has passed.
+func (e *Env) stillWaiting(firstID, workflowType, runID string) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
+	s := fmt.Sprintf("kagzitest: run %s (%s)", firstID, workflowType)
+	if runID != firstID {
+		s += ", continued as run " + runID + ","
+	}
+	info, err := e.Client.GetRun(ctx, runID)
+	if err != nil {
+		return fmt.Sprintf("%s has not ended after %v, and cannot be read: %v", s, e.opts.Timeout, err)
+	}
+	s += fmt.Sprintf(" is still %s after %v; ", info.Status, e.opts.Timeout)
+	if info.Hold != nil {
+		return s + "it is " + info.Hold.String()
+	}
 	steps, err := e.Client.ListSteps(ctx, runID)
 	if err != nil {
-		return err.Error()
+		return s + err.Error()
 	}
-	for _, s := range steps {
-		if s.Status == kagzi.StepWaiting {
-			return fmt.Sprintf("it waits for a signal (step %s) that nobody sent", s.Key)
+	for _, st := range steps {
+		if st.Status == kagzi.StepWaiting {
+			return s + fmt.Sprintf("it waits for a signal (step %s) that nobody sent", st.Key)
 		}
 	}
-	return "is a step stuck, or a child waiting for something?"
+	return s + "is a step stuck, or a child waiting for something?"
 }
 
 // Run starts a run of wf and waits for its end (Start, then Wait).
@@ -301,9 +343,9 @@ func (e *Env) FailStep(name string, times int, err error) {
 }
 
 // CrashAt makes the worker crash the next time an attempt of a step called name
-// begins, before the step's function runs: the worker stops, its runs are handed
-// back unfinished (the interrupted attempt is not recorded), and a new worker
-// (another ID) starts and resumes them. The resumed run replays its completed steps
+// begins, before the step's function runs and its timeout (WithStepTimeout) starts:
+// the worker stops, its runs are handed back unfinished (the interrupted attempt is
+// not recorded), and a new worker (another ID) starts and resumes them. The resumed run replays its completed steps
 // and runs the step then. This is a process crash, except that the runs are handed
 // back at once rather than when their lease expires.
 func (e *Env) CrashAt(name string) {
@@ -359,6 +401,9 @@ func (e *Env) StepKeys(runID string) []string {
 // AssertSteps fails the test unless the run's recorded steps are want, in order.
 // An entry is a step key ("charge#1"), or a key and its status ("charge#1=FAILED"),
 // or a key and its number of attempts ("charge#1*3"), or both ("charge#1=COMPLETED*2").
+// A key ends with '#' and its occurrence, which hold no '=' or '*': so an entry's
+// key ends at the first '=' or '*' after its last '#', and a step name may hold '='
+// and '*' ("total=sum#1=COMPLETED").
 func (e *Env) AssertSteps(runID string, want ...string) {
 	e.T.Helper()
 	steps := e.Steps(runID)
@@ -369,11 +414,11 @@ func (e *Env) AssertSteps(runID string, want ...string) {
 			continue
 		}
 		// Report what the wanted entry asks about: the status, the attempts, or both.
-		base, _, hasAttempts := strings.Cut(want[i], "*")
-		if strings.Contains(base, "=") {
+		suffix := want[i][strings.LastIndexByte(want[i], '#')+1:]
+		if strings.Contains(suffix, "=") {
 			got[i] += "=" + string(s.Status)
 		}
-		if hasAttempts {
+		if strings.Contains(suffix, "*") {
 			got[i] += "*" + strconv.Itoa(len(s.Attempts))
 		}
 	}
@@ -395,11 +440,15 @@ func (h envHooks) StepBegin(ctx context.Context, ev *kagzi.StepEvent) context.Co
 	e.calls[ev.Name]++
 	if e.crashes[ev.Name] > 0 {
 		e.crashes[ev.Name]--
-		ev.Replace = func(ctx context.Context) ([]byte, error) {
-			go e.restart()
-			<-ctx.Done() // the worker's shutdown interrupts the attempt
-			return nil, ctx.Err()
-		}
+		// The crash happens here, before the attempt's function and its timeout
+		// (WithStepTimeout) start: the worker's shutdown interrupts the run (ctx is the
+		// run's), and the attempt then ends unrecorded at once. Waiting in the function
+		// instead, a short timeout would pass first and record the attempt TIMED_OUT.
+		e.mu.Unlock()
+		go e.restart()
+		<-ctx.Done()
+		e.mu.Lock()
+		ev.Replace = func(ctx context.Context) ([]byte, error) { return nil, ctx.Err() }
 		return ctx
 	}
 	if f, ok := e.fails[ev.Name]; ok && (f.times <= 0 || ev.Attempt <= f.times) {

@@ -10,17 +10,41 @@ import (
 
 // idleTimerSQL tells whether anything in the namespace is running or claimable now
 // (busy), and otherwise when the earliest timer is due: a PENDING run's start or
-// retry time, a sleep's wake time, a deadline, a signal wait's timeout. The
-// hourly re-check of a run waiting for a child or a signal is not a timer (the
-// child's timers, or the signal, wake it), unless the signal is already there or
-// the child already ended: then the re-check is what wakes the run.
+// retry time, a sleep's wake time, a deadline, a signal wait's timeout, a rate
+// window's next admission. The hourly re-check of a run waiting for a child or a
+// signal is not a timer (the child's timers, or the signal, wake it), unless the
+// signal is already there or the child already ended: then the re-check is what
+// wakes the run. A run due now that a flow-control limit holds back (see RunHold) is
+// not claimable: held by its key's concurrency limit, it waits for a holder to stop,
+// which the holder's own timers bring about; held by a rate limit, it waits for the
+// window to admit it again, which is a timer.
 const idleTimerSQL = `
 WITH active AS (
-	SELECT run_id, status, available_at, deadline_at, waiting_signal FROM kagzi.runs
+	SELECT run_id, workflow_type, status, available_at, deadline_at, waiting_signal, flow_key, started_at
+	FROM kagzi.runs
 	WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
+), due AS (
+	SELECT h.key_full OR coalesce(h.rate_next > now() OR h.key_rate_next > now(), false) AS held,
+		CASE WHEN NOT h.key_full THEN greatest(h.rate_next, h.key_rate_next) END AS admitted_at
+	FROM active a
+	LEFT JOIN kagzi.flow_limits l ON l.namespace = $1 AND l.workflow_type = a.workflow_type
+	CROSS JOIN LATERAL (SELECT
+		-- A key's limits hold back first starts only; the type's rate every claim.
+		coalesce(a.status = 'PENDING' AND a.started_at IS NULL AND a.flow_key IS NOT NULL
+			AND l.key_concurrency IS NOT NULL AND (
+				SELECT count(*) FROM kagzi.runs r
+				WHERE r.namespace = $1 AND r.workflow_type = a.workflow_type AND r.flow_key = a.flow_key
+				  AND r.started_at IS NOT NULL AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING')) >= l.key_concurrency,
+			false) AS key_full,
+		CASE WHEN l.rate IS NOT NULL
+			THEN kagzi.flow_rate_next($1, a.workflow_type, '', l.rate, l.rate_period_ms) END AS rate_next,
+		CASE WHEN l.key_rate IS NOT NULL AND a.status = 'PENDING' AND a.started_at IS NULL AND a.flow_key IS NOT NULL
+			THEN kagzi.flow_rate_next($1, a.workflow_type, a.flow_key, l.key_rate, l.key_rate_period_ms) END AS key_rate_next
+	) h
+	WHERE a.status <> 'RUNNING' AND a.available_at <= now()
 )
 SELECT
-	EXISTS (SELECT 1 FROM active WHERE status = 'RUNNING' OR available_at <= now()),
+	EXISTS (SELECT 1 FROM active WHERE status = 'RUNNING') OR EXISTS (SELECT 1 FROM due WHERE NOT held),
 	(SELECT min(t) FROM (
 		SELECT a.available_at AS t FROM active a
 		WHERE a.status = 'PENDING' OR a.available_at = a.deadline_at
@@ -33,11 +57,13 @@ SELECT
 		                AND NOT EXISTS (SELECT 1 FROM kagzi.steps r
 		                                WHERE r.run_id = a.run_id AND r.step_key = c.parent_step_key || '/result'))
 		UNION ALL
+		SELECT admitted_at FROM due WHERE held
+		UNION ALL
 		SELECT deadline_at FROM active WHERE deadline_at IS NOT NULL
 		UNION ALL
 		SELECT s.wake_at FROM kagzi.steps s JOIN active a ON a.run_id = s.run_id
 		WHERE a.status = 'SLEEPING' AND s.status = 'WAITING' AND s.wake_at IS NOT NULL
-	) timers),
+	) timers WHERE t > now()),
 	now()`
 
 // IdleTimer reports whether a run of the namespace is running or claimable now
@@ -49,7 +75,8 @@ func IdleTimer(ctx context.Context, db DBTX, namespace string) (busy bool, next 
 
 // shiftTimeSQL moves every waiting time of the namespace's unfinished runs $2
 // microseconds earlier: start, wake and retry times (available_at, except the leases
-// of RUNNING runs), deadlines, and the wake times and timeouts of their steps. The
+// of RUNNING runs), deadlines, the wake times and timeouts of their steps, and the
+// windows of the namespace's rate limits. The
 // workers of the runs' types are told the new times.
 const shiftTimeSQL = `
 WITH runs AS (
@@ -63,6 +90,11 @@ WITH runs AS (
 	UPDATE kagzi.steps s SET wake_at = s.wake_at - $2 * interval '1 microsecond'
 	FROM runs r
 	WHERE s.run_id = r.run_id AND s.wake_at IS NOT NULL
+	RETURNING 1
+), rates AS (
+	-- The rate windows, so that the starts they counted are $2 older too.
+	UPDATE kagzi.flow_rates SET window_start = window_start - $2 * interval '1 microsecond'
+	WHERE namespace = $1
 	RETURNING 1
 ), wake AS (
 	SELECT namespace, workflow_type, min(available_at) AS available_at FROM runs
