@@ -28,16 +28,33 @@ var workerStatuses = map[kagzi.WorkerStatus]adminpb.WorkerStatus{
 	kagzi.WorkerOffline:  adminpb.WorkerStatus_WORKER_STATUS_OFFLINE,
 }
 
+// stepStatuses maps every step and attempt status of the kagzi package; a test
+// checks that none is missing.
 var stepStatuses = map[kagzi.StepStatus]adminpb.StepStatus{
 	kagzi.StepCompleted: adminpb.StepStatus_STEP_STATUS_COMPLETED,
 	kagzi.StepRetrying:  adminpb.StepStatus_STEP_STATUS_RETRYING,
 	kagzi.StepFailed:    adminpb.StepStatus_STEP_STATUS_FAILED,
 	kagzi.StepTimedOut:  adminpb.StepStatus_STEP_STATUS_TIMED_OUT,
+	kagzi.StepWaiting:   adminpb.StepStatus_STEP_STATUS_WAITING,
+	// Never recorded, so never listed; mapped so that no status is UNSPECIFIED.
+	kagzi.StepInterrupted: adminpb.StepStatus_STEP_STATUS_INTERRUPTED,
 }
 
+// kindBranch is the kind of a Go or Map call (unexported in the kagzi package): it
+// takes a position but records no step, so no listed step has it.
+const kindBranch kagzi.StepKind = "BRANCH"
+
+// stepKinds maps every step kind of the kagzi package; a test checks that none is
+// missing.
 var stepKinds = map[kagzi.StepKind]adminpb.StepKind{
-	kagzi.KindStep:  adminpb.StepKind_STEP_KIND_FUNCTION,
-	kagzi.KindSleep: adminpb.StepKind_STEP_KIND_SLEEP,
+	kagzi.KindStep:       adminpb.StepKind_STEP_KIND_FUNCTION,
+	kagzi.KindSleep:      adminpb.StepKind_STEP_KIND_SLEEP,
+	kagzi.KindChild:      adminpb.StepKind_STEP_KIND_CHILD,
+	kagzi.KindSignal:     adminpb.StepKind_STEP_KIND_SIGNAL,
+	kagzi.KindEvent:      adminpb.StepKind_STEP_KIND_EVENT,
+	kagzi.KindPatch:      adminpb.StepKind_STEP_KIND_PATCH,
+	kagzi.KindAttributes: adminpb.StepKind_STEP_KIND_ATTRIBUTES,
+	kindBranch:           adminpb.StepKind_STEP_KIND_BRANCH,
 }
 
 var overlapPolicies = map[kagzi.OverlapPolicy]adminpb.OverlapPolicy{

@@ -202,6 +202,9 @@ func (c *console) signal(q *req, id string) error {
 // scheduleAction pauses, resumes or triggers the schedule of the path.
 func (c *console) scheduleAction(q *req, a Action) (string, error) {
 	ctx, id := q.r.Context(), q.r.PathValue("id")
+	if err := linkableSchedule(id); err != nil {
+		return "", err
+	}
 	var do func() ([]string, int64, map[string]any, error)
 	switch a {
 	case ActionPauseSchedule:

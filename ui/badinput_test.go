@@ -103,7 +103,9 @@ func TestARequestForANamespaceAuthorizeRefusesMakesNoClient(t *testing.T) {
 			made++
 			return kagzi.NewClient(e.pool, kagzi.Config{Namespace: ns, Logger: quiet()})
 		},
-		Authorize: func(r *http.Request, a ui.Access) (string, bool) { return "t", a.Namespace == "default" || a.Namespace == "other" }}))
+		Authorize: func(r *http.Request, a ui.Access) (string, bool) {
+			return "t", a.Namespace == "default" || a.Namespace == "other"
+		}}))
 	for i := range 20 {
 		if status, body := b.get("n/refused" + string(rune('a'+i)) + "/"); status != http.StatusForbidden {
 			t.Fatalf("a refused namespace: %d, want 403\n%s", status, body)
@@ -114,5 +116,216 @@ func TestARequestForANamespaceAuthorizeRefusesMakesNoClient(t *testing.T) {
 	}
 	if status, body := b.get("n/other/"); status != http.StatusOK || made != 1 {
 		t.Fatalf("an allowed namespace: %d with %d clients made, want 200 and one\n%s", status, made, body)
+	}
+}
+
+func TestRepeatedWorkflowTypesSelectRunsOfEveryTypeOnTheBulkPageInTheActionAndInTheAudit(t *testing.T) {
+	e := newEnv(t)
+	ids := startIdle(t, e.client, 2)
+	spare := kagzi.Define("spare", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	spares, err := kagzi.StartMany(context.Background(), e.client, spare, make([]int, 3))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range spares {
+		ids = append(ids, r.RunID)
+	}
+	kept := kagzi.Define("kept", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	keep, err := kagzi.Start(context.Background(), e.client, kept, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := serve(t, ui.Handler(e.client, ui.Options{Actions: true, Authorize: allowAll, Logger: quiet()}))
+	_, runs := b.get("n/default/runs?type=idle&type=spare")
+	// The filter form keeps both types, so that filtering again selects the same runs.
+	if !strings.Contains(runs, `name="type" value="idle"`) || !strings.Contains(runs, `name="type" value="spare"`) ||
+		strings.Contains(runs, keep.RunID[len(keep.RunID)-12:]) {
+		t.Fatalf("the runs page of two types:\n%s", runs)
+	}
+	_, confirm := b.get("n/default/bulk?action=cancel&type=idle&type=spare")
+	if !strings.Contains(confirm, "<b>5</b> runs in namespace <b>default</b> match: runs with workflow type idle or spare") {
+		t.Fatalf("the confirmation of two types:\n%s", confirm)
+	}
+	status, _, done := b.post("n/default/bulk", url.Values{"csrf": {csrf(t, confirm)}, "action": {"cancel"},
+		"type": {"idle", "spare"}})
+	if status != http.StatusOK || !strings.Contains(done, "<b>5</b> matched, <b>5</b> cancelled") {
+		t.Fatalf("POST bulk of two types: %d\n%s", status, done)
+	}
+	for _, id := range ids {
+		if s := statusOf(t, e.client, id); s != kagzi.StatusCancelled {
+			t.Fatalf("run %s is %s after the bulk cancel of both its type and another", id, s)
+		}
+	}
+	if s := statusOf(t, e.client, keep.RunID); s != kagzi.StatusPending {
+		t.Fatalf("a run of a third type is %s", s)
+	}
+	var target string
+	var count int
+	if err := e.pool.QueryRow(context.Background(), `SELECT target, run_count FROM kagzi.console_audit`).
+		Scan(&target, &count); err != nil {
+		t.Fatal(err)
+	}
+	if target != "runs with workflow type idle or spare" || count != 5 {
+		t.Fatalf("audit: %q %d", target, count)
+	}
+}
+
+func TestARepeatedSingleValuedFilterIsABadRequestThatDoesNothingAndRecordsNothing(t *testing.T) {
+	e := newEnv(t)
+	ids := startIdle(t, e.client, 2)
+	b := serve(t, ui.Handler(e.client, ui.Options{Actions: true, Authorize: allowAll, Logger: quiet()}))
+	_, confirm := b.get("n/default/bulk?action=cancel&type=idle")
+	token := csrf(t, confirm)
+	for _, filter := range []url.Values{
+		{"workflow_id": {"a", "b"}},
+		{"schedule": {"x", "y"}},
+		{"parent": {ids[0], ids[1]}},
+		{"created_after": {"2020-01-01T00:00", "2021-01-01T00:00"}},
+		{"created_before": {"2030-01-01T00:00", "2031-01-01T00:00"}},
+	} {
+		if status, body := b.get("n/default/bulk?action=cancel&" + filter.Encode()); status != http.StatusBadRequest ||
+			!strings.Contains(body, "takes one value") {
+			t.Errorf("bulk confirmation of %s: %d, want 400 saying it takes one value\n%s", filter.Encode(), status, body)
+		}
+		form := url.Values{"csrf": {token}, "action": {"cancel"}}
+		for k, v := range filter {
+			form[k] = v
+		}
+		if status, _, body := b.post("n/default/bulk", form); status != http.StatusBadRequest ||
+			!strings.Contains(body, "takes one value") {
+			t.Errorf("bulk cancel of %s: %d, want 400 saying it takes one value\n%s", filter.Encode(), status, body)
+		}
+		if status, body := b.get("n/default/runs?" + filter.Encode()); status != http.StatusOK ||
+			!strings.Contains(body, `id="filter-error"`) || !strings.Contains(body, "takes one value") {
+			t.Errorf("runs page of %s: %d, want the filter's error\n%s", filter.Encode(), status, body)
+		}
+	}
+	if n := auditRows(t, e); n != 0 {
+		t.Fatalf("%d audit rows for refused requests, want none", n)
+	}
+	for _, id := range ids {
+		if s := statusOf(t, e.client, id); s != kagzi.StatusPending {
+			t.Fatalf("run %s is %s after refused bulk cancels", id, s)
+		}
+	}
+}
+
+func TestANamespaceURLWithoutItsSlashRedirectsRelativelyUnderThePrefix(t *testing.T) {
+	e := newEnv(t)
+	namespaces := func(ns string) (*kagzi.Client, error) {
+		return kagzi.NewClient(e.pool, kagzi.Config{Namespace: ns, Logger: quiet()})
+	}
+	b := serve(t, ui.Handler(e.client, ui.Options{Namespaces: namespaces, Authorize: allowAll, Logger: quiet()}))
+	for path, want := range map[string]string{"n/default": "/console/n/default/", "n/a%2Fb": "/console/n/a%2Fb/"} {
+		u, _ := url.Parse(b.srv.URL + "/console/" + path)
+		resp, err := b.http.Get(u.String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		loc := resp.Header.Get("Location")
+		if resp.StatusCode != http.StatusSeeOther || strings.HasPrefix(loc, "/") {
+			t.Errorf("GET %s: %d to %q, want a relative 303", path, resp.StatusCode, loc)
+			continue
+		}
+		to, err := url.Parse(loc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := u.ResolveReference(to).EscapedPath(); got != want {
+			t.Errorf("GET %s: redirected to %s, want %s", path, got, want)
+		}
+		if status, body := b.get(strings.TrimPrefix(want, "/console/")); status != http.StatusOK {
+			t.Errorf("GET %s: %d\n%s", want, status, body)
+		}
+	}
+}
+
+func TestNamespacesNamedDotOrDotDotAreBadRequestsThatSayWhy(t *testing.T) {
+	e := newEnv(t)
+	namespaces := func(ns string) (*kagzi.Client, error) {
+		return kagzi.NewClient(e.pool, kagzi.Config{Namespace: ns, Logger: quiet()})
+	}
+	b := serve(t, ui.Handler(e.client, ui.Options{Namespaces: namespaces, Authorize: allowAll, Logger: quiet()}))
+	// Browsers resolve "." and ".." (and "%2E", "%2E%2E") segments away: no link to
+	// such a namespace's pages could work.
+	for _, path := range []string{"n/%2E/", "n/%2E%2E/runs", "n/%2e", "n/%2E%2E", "ns?name=.", "ns?name=..", "ns?name=+..+"} {
+		if status, body := b.get(path); status != http.StatusBadRequest || !strings.Contains(body, "cannot be served") {
+			t.Errorf("GET %s: %d, want 400 saying the namespace cannot be served\n%s", path, status, body)
+		}
+	}
+	// A console whose own namespace is "..", a name the client takes.
+	dots, err := kagzi.NewClient(e.pool, kagzi.Config{Namespace: "..", Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b = serve(t, ui.Handler(dots, ui.Options{Logger: quiet()}))
+	if status, body := b.get(""); status != http.StatusBadRequest || !strings.Contains(body, "cannot be served") {
+		t.Errorf("the root of a console of namespace \"..\": %d, want 400\n%s", status, body)
+	}
+}
+
+func TestSchedulesWithTheIDsDotAndDotDotAreShownUnlinkedAndTheirURLsRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	b := serve(t, ui.Handler(e.client, ui.Options{Actions: true, Authorize: allowAll, Logger: quiet()}))
+	for _, path := range []string{"n/default/schedules/%2E", "n/default/schedules/%2E%2E"} {
+		if status, body := b.get(path); status != http.StatusBadRequest || !strings.Contains(body, "cannot be") {
+			t.Errorf("GET %s: %d, want 400 saying why\n%s", path, status, body)
+		}
+	}
+	_, confirm := b.get("n/default/bulk?action=cancel")
+	if status, _, body := b.post("n/default/schedules/%2E%2E/pause", url.Values{"csrf": {csrf(t, confirm)}}); status != http.StatusBadRequest {
+		t.Errorf("POST pause of schedule \"..\": %d, want 400\n%s", status, body)
+	}
+	if n := auditRows(t, e); n != 0 {
+		t.Fatalf("%d audit rows for refused requests, want none", n)
+	}
+
+	var runID string
+	for _, id := range []string{".", ".."} {
+		if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: id, WorkflowType: "idle", Cron: "0 3 * * *"}); err != nil {
+			t.Fatal(err)
+		}
+		run, err := e.client.TriggerSchedule(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		runID = run.RunID
+	}
+	status, list := b.get("n/default/schedules")
+	if status != http.StatusOK {
+		t.Fatalf("schedules: %d\n%s", status, list)
+	}
+	for _, bad := range []string{`schedules/."`, `schedules/.."`, `schedules/./`, `schedules/../`} {
+		if strings.Contains(list, bad) {
+			t.Errorf("the schedules page links %s:\n%s", bad, list)
+		}
+	}
+	if !strings.Contains(list, "<td>..") {
+		t.Errorf("the schedules page does not list schedule \"..\":\n%s", list)
+	}
+	_, run := b.get("n/default/runs/" + runID)
+	if strings.Contains(run, `schedules/.."`) || !strings.Contains(run, "<dt>schedule</dt><dd>..") {
+		t.Errorf("the page of a run of schedule \"..\" links it, or does not name it:\n%s", run)
+	}
+}
+
+func TestTheSchedulePageShowsTheEffectiveCatchUpOfAScheduleWithoutMaxCatchup(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	for _, sc := range []kagzi.Schedule{
+		{ID: "plain", WorkflowType: "idle", Cron: "0 3 * * *"},
+		{ID: "eager", WorkflowType: "idle", Cron: "0 3 * * *", MaxCatchup: 5},
+	} {
+		if _, err := e.client.CreateSchedule(ctx, sc); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b := serve(t, ui.Handler(e.client, ui.Options{Logger: quiet()}))
+	for id, want := range map[string]string{"plain": "at most 1 due tick a pass (the default)", "eager": "at most 5 due ticks a pass"} {
+		if _, page := b.get("n/default/schedules/" + id); !strings.Contains(page, want) {
+			t.Errorf("schedule %s: the page lacks %q", id, want)
+		}
 	}
 }

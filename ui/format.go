@@ -15,22 +15,24 @@ import (
 
 // funcs are the templates' helpers.
 var funcs = template.FuncMap{
-	"ts":      ts,
-	"tsp":     func(t *time.Time) string { return tsPtr(t) },
-	"ago":     ago,
-	"agop":    func(t *time.Time) string { return agoPtr(t) },
-	"dur":     dur,
-	"short":   short,
-	"path":    url.PathEscape,
-	"query":   url.QueryEscape,
-	"lower":   strings.ToLower,
-	"join":    strings.Join,
-	"count":   count,
-	"num":     num,
-	"sizeOf":  func(b []byte) string { return size(len(b)) },
-	"jsonStr": func(v any) string { b, _ := json.Marshal(v); return string(b) },
-	"took":    took,
-	"qs":      qs,
+	"ts":    ts,
+	"tsp":   func(t *time.Time) string { return tsPtr(t) },
+	"ago":   ago,
+	"agop":  func(t *time.Time) string { return agoPtr(t) },
+	"dur":   dur,
+	"short": short,
+	"path":  url.PathEscape,
+	// linkable: a name may be a path segment of a link (see dotSegment).
+	"linkable": func(name string) bool { return !dotSegment(name) },
+	"query":    url.QueryEscape,
+	"lower":    strings.ToLower,
+	"join":     strings.Join,
+	"count":    count,
+	"num":      num,
+	"sizeOf":   func(b []byte) string { return size(len(b)) },
+	"jsonStr":  func(v any) string { b, _ := json.Marshal(v); return string(b) },
+	"took":     took,
+	"qs":       qs,
 	"deref": func(s *string) string {
 		if s == nil {
 			return ""

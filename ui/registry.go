@@ -2,6 +2,7 @@ package ui
 
 import (
 	"encoding/base64"
+	"fmt"
 	"net/url"
 	"strconv"
 	"time"
@@ -38,6 +39,20 @@ type scheduleView struct {
 	kagzi.ScheduleInfo
 	Next      []time.Time
 	SpecError string
+}
+
+// CatchUp is how many due ticks one pass may fire: MaxCatchup, whose 0 (the
+// default) is 1.
+func (v scheduleView) CatchUp() int { return max(v.MaxCatchup, 1) }
+
+// linkableSchedule refuses a schedule id the console cannot link to (see
+// dotSegment); the schedules list shows such a schedule without a link or buttons.
+func linkableSchedule(id string) error {
+	if dotSegment(id) {
+		return fmt.Errorf("%w: schedule %q cannot be shown or changed in the console: browsers resolve a %q path segment away, so no link to it would work; use the client or the admin API",
+			kagzi.ErrInvalidArgument, id, id)
+	}
+	return nil
 }
 
 // nextFires computes up to n fire times of a schedule from its next recorded tick on
@@ -102,6 +117,9 @@ const scheduleRuns = 20
 
 func (c *console) schedule(q *req) (string, any, error) {
 	ctx, id := q.r.Context(), q.r.PathValue("id")
+	if err := linkableSchedule(id); err != nil {
+		return "", nil, err
+	}
 	s, err := q.client.GetSchedule(ctx, id)
 	if err != nil {
 		return "", nil, err

@@ -20,6 +20,10 @@ type filterField struct {
 	Label string
 	Kind  string // "text", "statuses" (checkboxes), "time" (datetime-local, UTC)
 	Hint  string
+	// Multi: the field takes several values (a run matches any of them), as
+	// RunFilter does for statuses and workflow types. A field without it refuses a
+	// repeated value rather than apply one and describe them all.
+	Multi bool
 	set   func(f *kagzi.RunFilter, values []string) error
 }
 
@@ -27,7 +31,7 @@ var runStatuses = []kagzi.RunStatus{kagzi.StatusPending, kagzi.StatusRunning, ka
 	kagzi.StatusCompleted, kagzi.StatusFailed, kagzi.StatusCancelled}
 
 var runFilterFields = []filterField{
-	{Name: "status", Label: "Status", Kind: "statuses", set: func(f *kagzi.RunFilter, v []string) error {
+	{Name: "status", Label: "Status", Kind: "statuses", Multi: true, set: func(f *kagzi.RunFilter, v []string) error {
 		for _, s := range v {
 			if !slices.Contains(runStatuses, kagzi.RunStatus(s)) {
 				return fmt.Errorf("%w: unknown status %q", kagzi.ErrInvalidArgument, s)
@@ -36,8 +40,8 @@ var runFilterFields = []filterField{
 		}
 		return nil
 	}},
-	{Name: "type", Label: "Workflow type", Kind: "text", set: func(f *kagzi.RunFilter, v []string) error {
-		f.WorkflowType = v[0]
+	{Name: "type", Label: "Workflow type", Kind: "text", Multi: true, set: func(f *kagzi.RunFilter, v []string) error {
+		f.WorkflowTypes = v
 		return nil
 	}},
 	{Name: "workflow_id", Label: "Workflow id", Kind: "text", Hint: "exact", set: func(f *kagzi.RunFilter, v []string) error {
@@ -96,6 +100,10 @@ func parseRunFilter(r *http.Request) (runFilter, error) {
 		if len(vals) == 0 {
 			continue
 		}
+		if len(vals) > 1 && !fld.Multi {
+			return f, fmt.Errorf("%w: filter %s takes one value, not %d (%s)", kagzi.ErrInvalidArgument,
+				fld.Name, len(vals), strings.Join(vals, ", "))
+		}
 		if err := fld.set(&f.RunFilter, vals); err != nil {
 			return f, err
 		}
@@ -122,7 +130,8 @@ func (f runFilter) Describe() string {
 // formField is a filter field with its current values, for the form.
 type formField struct {
 	filterField
-	Value    string
+	Value    string   // the first value ("" when none), for a time field
+	Values   []string // every value, at least one (""): a text field has an input for each
 	Checked  map[string]bool
 	Statuses []kagzi.RunStatus
 }
@@ -130,7 +139,11 @@ type formField struct {
 func (f runFilter) Form() []formField {
 	out := make([]formField, 0, len(runFilterFields))
 	for _, fld := range runFilterFields {
-		ff := formField{filterField: fld, Value: f.Values.Get(fld.Name), Checked: map[string]bool{}}
+		ff := formField{filterField: fld, Value: f.Values.Get(fld.Name), Values: f.Values[fld.Name],
+			Checked: map[string]bool{}}
+		if len(ff.Values) == 0 {
+			ff.Values = []string{""}
+		}
 		if fld.Kind == "statuses" {
 			ff.Statuses = runStatuses
 			for _, v := range f.Values[fld.Name] {

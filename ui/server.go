@@ -63,6 +63,10 @@ func newConsole(client *kagzi.Client, opts Options) *console {
 	static, _ := fs.Sub(staticFS, "static")
 	c.mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	c.mux.HandleFunc("GET /{$}", func(w http.ResponseWriter, r *http.Request) {
+		if err := servableNamespace(client.Namespace()); err != nil {
+			c.fail(w, r, nil, err)
+			return
+		}
 		redirect(w, r, "n/"+url.PathEscape(client.Namespace())+"/")
 	})
 	c.mux.HandleFunc("GET /ns", func(w http.ResponseWriter, r *http.Request) {
@@ -71,7 +75,21 @@ func newConsole(client *kagzi.Client, opts Options) *console {
 			c.fail(w, r, nil, fmt.Errorf("%w: name a namespace to switch to", kagzi.ErrInvalidArgument))
 			return
 		}
+		if err := servableNamespace(name); err != nil {
+			c.fail(w, r, nil, err)
+			return
+		}
 		redirect(w, r, "n/"+url.PathEscape(name)+"/")
+	})
+	// A namespace's URL without its slash: the mux's own redirect would be absolute
+	// (losing the prefix the console is mounted under) and to the decoded path.
+	c.mux.HandleFunc("GET /n/{ns}", func(w http.ResponseWriter, r *http.Request) {
+		ns := r.PathValue("ns")
+		if err := servableNamespace(ns); err != nil {
+			c.fail(w, r, nil, err)
+			return
+		}
+		redirect(w, r, "n/"+url.PathEscape(ns)+"/")
 	})
 	c.page("GET /n/{ns}/{$}", "overview", c.overview)
 	c.page("GET /n/{ns}/runs", "runs", c.runs)
@@ -117,6 +135,10 @@ var errForbidden = errors.New("forbidden")
 // open resolves the request's namespace and asks whether the caller may do a.
 func (c *console) open(w http.ResponseWriter, r *http.Request, a Action) (*req, error) {
 	q := &req{w: w, r: r, ns: r.PathValue("ns"), root: relativeRoot(r.URL.EscapedPath())}
+	if err := servableNamespace(q.ns); err != nil {
+		// No q: the error page's links would be to the namespace's broken URLs.
+		return nil, err
+	}
 	if c.opts.Namespaces == nil && q.ns != c.client.Namespace() {
 		return q, fmt.Errorf("%w: namespace %q is not served here", kagzi.ErrNotFound, q.ns)
 	}
@@ -177,6 +199,20 @@ func (c *console) clientFor(ns string) (*kagzi.Client, error) {
 	}
 	actual, _ := c.clients.LoadOrStore(ns, cl)
 	return actual.(*kagzi.Client), nil
+}
+
+// dotSegment reports whether a name is "." or "..": as a path segment, escaped or
+// not ("%2E" is a dot to a browser too), a browser resolves it away, so no link to
+// the pages of a namespace or schedule of that name could work.
+func dotSegment(name string) bool { return name == "." || name == ".." }
+
+// servableNamespace refuses a namespace the console cannot link to (see dotSegment).
+func servableNamespace(ns string) error {
+	if dotSegment(ns) {
+		return fmt.Errorf("%w: namespace %q cannot be served by the console: browsers resolve a %q path segment away, so no link to its pages would work",
+			kagzi.ErrInvalidArgument, ns, ns)
+	}
+	return nil
 }
 
 // relativeRoot is the relative path from a URL path to the console's root ("/"):

@@ -31,6 +31,19 @@ const (
 	StepKind_STEP_KIND_FUNCTION StepKind = 1
 	// A durable sleep (Context.Sleep).
 	StepKind_STEP_KIND_SLEEP StepKind = 2
+	// A child run's start or result (kagzi.StartChild).
+	StepKind_STEP_KIND_CHILD StepKind = 3
+	// A signal wait (kagzi.WaitSignal).
+	StepKind_STEP_KIND_SIGNAL StepKind = 4
+	// An event published (Context.SetEvent).
+	StepKind_STEP_KIND_EVENT StepKind = 5
+	// A Patched answer (Context.Patched).
+	StepKind_STEP_KIND_PATCH StepKind = 6
+	// A change of the run's attributes (Context.SetAttributes).
+	StepKind_STEP_KIND_ATTRIBUTES StepKind = 7
+	// A Go or Map branch's call (kagzi.Go, kagzi.Map). It takes a position among the
+	// run's calls but records no step of its own, so no listed step has it today.
+	StepKind_STEP_KIND_BRANCH StepKind = 8
 )
 
 // Enum value maps for StepKind.
@@ -39,11 +52,23 @@ var (
 		0: "STEP_KIND_UNSPECIFIED",
 		1: "STEP_KIND_FUNCTION",
 		2: "STEP_KIND_SLEEP",
+		3: "STEP_KIND_CHILD",
+		4: "STEP_KIND_SIGNAL",
+		5: "STEP_KIND_EVENT",
+		6: "STEP_KIND_PATCH",
+		7: "STEP_KIND_ATTRIBUTES",
+		8: "STEP_KIND_BRANCH",
 	}
 	StepKind_value = map[string]int32{
 		"STEP_KIND_UNSPECIFIED": 0,
 		"STEP_KIND_FUNCTION":    1,
 		"STEP_KIND_SLEEP":       2,
+		"STEP_KIND_CHILD":       3,
+		"STEP_KIND_SIGNAL":      4,
+		"STEP_KIND_EVENT":       5,
+		"STEP_KIND_PATCH":       6,
+		"STEP_KIND_ATTRIBUTES":  7,
+		"STEP_KIND_BRANCH":      8,
 	}
 )
 
@@ -87,6 +112,11 @@ const (
 	StepStatus_STEP_STATUS_FAILED StepStatus = 3
 	// The attempt passed its timeout (attempts only).
 	StepStatus_STEP_STATUS_TIMED_OUT StepStatus = 4
+	// A signal wait with no signal yet (steps only).
+	StepStatus_STEP_STATUS_WAITING StepStatus = 5
+	// An attempt cut short by a cancel, a lost lease, the run's deadline or a
+	// shutdown. Such attempts are not recorded, so no listed step or attempt has it.
+	StepStatus_STEP_STATUS_INTERRUPTED StepStatus = 6
 )
 
 // Enum value maps for StepStatus.
@@ -97,6 +127,8 @@ var (
 		2: "STEP_STATUS_RETRYING",
 		3: "STEP_STATUS_FAILED",
 		4: "STEP_STATUS_TIMED_OUT",
+		5: "STEP_STATUS_WAITING",
+		6: "STEP_STATUS_INTERRUPTED",
 	}
 	StepStatus_value = map[string]int32{
 		"STEP_STATUS_UNSPECIFIED": 0,
@@ -104,6 +136,8 @@ var (
 		"STEP_STATUS_RETRYING":    2,
 		"STEP_STATUS_FAILED":      3,
 		"STEP_STATUS_TIMED_OUT":   4,
+		"STEP_STATUS_WAITING":     5,
+		"STEP_STATUS_INTERRUPTED": 6,
 	}
 )
 
@@ -392,18 +426,26 @@ const file_kagzi_v1_step_proto_rawDesc = "" +
 	"\n" +
 	"started_at\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12;\n" +
 	"\vfinished_at\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"finishedAt*R\n" +
+	"finishedAt*\xd7\x01\n" +
 	"\bStepKind\x12\x19\n" +
 	"\x15STEP_KIND_UNSPECIFIED\x10\x00\x12\x16\n" +
 	"\x12STEP_KIND_FUNCTION\x10\x01\x12\x13\n" +
-	"\x0fSTEP_KIND_SLEEP\x10\x02*\x91\x01\n" +
+	"\x0fSTEP_KIND_SLEEP\x10\x02\x12\x13\n" +
+	"\x0fSTEP_KIND_CHILD\x10\x03\x12\x14\n" +
+	"\x10STEP_KIND_SIGNAL\x10\x04\x12\x13\n" +
+	"\x0fSTEP_KIND_EVENT\x10\x05\x12\x13\n" +
+	"\x0fSTEP_KIND_PATCH\x10\x06\x12\x18\n" +
+	"\x14STEP_KIND_ATTRIBUTES\x10\a\x12\x14\n" +
+	"\x10STEP_KIND_BRANCH\x10\b*\xc7\x01\n" +
 	"\n" +
 	"StepStatus\x12\x1b\n" +
 	"\x17STEP_STATUS_UNSPECIFIED\x10\x00\x12\x19\n" +
 	"\x15STEP_STATUS_COMPLETED\x10\x01\x12\x18\n" +
 	"\x14STEP_STATUS_RETRYING\x10\x02\x12\x16\n" +
 	"\x12STEP_STATUS_FAILED\x10\x03\x12\x19\n" +
-	"\x15STEP_STATUS_TIMED_OUT\x10\x04B.Z,github.com/kagzi/kagzi/admin/adminpb;adminpbb\x06proto3"
+	"\x15STEP_STATUS_TIMED_OUT\x10\x04\x12\x17\n" +
+	"\x13STEP_STATUS_WAITING\x10\x05\x12\x1b\n" +
+	"\x17STEP_STATUS_INTERRUPTED\x10\x06B.Z,github.com/kagzi/kagzi/admin/adminpb;adminpbb\x06proto3"
 
 var (
 	file_kagzi_v1_step_proto_rawDescOnce sync.Once
