@@ -2,6 +2,7 @@ package kagzi_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"math"
@@ -171,5 +172,28 @@ func TestARunStartedWithIDReuseNeverKeepsItsIDFromStartsWithoutTheOption(t *test
 	next, err := kagzi.Start(ctx, e.client, wf, 5, kagzi.WithID("order-2"))
 	if err != nil || next.AlreadyExists || next.RunID == free.RunID {
 		t.Fatalf("a start of an id whose run finished without IDReuseNever: %+v, %v; want a new run", next, err)
+	}
+}
+
+// Found from outside: a crafted page token past the years a run can have was taken
+// (and gave another page), and an empty attribute filter matched no run.
+func TestAPageTokenOutOfRangeIsRefusedAndAnEmptyAttributeFilterSelectsEveryRun(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("listed", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	for i := range 2 {
+		if _, err := kagzi.Start(ctx, e.client, wf, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, raw := range []string{"-9223372036854775808/", "9223372036854775807/", "-62135596800000001/"} {
+		tok := base64.RawURLEncoding.EncodeToString([]byte(raw + "0190c7a0-0000-7000-8000-000000000000"))
+		if _, err := e.client.ListRuns(ctx, kagzi.RunFilter{PageToken: tok}); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("a page token of %s: %v, want ErrInvalidArgument", raw, err)
+		}
+	}
+	page, err := e.client.ListRuns(ctx, kagzi.RunFilter{Attributes: map[string]any{}})
+	if err != nil || len(page.Runs) != 2 {
+		t.Fatalf("an empty attribute filter: %v runs, %v; want both runs", page, err)
 	}
 }

@@ -226,7 +226,8 @@ type RunFilter struct {
 	// these: every key with an equal value (JSON containment, so a nested object or
 	// array matches when it contains the one given). A GIN index serves it, but gives
 	// no order: a page is the matching runs sorted, so use keys that select few runs
-	// (an order or customer id), or add a filter that does.
+	// (an order or customer id), or add a filter that does. An empty map selects every
+	// run, as nil does.
 	Attributes map[string]any
 	// OldestFirst lists the oldest runs first; the default is newest first. A page
 	// token continues the order it was made in.
@@ -323,7 +324,7 @@ func (f RunFilter) params(ns string) (store.ListRunsParams, error) {
 			}
 		}
 	}
-	if f.Attributes != nil {
+	if len(f.Attributes) > 0 { // an empty filter asks nothing of the attributes
 		if p.Attributes, err = encodeAttributes("attribute filter", f.Attributes); err != nil {
 			return p, err
 		}
@@ -370,6 +371,12 @@ func workflowTypes(one string, many []string) ([]string, error) {
 	return types, nil
 }
 
+// The times a page token may hold: years 1 to 9999 (a run's creation time is within).
+var (
+	minTokenMicros = time.Date(1, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	maxTokenMicros = time.Date(9999, 12, 31, 23, 59, 59, 999999000, time.UTC).UnixMicro()
+)
+
 // ascendingToken marks a page token of an oldest-first listing.
 const ascendingToken = "/asc"
 
@@ -398,7 +405,8 @@ func decodePageToken(tok string, ascending bool) (time.Time, uuid.UUID, error) {
 		return time.Time{}, uuid.Nil, bad
 	}
 	micros, err := strconv.ParseInt(ts, 10, 64)
-	if err != nil {
+	if err != nil || micros < minTokenMicros || micros > maxTokenMicros {
+		// Out of the years a run's creation can have: no token of a page holds it.
 		return time.Time{}, uuid.Nil, bad
 	}
 	id, err := uuid.Parse(idStr)

@@ -26,7 +26,8 @@
 // # Metrics
 //
 // Counters: kagzi.runs.started, kagzi.runs.completed, kagzi.runs.failed,
-// kagzi.runs.cancelled (by kagzi.workflow.type), kagzi.executions (by outcome),
+// kagzi.runs.cancelled (by kagzi.workflow.type; the ends of executions of this
+// process's workers: a run cancelled while it waits is not one), kagzi.executions (by outcome),
 // kagzi.step.attempts (by step name and status), kagzi.runs.claimed,
 // kagzi.lease.losses, kagzi.sleeps, kagzi.signals. Histograms, in seconds:
 // kagzi.execution.duration, kagzi.step.duration, kagzi.claim.latency (from the time
