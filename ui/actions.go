@@ -193,6 +193,9 @@ func (c *console) signal(q *req, id string) error {
 	if !json.Valid([]byte(body)) {
 		return badRequest("signal: the payload is not valid JSON")
 	}
+	if name == "" {
+		return badRequest("signal: name the signal") // before the audit, as the payload's check
+	}
 	return c.audited(q, ActionSignal, id, []string{id}, map[string]any{"signal": name},
 		func() ([]string, int64, map[string]any, error) {
 			return nil, 1, nil, q.client.Signal(q.r.Context(), id, name, json.RawMessage(body))

@@ -329,3 +329,17 @@ func TestTheSchedulePageShowsTheEffectiveCatchUpOfAScheduleWithoutMaxCatchup(t *
 		}
 	}
 }
+
+func TestASignalWithoutANameIsABadRequestThatRecordsNothing(t *testing.T) {
+	e := newEnv(t)
+	id := startIdle(t, e.client, 1)[0]
+	b := serve(t, ui.Handler(e.client, ui.Options{Actions: true, Authorize: allowAll, Logger: quiet()}))
+	_, page := b.get("n/default/runs/" + id)
+	status, _, body := b.post("n/default/runs/"+id+"/signal", url.Values{"csrf": {csrf(t, page)}, "name": {"  "}, "payload": {"1"}})
+	if status != http.StatusBadRequest || !strings.Contains(body, "name the signal") {
+		t.Fatalf("a signal without a name: %d, want 400 asking for one\n%s", status, body)
+	}
+	if n := auditRows(t, e); n != 0 {
+		t.Fatalf("%d audit rows for a refused signal, want none", n)
+	}
+}
