@@ -2,6 +2,7 @@ package kagzi
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"sync"
 	"time"
@@ -196,7 +197,7 @@ func (l *liveness) Lost(err error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), w.beatTimeout())
 	defer cancel()
-	if err := store.SetLivenessKey(ctx, w.client.pool, w.client.ns, w.cfg.ID, 0); err != nil {
+	if err := store.SetLivenessKey(ctx, w.client.pool, w.client.ns, w.cfg.ID, 0); err != nil && !errors.Is(err, store.ErrNotFound) {
 		w.logger.Warn("kagzi: cannot clear the worker's liveness key", "error", err)
 		return // recorded stays true: the next Open records the new lock's key
 	}

@@ -20,15 +20,16 @@ import (
 func (w *Worker) heartbeat(ctx context.Context) {
 	t := time.NewTicker(w.cfg.HeartbeatInterval)
 	defer t.Stop()
-	registered := true
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if !registered { // the database was unreachable at start
-			registered = w.register(ctx) == nil
+		if !w.registered.Load() { // the database was unreachable at start
+			if err := w.register(ctx); err == nil {
+				w.logger.Info("kagzi: worker registered", "worker", w.cfg.ID)
+			}
 		}
 		w.mu.Lock()
 		held := make([]store.Fence, 0, len(w.active))

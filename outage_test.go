@@ -266,3 +266,44 @@ func TestStartDuringADatabaseOutageReturnsUnavailableAndTheSameWithIDWorksAfterw
 		t.Fatalf("%d runs of workflow id order-1, want 1", n)
 	}
 }
+
+// Found from outside: a worker started while the database was unreachable worked once
+// it came back, but never registered, so the registry, RequireWorker and the quick
+// takeover of its runs after its death (its liveness key) did not know it.
+func TestAWorkerStartedDuringAnOutageRegistersAndRecordsItsLivenessKeyOnceTheDatabaseIsBack(t *testing.T) {
+	t.Parallel()
+	pg := newCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	setup, err := pgxpool.New(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := kagzi.Migrate(ctx, setup); err != nil {
+		t.Fatal(err)
+	}
+	setup.Close()
+	pg.Crash()
+	pool, err := pgxpool.New(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	c := newClient(t, pool, "")
+	defer c.Close()
+	cfg := fastWorker()
+	cfg.ID = "started-in-outage"
+	_, stop := startWorker(t, c, cfg, greet)
+	defer stop()
+	time.Sleep(2 * cfg.HeartbeatInterval) // beats that fail: the database is down
+	pg.Start()
+	eventually(t, "the worker to register with its liveness key", func() bool {
+		var n int
+		err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.workers
+			WHERE worker_id = 'started-in-outage' AND status = 'ONLINE' AND liveness_key IS NOT NULL`).Scan(&n)
+		return err == nil && n == 1
+	})
+	if _, err := kagzi.Start(ctx, c, greet, greetIn{Name: "after"}, kagzi.RequireWorker()); err != nil {
+		t.Fatalf("a start that requires a live worker, with the worker registered: %v", err)
+	}
+}

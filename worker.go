@@ -139,6 +139,9 @@ type Worker struct {
 	// then does the ends committer hold batches back: runs are queueing for this
 	// worker anyway, and fewer end statements leave it more room for them.
 	backlog atomic.Bool
+	// registered: the worker's row is in the registry (a worker started while the
+	// database was unreachable registers at a later heartbeat).
+	registered atomic.Bool
 	// sawWork is when (UnixNano) the worker last saw work in its namespace: a run it
 	// started, a notification of runs to claim, its own start. Its reaper looks for
 	// dead workers less often after a HeartbeatInterval without (see IdleReapFactor).
@@ -427,11 +430,13 @@ func (w *Worker) runtime(goroutines *gopool.Pool) *runtime {
 func (w *Worker) register(ctx context.Context) error {
 	host, _ := os.Hostname()
 	w.status.Store(WorkerOnline)
-	return dbError("kagzi: register worker "+w.cfg.ID, store.RegisterWorker(ctx, w.client.pool, store.WorkerRow{
+	err := dbError("kagzi: register worker "+w.cfg.ID, store.RegisterWorker(ctx, w.client.pool, store.WorkerRow{
 		Namespace: w.client.ns, WorkerID: w.cfg.ID, Hostname: host, PID: os.Getpid(), Version: Version,
 		Labels: w.cfg.Labels, WorkflowTypes: w.types, WorkflowVersions: w.versions, MaxConcurrent: w.cfg.MaxConcurrent,
 		HeartbeatInterval: w.cfg.HeartbeatInterval,
 	}))
+	w.registered.Store(err == nil)
+	return err
 }
 
 // setStatus records the worker DRAINING or OFFLINE in the registry.

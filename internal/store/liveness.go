@@ -20,10 +20,13 @@ func LockLiveness(ctx context.Context, conn *pgx.Conn, key int64) (bool, error) 
 // worker a reaper marked OFFLINE while it could not hold its lock is ONLINE again
 // with its key.
 func SetLivenessKey(ctx context.Context, db DBTX, namespace, workerID string, key int64) error {
-	_, err := db.Exec(ctx, `UPDATE kagzi.workers SET liveness_key = nullif($3::bigint, 0),
+	tag, err := db.Exec(ctx, `UPDATE kagzi.workers SET liveness_key = nullif($3::bigint, 0),
 			status = CASE WHEN status = 'OFFLINE' AND $3::bigint <> 0 THEN 'ONLINE' ELSE status END,
 			stopped_at = CASE WHEN status = 'OFFLINE' AND $3::bigint <> 0 THEN NULL ELSE stopped_at END
 		WHERE namespace = $1 AND worker_id = $2`, namespace, workerID, key)
+	if err == nil && tag.RowsAffected() == 0 {
+		return ErrNotFound // not registered (yet): the caller records the key later
+	}
 	return err
 }
 
