@@ -38,7 +38,7 @@ func dbError(op string, err error) error {
 			return fmt.Errorf("%s: %w: %v", op, ErrInvalidArgument, err)
 		}
 	}
-	if strings.Contains(err.Error(), "closed pool") {
+	if closedPool(err) {
 		return fmt.Errorf("%s: %w", op, ErrClosed)
 	}
 	if ok, mayHaveCommitted := unavailable(err); ok {
@@ -173,6 +173,12 @@ func reasonFor(cause error) exitReason {
 }
 
 // transient reports whether a failed statement may succeed if tried again.
+// closedPool reports whether err is pgxpool's refusal of a closed pool (it has no
+// error value of its own).
+func closedPool(err error) bool {
+	return errors.Is(err, ErrClosed) || strings.Contains(err.Error(), "closed pool")
+}
+
 func transient(err error) bool {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {

@@ -366,3 +366,45 @@ func TestANilOptionIsATypedErrorThatStartsNothing(t *testing.T) {
 		t.Errorf("Signal with a nil option: %v, want ErrInvalidArgument", err)
 	}
 }
+
+// Found from outside: with runs executing, Run waited for the drain (writes to a
+// closed pool were retried as transient) and returned only after the lease.
+func TestWorkerRunReturnsErrClosedWithoutWaitingForItsRunsWhenItsPoolIsClosed(t *testing.T) {
+	e := newEnv(t)
+	pool, err := pgxpool.New(context.Background(), e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, pool, "")
+	stuck := make(chan struct{})
+	t.Cleanup(func() { close(stuck) })
+	began := make(chan struct{}, 3)
+	wf := kagzi.Define("stuck-step", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "wait", func(context.Context) (int, error) {
+			began <- struct{}{}
+			<-stuck // ignores its context
+			return n, nil
+		})
+	})
+	w, err := kagzi.NewWorker(c, kagzi.WorkerConfig{LeaseDuration: time.Minute, DrainTimeout: time.Minute}, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- w.Run(context.Background()) }()
+	for i := range 3 {
+		if _, err := kagzi.Start(waitCtx(t), newClient(t, e.pool, ""), wf, i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range 3 {
+		<-began
+	}
+	pool.Close()
+	select {
+	case err := <-done:
+		mustErrorIs(t, err, kagzi.ErrClosed)
+	case <-time.After(20 * time.Second): // the lease and the drain are a minute
+		t.Fatal("Run did not return while its runs' steps were still blocked after its pool closed")
+	}
+}

@@ -276,6 +276,12 @@ func (x *execution) writeNow(op fencedWrite) error {
 			return nil
 		case errors.Is(err, store.ErrLeaseLost):
 			return errLeaseLost
+		case closedPool(err):
+			// The application closed the pool: no write can succeed any more. The
+			// execution stops writing nothing, as after a lost lease (the worker stops
+			// too, and Run returns ErrClosed); the run's lease, or the look for dead
+			// processes, lets another worker take it over.
+			return errLeaseLost
 		case !transient(err):
 			return err
 		}

@@ -405,17 +405,37 @@ func (w *Worker) Run(ctx context.Context) error {
 	w.mu.Lock()
 	w.accepting = false
 	w.mu.Unlock()
-	w.setStatus(WorkerDraining)
-	w.drain()
+	closed := errors.Is(err, ErrClosed)
+	if closed {
+		// Nothing can be written any more: no drain (its runs could not end, nor be
+		// handed back), and no registry row. Their executions stop writing nothing;
+		// their leases, or the look for dead processes, give them to other workers.
+		w.abandon()
+	} else {
+		w.setStatus(WorkerDraining)
+		w.drain()
+	}
 	// The heartbeat brings a row marked OFFLINE by another worker's sweep back
 	// ONLINE, and so does the recording of the liveness key; both stop (the last
 	// beat answered, a recording in flight done) before the worker records its own
 	// OFFLINE, or one racing that write would revive a stopped worker.
 	stopHeartbeat()
 	stopLiveness()
-	w.setStatus(WorkerOffline)
+	if !closed {
+		w.setStatus(WorkerOffline)
+	}
 	w.logger.Info("kagzi: worker stopped")
 	return err
+}
+
+// abandon stops every execution of a worker whose pool was closed, as if its lease
+// was lost: each writes nothing more, and Run does not wait for them.
+func (w *Worker) abandon() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, x := range w.active {
+		x.cancel(errLeaseLost)
+	}
 }
 
 // runtime is what the worker's executions need of it (see runtime).
