@@ -408,3 +408,28 @@ func TestWorkerRunReturnsErrClosedWithoutWaitingForItsRunsWhenItsPoolIsClosed(t 
 		t.Fatal("Run did not return while its runs' steps were still blocked after its pool closed")
 	}
 }
+
+// Found from outside: the deadline of a run whose worker froze holding its lease
+// (SIGSTOP, a paused VM) waited for the lease to pass.
+func TestARunningRunWhoseWorkerFrozePastItsDeadlineFailsWithoutWaitingForTheLease(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	frozen := kagzi.Define("frozen-owner", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	run, err := kagzi.Start(ctx, e.client, frozen, 1, kagzi.WithRunTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Claimed by a worker that then froze: RUNNING, its lease an hour long.
+	if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', locked_by = 'frozen',
+		lease_epoch = lease_epoch + 1, available_at = now() + interval '1 hour', started_at = now()
+		WHERE run_id = $1`, run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, e.client, fastWorker(), greet) // of another type: only its sweep can act
+	_, err = run.Wait(ctx)
+	mustErrorIs(t, err, kagzi.ErrDeadlineExceeded)
+	var we *kagzi.WorkflowError
+	if !errors.As(err, &we) || we.Detail.Code != kagzi.CodeDeadlineExceeded {
+		t.Fatalf("the frozen owner's run: %v, want it FAILED with %s", err, kagzi.CodeDeadlineExceeded)
+	}
+}

@@ -7,8 +7,11 @@ import (
 
 // failOverdueSQL fails, in the namespace $1, up to $2 runs whose deadline passed while
 // they waited: PENDING, SLEEPING, or RUNNING past their lease (a worker that died or
-// froze). A run that a worker executes has its own deadline timer; these are the runs
-// no worker could claim in time (every slot busy, or no worker of the type). Each ends
+// froze), or RUNNING more than $3 milliseconds past their deadline (a worker that froze
+// holding its lease: its late writes are fenced out). A run that a worker executes
+// has its own deadline timer, which ends it at its deadline; these are the runs no
+// worker could claim in time (every slot busy, or no worker of the type) or whose
+// worker cannot act. Each ends
 // FAILED with the same error detail a worker records (code DEADLINE_EXCEEDED), which
 // the trigger runs_changed reads to cancel the run's children, and its waiters are
 // notified. Rows another transaction holds are skipped (a claim: the claiming worker
@@ -19,7 +22,8 @@ WITH due AS (
 	SELECT run_id FROM kagzi.runs
 	WHERE namespace = $1 AND deadline_at IS NOT NULL AND deadline_at <= now()
 	  AND status IN ('PENDING', 'RUNNING', 'SLEEPING')
-	  AND (status IN ('PENDING', 'SLEEPING') OR (status = 'RUNNING' AND available_at <= now()))
+	  AND (status IN ('PENDING', 'SLEEPING')
+	       OR (status = 'RUNNING' AND (available_at <= now() OR deadline_at <= now() - $3 * interval '1 millisecond')))
 	ORDER BY deadline_at
 	LIMIT $2
 	FOR UPDATE SKIP LOCKED
@@ -32,15 +36,24 @@ WITH due AS (
 	RETURNING r.run_id
 )
 SELECT (SELECT count(pg_notify('` + Channel + `', 'd|' || run_id || '|FAILED')) FROM failed),
-	(SELECT min(deadline_at) FROM kagzi.runs
-	 WHERE namespace = $1 AND deadline_at IS NOT NULL AND deadline_at > now()
-	   AND status IN ('PENDING', 'RUNNING', 'SLEEPING')),
+	least((SELECT min(deadline_at) FROM kagzi.runs
+		WHERE namespace = $1 AND deadline_at IS NOT NULL AND deadline_at > now()
+		  AND status IN ('PENDING', 'RUNNING', 'SLEEPING')),
+		-- The RUNNING runs past their deadline by less than $3: when it has passed.
+		(SELECT min(deadline_at) + $3 * interval '1 millisecond' FROM kagzi.runs
+		WHERE namespace = $1 AND deadline_at IS NOT NULL AND deadline_at <= now()
+		  AND deadline_at > now() - $3 * interval '1 millisecond' AND status = 'RUNNING')),
 	now()`
+
+// OverdueGrace is how long past its deadline a RUNNING run is left to its worker,
+// whose own timer ends it at the deadline, before any worker's sweep fails it (see
+// failOverdueSQL).
+const OverdueGrace = time.Second
 
 // FailOverdueRuns fails up to limit runs of the namespace whose deadline passed while
 // they waited; see failOverdueSQL. next is the earliest deadline still to come (nil:
 // none), dbNow the database's clock; when failed == limit, more may be overdue.
 func FailOverdueRuns(ctx context.Context, db DBTX, namespace string, limit int) (failed int, next *time.Time, dbNow time.Time, err error) {
-	err = db.QueryRow(ctx, failOverdueSQL, namespace, limit).Scan(&failed, &next, &dbNow)
+	err = db.QueryRow(ctx, failOverdueSQL, namespace, limit, OverdueGrace.Milliseconds()).Scan(&failed, &next, &dbNow)
 	return failed, next, dbNow, err
 }
