@@ -82,3 +82,34 @@ func TestAKilledWorkerProcessRunsAreTakenOverLongBeforeTheirDefaultLeasePasses(t
 		t.Fatalf("the dead worker is %q (%v), want OFFLINE", offline, err)
 	}
 }
+
+// Found from outside: a process restarted with the id of one that died (a
+// StatefulSet's pod name) took its predecessor's runs only when their leases passed.
+func TestAWorkerRestartedWithItsDeadPredecessorsIDTakesItsRunsAtOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	run, err := kagzi.Start(ctx, e.client, greet, greetIn{Name: "restarted"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Claimed by the process "pod-0" that then died: RUNNING, its lease an hour long.
+	if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', locked_by = 'pod-0',
+		lease_epoch = lease_epoch + 1, available_at = now() + interval '1 hour', started_at = now()
+		WHERE run_id = $1`, run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastWorker()
+	cfg.ID = "pod-0"
+	cfg.LeaseDuration = time.Hour
+	runWorker(t, e.client, cfg, greet)
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatalf("the predecessor's run: %v, want it completed by the restarted worker", err)
+	}
+	info, err := e.client.GetRun(ctx, run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Takeovers != 1 {
+		t.Fatalf("the run's takeovers: %d, want 1 (taken over from the dead process)", info.Takeovers)
+	}
+}

@@ -46,13 +46,19 @@ func scanWorker(row pgx.Row) (WorkerRow, error) {
 }
 
 // RegisterWorker records a starting worker (ONLINE). A row of the same id (a worker
-// restarted with a fixed id) is taken over and reset.
+// restarted with a fixed id) is taken over and reset, and the runs it still held
+// (RUNNING, locked by that id: a starting worker holds none, so they are its previous
+// process's, which died) are made claimable now, as the look for dead workers would,
+// and their types' workers told: the liveness key that look goes by is the new
+// process's from now on.
 func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow) error {
 	labels := w.Labels
 	if labels == nil {
 		labels = map[string]string{}
 	}
-	_, err := db.Exec(ctx, `
+	var freed int
+	err := db.QueryRow(ctx, `
+		WITH reg AS (
 		INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version, labels, workflow_types,
 			max_concurrent, heartbeat_interval_ms, status, workflow_versions)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'ONLINE', $10)
@@ -62,9 +68,18 @@ func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow) error {
 			workflow_versions = excluded.workflow_versions,
 			max_concurrent = excluded.max_concurrent, heartbeat_interval_ms = excluded.heartbeat_interval_ms,
 			status = 'ONLINE', active_runs = 0, completed_total = 0, failed_total = 0,
-			started_at = now(), last_heartbeat_at = now(), stopped_at = NULL`,
+			started_at = now(), last_heartbeat_at = now(), stopped_at = NULL
+		RETURNING 1
+		), freed AS (
+			UPDATE kagzi.runs r SET available_at = now(), updated_at = now()
+			WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = $2 AND r.available_at > now()
+			RETURNING r.workflow_type
+		)
+		SELECT (SELECT count(*) FROM reg) + (SELECT count(pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':'
+			|| $1 || '|' || t.workflow_type || '|' || (extract(epoch FROM now()) * 1000)::bigint))
+			FROM (SELECT DISTINCT workflow_type FROM freed) t)`,
 		w.Namespace, w.WorkerID, w.Hostname, w.PID, w.Version, labels, w.WorkflowTypes,
-		w.MaxConcurrent, w.HeartbeatInterval.Milliseconds(), w.WorkflowVersions)
+		w.MaxConcurrent, w.HeartbeatInterval.Milliseconds(), w.WorkflowVersions).Scan(&freed)
 	return err
 }
 
