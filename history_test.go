@@ -539,3 +539,44 @@ func TestTwoArchivingWorkersMoveEachFinishedRunOnceWithItsSteps(t *testing.T) {
 		}
 	}
 }
+
+// Found from outside: a rerun refused for an archived run's status still moved the run
+// back into the live tables (and a bulk rerun moved every skipped one).
+func TestARefusedRerunOfAnArchivedRunLeavesItInTheHistory(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	c := archivingClient(t, e, 0)
+	_, stop := archivingWorker(t, c)
+	var ids []string
+	for i := range 2 {
+		run, err := kagzi.Start(ctx, c, archived, archIn{N: i})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Signal(ctx, run.RunID, "note", "n"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, run.RunID)
+	}
+	archivedRows := func() int {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs_history WHERE run_id = ANY ($1::uuid[])`, ids)
+	}
+	eventually(t, "both runs to be archived", func() bool { return archivedRows() == 2 })
+	stop() // nothing archives them again: a run moved back would stay live
+	if err := c.Rerun(ctx, ids[0]); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Fatalf("a rerun of a COMPLETED archived run: %v, want ErrInvalidArgument", err)
+	}
+	res, err := c.RerunRuns(ctx, kagzi.RunFilter{WorkflowType: "archived"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Changed != 0 || res.Matched != 2 {
+		t.Fatalf("a bulk rerun of COMPLETED archived runs: %+v, want both matched and none changed", res)
+	}
+	if n := archivedRows(); n != 2 {
+		t.Fatalf("%d of the 2 refused runs left in the history, want both", n)
+	}
+}

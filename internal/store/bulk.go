@@ -108,15 +108,25 @@ FROM target t LEFT JOIN upd u ON u.run_id = t.run_id`
 
 // RerunRuns reruns the runs of a batch that it can lock at once; see rerunRunsSQL. It
 // returns ErrActiveRunExists when a concurrent start took one of their workflow ids
-// (nothing was changed). Archived runs of the batch move back into the live tables
-// first, in the same transaction.
+// (nothing was changed). Archived runs of the batch that a rerun takes (FAILED or
+// CANCELLED) move back into the live tables first, in the same transaction; the
+// others stay in the history.
 func RerunRuns(ctx context.Context, db Beginner, namespace string, ids []uuid.UUID) ([]BulkOutcome, error) {
 	var out []BulkOutcome
 	err := InTx(ctx, db, TxIdleLimit, func(tx pgx.Tx) error {
-		if _, err := RestoreRuns(ctx, tx, namespace, ids); err != nil {
+		rows, err := tx.Query(ctx, `SELECT run_id FROM kagzi.runs_history
+			WHERE namespace = $1 AND run_id = ANY ($2) AND status IN ('FAILED', 'CANCELLED')`, namespace, ids)
+		if err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, rerunRunsSQL, namespace, ids)
+		rerunnable, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil {
+			return err
+		}
+		if _, err := RestoreRuns(ctx, tx, namespace, rerunnable); err != nil {
+			return err
+		}
+		rows, err = tx.Query(ctx, rerunRunsSQL, namespace, ids)
 		if err != nil {
 			return err
 		}

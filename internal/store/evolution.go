@@ -34,14 +34,15 @@ const rerunSetSQL = `status = 'PENDING', attempt = r.attempt + 1, error = NULL,
 // attempt bumped, its error, cancel flag and deadline cleared, and its steps that did
 // not complete (failed, retrying, waiting) deleted so they run again; completed steps
 // are kept and replay. It returns the status the run had. An archived run moves back
-// into the live tables first, in the same transaction.
+// into the live tables first, in the same transaction, which a run of another status
+// rolls back: it changes nothing.
 func RerunRun(ctx context.Context, db Beginner, namespace string, runID uuid.UUID) (vocab.RunStatus, error) {
 	var before vocab.RunStatus
 	err := InTx(ctx, db, TxIdleLimit, func(tx pgx.Tx) error {
 		if _, err := RestoreRuns(ctx, tx, namespace, []uuid.UUID{runID}); err != nil {
 			return err
 		}
-		return tx.QueryRow(ctx, `
+		err := tx.QueryRow(ctx, `
 		WITH target AS (
 			SELECT run_id, status FROM kagzi.runs WHERE namespace = $1 AND run_id = $2 FOR UPDATE
 		), cleared AS (
@@ -54,15 +55,25 @@ func RerunRun(ctx context.Context, db Beginner, namespace string, runID uuid.UUI
 			RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at
 		)
 		SELECT t.status, (SELECT (`+notifyRunSQL+`)::text FROM upd) FROM target t`, namespace, runID).Scan(&before, new(*string))
+		if err == nil && before != vocab.StatusFailed && before != vocab.StatusCancelled {
+			return errNotRerun // rolls the restore back: a refused rerun changes nothing
+		}
+		return err
 	})
-	if errors.Is(err, pgx.ErrNoRows) {
+	switch {
+	case errors.Is(err, errNotRerun):
+		return before, nil
+	case errors.Is(err, pgx.ErrNoRows):
 		return "", ErrNotFound
-	}
-	if isUniqueViolation(err) {
+	case isUniqueViolation(err):
 		return "", ErrActiveRunExists
 	}
 	return before, err
 }
+
+// errNotRerun ends RerunRun's transaction when the run's status is not one a rerun
+// takes.
+var errNotRerun = errors.New("not rerun")
 
 // CopyStepsBefore copies into the run to the completed steps of the origin run
 // recorded before its step fromKey (in the order they were first recorded), with
