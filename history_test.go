@@ -580,3 +580,36 @@ func TestARefusedRerunOfAnArchivedRunLeavesItInTheHistory(t *testing.T) {
 		t.Fatalf("%d of the 2 refused runs left in the history, want both", n)
 	}
 }
+
+// Found from outside: a retention shorter than another namespace's deleted nothing
+// unless it was more than an hour shorter.
+func TestARetentionOfSecondsBesideAnotherOfAnHourDeletesItsArchivedRuns(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	long, err := kagzi.NewClient(e.pool, kagzi.Config{Namespace: "long", Logger: quietLogger(), Retention: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, lstop := archivingWorker(t, long)
+	defer lstop()
+	eventually(t, "the long namespace to register its retention", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.history_retention WHERE namespace = 'long'`) == 1
+	})
+	c := archivingClient(t, e, 2*time.Second)
+	w, stop := archivingWorker(t, c)
+	defer stop()
+	run, err := kagzi.Start(ctx, c, archived, archIn{N: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Signal(ctx, run.RunID, "note", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the archived run to be deleted after its two seconds", func() bool { return w.PrunedRuns() == 1 })
+	if _, err := c.GetRun(ctx, run.RunID); !errors.Is(err, kagzi.ErrNotFound) {
+		t.Fatalf("the run past its retention: %v, want ErrNotFound", err)
+	}
+}

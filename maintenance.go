@@ -127,7 +127,7 @@ func (w *Worker) archiveFinished(ctx context.Context) {
 // when this namespace's retention is shorter, deletes its older archived runs in
 // batches.
 func (w *Worker) expireHistory(ctx context.Context) {
-	horizon, droppable, err := store.HistoryHorizon(ctx, w.client.pool, w.client.ns, w.client.retention)
+	horizon, droppable, shorter, err := store.HistoryHorizon(ctx, w.client.pool, w.client.ns, w.client.retention)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.logger.Warn("kagzi: reading the history's retention failed", "error", err)
@@ -154,8 +154,9 @@ func (w *Worker) expireHistory(ctx context.Context) {
 			}
 		}
 	}
-	// A retention shorter than the one the partitions go by deletes rows.
-	if w.client.retention < 0 || (droppable && !time.Now().Add(-w.client.retention).After(horizon.Add(time.Hour))) {
+	// A retention shorter than the one the partitions go by (or than for ever) deletes
+	// rows.
+	if w.client.retention < 0 || !shorter {
 		return
 	}
 	total := w.inBatches(ctx, "pruning archived runs", 10, 500, func(ctx context.Context, n int) (int64, error) {

@@ -293,15 +293,17 @@ func RestoreRuns(ctx context.Context, db DBTX, namespace string, ids []uuid.UUID
 // HistoryHorizon registers the namespace's retention (keep < 0: for ever) and returns
 // the time before which every history partition may be dropped: the longest
 // retention among the namespaces heard from in the last week. ok is false when one of
-// them keeps its runs for ever (no partition may be dropped).
-func HistoryHorizon(ctx context.Context, db DBTX, namespace string, keep time.Duration) (time.Time, bool, error) {
+// them keeps its runs for ever (no partition may be dropped). shorter says that the
+// namespace keeps its runs for less than that longest retention: the partitions'
+// drops do not apply its retention, and its rows must be deleted.
+func HistoryHorizon(ctx context.Context, db DBTX, namespace string, keep time.Duration) (horizon time.Time, ok, shorter bool, err error) {
 	ms := int64(-1)
 	if keep >= 0 {
 		ms = keep.Milliseconds()
 	}
 	var forever bool
-	var horizon *time.Time
-	err := db.QueryRow(ctx, `
+	var at *time.Time
+	err = db.QueryRow(ctx, `
 		WITH reg AS (
 			INSERT INTO kagzi.history_retention AS h (namespace, keep_ms) VALUES ($1, $2::bigint)
 			ON CONFLICT (namespace) DO UPDATE SET keep_ms = excluded.keep_ms, updated_at = now()
@@ -310,12 +312,13 @@ func HistoryHorizon(ctx context.Context, db DBTX, namespace string, keep time.Du
 			SELECT keep_ms FROM kagzi.history_retention WHERE updated_at > now() - interval '7 days' AND namespace <> $1
 			UNION ALL SELECT keep_ms FROM reg
 		)
-		SELECT bool_or(keep_ms < 0), now() - max(keep_ms) * interval '1 millisecond' FROM live`, namespace, ms).
-		Scan(&forever, &horizon)
-	if err != nil || forever || horizon == nil {
-		return time.Time{}, false, err
+		SELECT bool_or(keep_ms < 0), now() - max(keep_ms) * interval '1 millisecond',
+			$2::bigint >= 0 AND (bool_or(keep_ms < 0) OR $2::bigint < max(keep_ms)) FROM live`, namespace, ms).
+		Scan(&forever, &at, &shorter)
+	if err != nil || forever || at == nil {
+		return time.Time{}, false, shorter, err
 	}
-	return *horizon, true, nil
+	return *at, true, shorter, nil
 }
 
 // TakeHistoryDrops takes the lease of dropping history partitions for a while for
