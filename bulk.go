@@ -77,7 +77,7 @@ func (r *BulkResult) skipped(reason BulkSkipReason) {
 // It is safe while workers run: a run a worker is writing at that moment is
 // cancelled on its own after the batch, once the worker's write committed.
 // f.PageSize is ignored; f.PageToken must be empty. On an error it returns what it
-// did so far with the error.
+// did so far with the error. f.OldestFirst is ignored too: the walk is newest first.
 func (c *Client) CancelRuns(ctx context.Context, f RunFilter) (BulkResult, error) {
 	return c.bulk(ctx, "cancel", f, func(ids []uuid.UUID) ([]store.BulkOutcome, error) {
 		return store.CancelRuns(ctx, c.pool, c.ns, ids)
@@ -147,6 +147,10 @@ func (c *Client) bulk(ctx context.Context, op string, f RunFilter,
 		return res, invalidArgument("%s runs: a bulk operation covers every match; PageToken must be empty", op)
 	}
 	f.PageSize = bulkBatch
+	// Newest first, whatever f asks: the walk then moves away from the runs that
+	// arrive meanwhile, and ends. (Oldest first, it walked towards them, and a steady
+	// stream of starts could keep it going for ever.)
+	f.OldestFirst = false
 	count := func(o store.BulkOutcome) {
 		if o.Before == "" {
 			res.skipped(BulkSkipGone)

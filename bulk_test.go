@@ -220,3 +220,43 @@ func TestRerunRunsRerunsFailedAndCancelledRunsOncePerWorkflowIDAndSkipsTheRest(t
 		t.Fatalf("%d reruns completed at attempt 2, want 601", n)
 	}
 }
+
+// Found from outside: with OldestFirst the walk went towards the runs started during
+// it, cancelled them too, and under a steady stream of starts never ended.
+func TestCancelRunsOldestFirstLeavesRunsStartedAfterItsFirstBatchAlone(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	inputs := make([]int, 5000)
+	if _, err := kagzi.StartMany(ctx, e.client, idleWorkflow, inputs); err != nil {
+		t.Fatal(err)
+	}
+	late := make(chan []string, 1)
+	go func() {
+		// Once the first batch is cancelled, the walk has read its first page: runs
+		// started from then on are newer than every page it reads.
+		for countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'CANCELLED'`) == 0 {
+			time.Sleep(time.Millisecond)
+		}
+		runs, err := kagzi.StartMany(ctx, e.client, idleWorkflow, make([]int, 100))
+		if err != nil {
+			t.Error(err)
+		}
+		ids := make([]string, len(runs))
+		for i, r := range runs {
+			ids[i] = r.RunID
+		}
+		late <- ids
+	}()
+	res, err := e.client.CancelRuns(ctx, kagzi.RunFilter{WorkflowType: "bulk-idle", OldestFirst: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	checkSum(t, res)
+	ids := <-late
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE run_id = ANY ($1::uuid[]) AND status = 'CANCELLED'`, ids); n != 0 {
+		t.Fatalf("%d of the 100 runs started after the first batch were cancelled, want none (matched %d)", n, res.Matched)
+	}
+	if res.Matched != 5000 || res.Changed != 5000 {
+		t.Fatalf("%+v, want the 5,000 runs there before", res)
+	}
+}
