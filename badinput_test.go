@@ -197,3 +197,25 @@ func TestAPageTokenOutOfRangeIsRefusedAndAnEmptyAttributeFilterSelectsEveryRun(t
 		t.Fatalf("an empty attribute filter: %v runs, %v; want both runs", page, err)
 	}
 }
+
+// Found from outside: StartMany dropped WithIDReuse and took an unknown value.
+func TestStartManyKeepsIDReuseNeverAndRefusesAnUnknownIDReuse(t *testing.T) {
+	e := newEnv(t)
+	wf := kagzi.Define("many-kept", func(ctx *kagzi.Context, n int) (string, error) { return strconv.Itoa(n), nil })
+	runWorker(t, e.client, fastWorker(), wf)
+	ctx := waitCtx(t)
+	if _, err := kagzi.StartMany(ctx, e.client, wf, []int{1}, kagzi.WithIDReuse(kagzi.IDReuse(99))); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Fatalf("StartMany with IDReuse(99): %v, want ErrInvalidArgument", err)
+	}
+	runs, err := kagzi.StartMany(ctx, e.client, wf, []int{1}, kagzi.WithIDReuse(kagzi.IDReuseNever))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := runs[0].Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	again, err := kagzi.Start(ctx, e.client, wf, 2, kagzi.WithID(runs[0].WorkflowID))
+	if err != nil || !again.AlreadyExists || again.RunID != runs[0].RunID {
+		t.Fatalf("a start of the finished run's id: %+v, %v; want that run (IDReuseNever)", again, err)
+	}
+}

@@ -38,6 +38,9 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 	if o.debounce != nil {
 		return nil, invalidArgument("StartMany starts every input; WithDebounce is not allowed")
 	}
+	if o.reuse != IDReuseAfterFinish && o.reuse != IDReuseNever {
+		return nil, invalidArgument("StartMany of %q: unknown IDReuse %d", wf.name, o.reuse)
+	}
 	like := store.NewRun{Namespace: c.ns, WorkflowType: wf.name, Version: o.version}
 	if err := o.flowOptions(&like); err != nil {
 		return nil, err
@@ -87,7 +90,7 @@ func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out
 	}
 	err = store.InsertManyRuns(ctx, c.pool, store.ManyRuns{Namespace: c.ns, WorkflowType: wf.name, Version: o.version,
 		IDs: ids, Inputs: encoded, Carriers: carriers, StartAt: like.StartAt, Deadline: like.Deadline, Attributes: attrs,
-		Priority: like.Priority, FlowKey: like.FlowKey})
+		Priority: like.Priority, FlowKey: like.FlowKey, ReuseNever: o.reuse == IDReuseNever})
 	for i, h := range hooked {
 		c.hookStartEnd(h.ctx, h.e, store.Run{RunID: ids[i], WorkflowType: wf.name}, err == nil, err)
 	}

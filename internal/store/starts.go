@@ -549,6 +549,8 @@ type ManyRuns struct {
 	// Priority and FlowKey: see NewRun.
 	Priority int
 	FlowKey  string
+	// ReuseNever keeps every run's workflow id an idempotency key after it finishes.
+	ReuseNever bool
 }
 
 // InsertRuns starts many runs of one type in one statement, their workflow ids their
@@ -578,9 +580,9 @@ func InsertManyRuns(ctx context.Context, db DBTX, m ManyRuns) error {
 	err := db.QueryRow(ctx, `
 		WITH ins AS (
 			INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
-				available_at, deadline_at, version, trace_carrier, attributes, priority, flow_key)
+				available_at, deadline_at, version, trace_carrier, attributes, priority, flow_key, id_reuse_never)
 			SELECT id, $1, id::text, $2, 'PENDING', input, least(coalesce($5, now() - $10 * interval '1 second'), $6), $6, $7,
-				carrier, $9::jsonb, $10, nullif($11::text, '')
+				carrier, $9::jsonb, $10, nullif($11::text, ''), $12
 			FROM unnest($3::uuid[], $4::jsonb[], $8::jsonb[]) AS t(id, input, carrier)
 			RETURNING namespace, created_at, run_id, workflow_type, available_at
 		), listed AS (
@@ -590,7 +592,7 @@ func InsertManyRuns(ctx context.Context, db DBTX, m ManyRuns) error {
 			|| (extract(epoch FROM min(available_at)) * 1000)::bigint)::text FROM ins),
 			`+notifyDeadlineSQL("$1::text", "$6::timestamptz")+`
 		FROM ins`, m.Namespace, m.WorkflowType, raw, texts, start, m.Deadline, m.Version, m.Carriers, m.Attributes,
-		m.Priority, m.FlowKey).
+		m.Priority, m.FlowKey, m.ReuseNever).
 		Scan(&n, &ignored, &ignored)
 	if err == nil && n != len(m.IDs) {
 		err = fmt.Errorf("inserted %d of %d runs", n, len(m.IDs))
