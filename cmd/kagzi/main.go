@@ -38,6 +38,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 
@@ -189,13 +190,17 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 	sub := ""
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
 		sub = args[0]
+	} else if i := slices.IndexFunc(args, func(a string) bool { return slices.Contains(subcommands[cmd], a) }); i > 0 {
+		// Flags before the subcommand ("runs --json list"): flags may come anywhere.
+		sub = args[i]
+		args = append([]string{sub}, slices.Delete(slices.Clone(args), i, i+1)...)
 	}
 	switch cmd {
 	case "help", "-h", "--help":
 		fmt.Fprint(a.stdout, usage)
 		return nil
 	case "version":
-		return a.version()
+		return a.version(args)
 	case "migrate":
 		if sub != "" {
 			args = args[1:]
@@ -241,6 +246,15 @@ func (a *app) dispatch(ctx context.Context, args []string) error {
 		return a.serveUI(ctx, args)
 	}
 	return usagef("unknown command %q", cmd)
+}
+
+// subcommands are the words each command takes as its subcommand.
+var subcommands = map[string][]string{
+	"migrate":   {"up", "status", "down"},
+	"runs":      {"list", "show", "cancel", "rerun", "retry", "fork"},
+	"workers":   {"list"},
+	"schedules": {"list", "show", "pause", "resume", "trigger"},
+	"limits":    {"set", "get", "show", "list", "delete"},
 }
 
 func dropFirst(args []string, sub string) []string {
@@ -334,7 +348,10 @@ func (a *app) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
-func (a *app) version() error {
+func (a *app) version(args []string) error {
+	if _, err := a.parse(a.flagSet("version"), args, 0, 0); err != nil {
+		return err
+	}
 	v := map[string]string{"kagzi": kagzi.Version, "api": "kagzi.v1"}
 	if a.json {
 		return a.printJSON(v)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"regexp"
 	"strings"
 	"sync"
@@ -260,6 +261,10 @@ func TestRunsListPrintsATableAndJSONWithFiltersAndPages(t *testing.T) {
 		NextPageToken string `json:"next_page_token"`
 	}
 	failed := decode[runsJSON](t, ok(t, f.url, "runs", "list", "--status", "failed", "--json"))
+	// Flags may come before the subcommand too.
+	if before := decode[runsJSON](t, ok(t, f.url, "runs", "--status", "failed", "--json", "list")); !reflect.DeepEqual(before, failed) {
+		t.Fatalf("runs --status failed --json list: %+v, want %+v", before, failed)
+	}
 	if len(failed.Runs) != 1 || failed.Runs[0].RunID != f.failed || failed.Runs[0].Error == nil ||
 		failed.Runs[0].Error.Code != "KABOOM" {
 		t.Fatalf("--status failed --json: %+v", failed)
@@ -555,13 +560,18 @@ func TestMissingDatabaseAndBadUsageAreClearErrors(t *testing.T) {
 		// Flags before the command, wrong as after it (these exited 1, without the hint).
 		{"--bogus", "runs", "list"}, {"-n"}, {"--limit", "5", "runs", "list"},
 		// A --limit outside 1..1000 (0 was read as the default 50).
-		{"runs", "list", "--limit", "0"}, {"workers", "list", "--limit", "1001"}, {"schedules", "list", "--limit", "-1"}} {
+		{"runs", "list", "--limit", "0"}, {"workers", "list", "--limit", "1001"}, {"schedules", "list", "--limit", "-1"},
+		// version read no flags or arguments of its own.
+		{"version", "--bogus"}, {"version", "extra"}} {
 		if r := kagziCmd(t, "", args...); r.code != 2 || !strings.Contains(r.stderr, "kagzi help") {
 			t.Fatalf("kagzi %q: exit %d, %q", args, r.code, r.stderr)
 		}
 	}
 	if out := ok(t, "", "help"); !strings.Contains(out, "kagzi runs show RUN_ID") {
 		t.Fatalf("help: %q", out)
+	}
+	if out := ok(t, "", "version", "--json"); !strings.Contains(out, `"kagzi":`) {
+		t.Fatalf("version --json: %q, want JSON", out)
 	}
 }
 
