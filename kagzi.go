@@ -79,7 +79,7 @@ type Config struct {
 	// DisableDirectConn makes the client open no connection outside its pool, for
 	// deployments where only a pooler is reachable. Nothing LISTENs then: workers
 	// poll (WorkerConfig.PollInterval defaults to 1s instead of 5s), Wait looks at
-	// its run every second at most, schedulers look every few seconds, and workers
+	// its run every second at most, schedulers look every PollInterval, and workers
 	// hold no liveness lock, so the runs of a process that died wait for their lease
 	// (WorkerConfig.LeaseDuration) instead of being taken over within a ReapInterval.
 	// It cannot be combined with DirectConnConfig.
