@@ -37,6 +37,10 @@ type Spec struct {
 	wall  *cron.SpecSchedule // calendar schedules: matches wall-clock times, Location UTC
 }
 
+// MaxLen bounds a cron expression: a real one is a few dozen bytes, and a schedule's
+// expression is stored and parsed again by every scheduler.
+const MaxLen = 1024
+
 // Parse parses a cron expression in the IANA time zone zone ("" means UTC).
 //
 // expr is a standard 5-field expression (minute hour day-of-month month day-of-week),
@@ -46,7 +50,7 @@ type Spec struct {
 // being the second. The zone goes in zone, not in a "TZ=" prefix.
 //
 // Parse rejects an expression that never fires. Every error it returns means the
-// input is invalid, and says what is wrong.
+// input is invalid, and says what is wrong; an expression longer than MaxLen is one.
 func Parse(expr string, withSeconds bool, zone string) (*Spec, error) {
 	loc, err := LoadZone(zone)
 	if err != nil {
@@ -57,6 +61,8 @@ func Parse(expr string, withSeconds bool, zone string) (*Spec, error) {
 	switch {
 	case expr == "":
 		return nil, errors.New("empty cron expression")
+	case len(expr) > MaxLen:
+		return nil, fmt.Errorf("cron expression longer than %d bytes", MaxLen)
 	case strings.HasPrefix(expr, "TZ=") || strings.HasPrefix(expr, "CRON_TZ="):
 		return nil, fmt.Errorf("cron expression %q: give the time zone separately, not as a prefix", expr)
 	case strings.HasPrefix(expr, "@every"):

@@ -178,6 +178,7 @@ func TestInvalidExpressionsAndZonesSayWhatIsWrong(t *testing.T) {
 		{"0 6 * * *", "Mars/Olympus_Mons", false, "Mars/Olympus_Mons"},
 		{"0 6 * * *", "Local", false, "Local"},
 		{"0 6 * * *", "est5edt ", false, "not an IANA time zone"},
+		{"0 6 * * " + strings.Repeat("1,", 600) + "1", "", false, "longer than 1024 bytes"},
 	}
 	for _, tt := range tests {
 		_, err := Parse(tt.expr, tt.seconds, tt.zone)
