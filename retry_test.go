@@ -23,6 +23,10 @@ func TestExponentialBackoffDelaysGrowAndCap(t *testing.T) {
 	})
 	cfg := fastWorker()
 	cfg.MaxInProcessSleep = time.Second // the waits stay in process
+	// A lease longer than the waits with room to spare: on a loaded box a late beat of
+	// fastWorker's 1 s lease let another claim take the run over, and its step ran a
+	// sixth time (a takeover, not a retry: what this test counts is the policy's).
+	cfg.LeaseDuration = 10 * time.Second
 	runWorker(t, e.client, cfg, wf)
 	run, err := kagzi.Start(ctx, e.client, wf, 0)
 	if err != nil {
