@@ -13,8 +13,9 @@ import (
 // long to wait between them. Build one with Attempts, Exponential, Linear, NoRetry
 // or Forever, and refine it with its methods; each returns a new policy. An invalid
 // value (a negative duration, a NaN coefficient, zero attempts) makes the policy
-// invalid, and the call that receives it (Step, Define, NewWorker) rejects it with
-// ErrInvalidArgument before anything runs. So does an initial interval greater than
+// invalid, and the call that uses it rejects it with ErrInvalidArgument before
+// anything runs: Step for a step's policy, Start and NewWorker for a workflow defined
+// with it (WithWorkflowRetry), NewWorker for WorkerConfig's. So does an initial interval greater than
 // an explicitly set maximum, in whichever order Initial and Max were called.
 //
 // The wait before attempt n+1 is Initial × Backoff^(n-1), capped at Max, then spread
@@ -141,6 +142,8 @@ func (r Retry) Err() error {
 	return r.err
 }
 
+// String describes the policy for people: its attempts, waits and jitter ("unset"
+// for the zero Retry).
 func (r Retry) String() string {
 	if !r.set {
 		return "unset"

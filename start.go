@@ -24,8 +24,10 @@ const (
 	IDReuseAfterFinish IDReuse = iota
 	// IDReuseNever makes the workflow id an idempotency key for good: a start of an id
 	// whose run finished returns that finished run (AlreadyExists) instead of starting
-	// again. It applies to runs started with it, and holds for every later start of
-	// the id, with this option or without.
+	// again. It is the finished run's: a run started with it keeps its id from every
+	// later start, with this option or without, while a run started without it frees
+	// its id when it finishes (a later start with IDReuseNever then starts a new run,
+	// which keeps the id from then on).
 	IDReuseNever
 )
 
