@@ -376,3 +376,46 @@ func TestKagziAndGooseMigrateAtOnce(t *testing.T) {
 	}
 	d.checkCurrentAfterRace(t)
 }
+
+// (f) The bare goose command (goose -dir migrations postgres "$DSN" up, no -table)
+// records Kagzi's migrations in goose's default table, goose_db_version in the search
+// path: kagzi.Migrate and the schema version read that table then, and a migration
+// Migrate applies is recorded there, where the command sees it.
+func TestKagziMigratesAndReadsTheSchemaTheBareGooseCommandMigrated(t *testing.T) {
+	ctx := context.Background()
+	d := emptyDatabase(t)
+	bare := func() *goose.Provider { // goose's default version table
+		p, err := goose.NewProvider(goose.DialectPostgres, d.db, migrations.FS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	latest := latest(t)
+	if _, err := bare().UpTo(ctx, latest-1); err != nil {
+		t.Fatalf("bare goose up to %d: %v", latest-1, err)
+	}
+	if current, _, err := schema.Version(ctx, d.pool); err != nil || current != latest-1 {
+		t.Fatalf("schema version after the bare command: %d, %v; want %d", current, err, latest-1)
+	}
+	if err := kagzi.Migrate(ctx, d.pool); err != nil {
+		t.Fatalf("kagzi.Migrate after the bare goose command: %v", err)
+	}
+	if current, _, err := schema.Version(ctx, d.pool); err != nil || current != latest {
+		t.Fatalf("schema version after Migrate: %d, %v; want %d", current, err, latest)
+	}
+	var own bool
+	if err := d.pool.QueryRow(ctx, `SELECT to_regclass('kagzi.goose_db_version') IS NOT NULL`).Scan(&own); err != nil || own {
+		t.Fatalf("Migrate made a version table of its own (%v, %v): the command's records the schema", own, err)
+	}
+	if pending, err := bare().HasPending(ctx); err != nil || pending {
+		t.Fatalf("the bare command after Migrate: pending %v, %v; want the migration Migrate applied recorded", pending, err)
+	}
+	c, err := kagzi.NewClient(d.pool, kagzi.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := c.Health(ctx); !h.SchemaCurrent {
+		t.Fatalf("health after the bare command and Migrate: %+v; want the schema current", h)
+	}
+}

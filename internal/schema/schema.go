@@ -68,10 +68,16 @@ func up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) (err error) {
 	if err := ensureSchema(ctx, pool); err != nil {
 		return err
 	}
-	if err := ensureVersionTable(ctx, pool); err != nil {
+	vt, found, err := resolveVersionTable(ctx, pool)
+	if err != nil {
 		return err
 	}
-	pending, err := pendingMigrations(ctx, pool, files)
+	if !found {
+		if err := ensureVersionTable(ctx, pool); err != nil {
+			return err
+		}
+	}
+	pending, err := pendingMigrations(ctx, pool, vt, files)
 	if err != nil {
 		return err
 	}
@@ -85,7 +91,7 @@ func up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) (err error) {
 		apply[m.version] = p
 	}
 	for {
-		done, err := applyNext(ctx, pool, fsys, files, apply)
+		done, err := applyNext(ctx, pool, vt, fsys, files, apply)
 		if err != nil || done {
 			return err
 		}
@@ -108,13 +114,13 @@ func parseFile(fsys fs.FS, m migration) (parsed, error) {
 
 // applyNext applies the first pending migration, in a transaction that holds the
 // migration lock from before it reads what is applied; done when none is pending.
-func applyNext(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, files []migration, apply map[int64]parsed) (done bool, err error) {
+func applyNext(ctx context.Context, pool *pgxpool.Pool, vt string, fsys fs.FS, files []migration, apply map[int64]parsed) (done bool, err error) {
 	var next *migration
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, LockID); err != nil {
 			return fmt.Errorf("take the migration lock: %w", err)
 		}
-		pending, err := pendingMigrations(ctx, tx, files)
+		pending, err := pendingMigrations(ctx, tx, vt, files)
 		if err != nil || len(pending) == 0 {
 			return err
 		}
@@ -129,7 +135,7 @@ func applyNext(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, files []migr
 		if !p.useTx {
 			return nil // below, outside a transaction
 		}
-		if err := run(ctx, tx, next.version, p.stmts); err != nil {
+		if err := run(ctx, tx, vt, next.version, p.stmts); err != nil {
 			return fmt.Errorf("migration %s: %w", next.name, err)
 		}
 		return nil
@@ -142,13 +148,13 @@ func applyNext(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, files []migr
 	case apply[next.version].useTx:
 		return false, nil
 	}
-	return false, applyWithoutTx(ctx, pool, files, *next, apply[next.version])
+	return false, applyWithoutTx(ctx, pool, vt, files, *next, apply[next.version])
 }
 
 // applyWithoutTx applies a NO TRANSACTION migration statement by statement, holding
 // the migration lock session-level on one connection (it cannot be held by a
 // transaction that the statements are outside of).
-func applyWithoutTx(ctx context.Context, pool *pgxpool.Pool, files []migration, m migration, p parsed) (err error) {
+func applyWithoutTx(ctx context.Context, pool *pgxpool.Pool, vt string, files []migration, m migration, p parsed) (err error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
@@ -172,20 +178,20 @@ func applyWithoutTx(ctx context.Context, pool *pgxpool.Pool, files []migration, 
 			}
 		}
 	}()
-	pending, err := pendingMigrations(ctx, conn, files)
+	pending, err := pendingMigrations(ctx, conn, vt, files)
 	if err != nil || len(pending) == 0 || pending[0].version != m.version {
 		return err // another caller applied it meanwhile: the next applyNext goes on
 	}
-	if err := run(ctx, conn, m.version, p.stmts); err != nil {
+	if err := run(ctx, conn, vt, m.version, p.stmts); err != nil {
 		return fmt.Errorf("migration %s: %w", m.name, err)
 	}
 	return nil
 }
 
-// run runs the statements of a migration and records its version.
+// run runs the statements of a migration and records its version in vt.
 func run(ctx context.Context, db interface {
 	Exec(context.Context, string, ...any) (pgconn.CommandTag, error)
-}, version int64, stmts []string) error {
+}, vt string, version int64, stmts []string) error {
 	for _, stmt := range stmts {
 		// No arguments: pgx sends it with the simple protocol, as goose's
 		// database/sql Exec through pgx does.
@@ -193,7 +199,7 @@ func run(ctx context.Context, db interface {
 			return err
 		}
 	}
-	_, err := db.Exec(ctx, `INSERT INTO `+versionTable()+` (version_id, is_applied) VALUES ($1, $2)`, version, true)
+	_, err := db.Exec(ctx, `INSERT INTO `+vt+` (version_id, is_applied) VALUES ($1, $2)`, version, true)
 	return err
 }
 
@@ -255,8 +261,8 @@ func ensureVersionTable(ctx context.Context, conn *pgxpool.Pool) error {
 // -allow-missing: migrations are append-only, so it means the table was edited.
 func pendingMigrations(ctx context.Context, conn interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, files []migration) ([]migration, error) {
-	rows, _ := conn.Query(ctx, `SELECT version_id FROM `+versionTable())
+}, vt string, files []migration) ([]migration, error) {
+	rows, _ := conn.Query(ctx, `SELECT version_id FROM `+vt)
 	applied, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 	if err != nil {
 		return nil, fmt.Errorf("read %s: %w", migrations.VersionTable, err)
@@ -317,7 +323,11 @@ func Version(ctx context.Context, pool *pgxpool.Pool) (current, latest int64, er
 	if latest, err = Latest(); err != nil {
 		return 0, 0, err
 	}
-	err = pool.QueryRow(ctx, `SELECT coalesce(max(version_id), 0) FROM `+versionTable()).Scan(&current)
+	vt, _, err := resolveVersionTable(ctx, pool)
+	if err != nil {
+		return 0, latest, err
+	}
+	err = pool.QueryRow(ctx, `SELECT coalesce(max(version_id), 0) FROM `+vt).Scan(&current)
 	var pgErr *pgconn.PgError
 	// undefined_table (the schema or the table is missing), invalid_schema_name: never migrated.
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "3F000") {
@@ -350,6 +360,36 @@ var latestOnce = sync.OnceValues(func() (int64, error) {
 func versionTable() string {
 	schemaName, table, _ := strings.Cut(migrations.VersionTable, ".")
 	return pgx.Identifier{schemaName, table}.Sanitize()
+}
+
+// resolveVersionTable returns the version table that records Kagzi's migrations,
+// quoted for SQL, and whether it exists: migrations.VersionTable, the one Migrate
+// creates (and goose's CLI given -table kagzi.goose_db_version uses), unless it does
+// not exist while Kagzi's schema does and goose's default table (goose_db_version in
+// the search path) exists: then the goose CLI applied the migrations without -table
+// (as `goose -dir migrations postgres "$DSN" up`), and that table records them, for
+// Migrate and Version as for goose.
+func resolveVersionTable(ctx context.Context, db interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}) (table string, found bool, err error) {
+	var own bool
+	var cli *string
+	err = db.QueryRow(ctx, `
+		SELECT to_regclass($1) IS NOT NULL,
+			CASE WHEN to_regclass($1) IS NULL AND to_regclass($2) IS NOT NULL THEN
+				(SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
+				 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+				 WHERE c.oid = to_regclass('goose_db_version'))
+			END`, versionTable(), pgx.Identifier{migrations.Schema, "runs"}.Sanitize()).Scan(&own, &cli)
+	switch {
+	case err != nil:
+		return "", false, fmt.Errorf("look for %s: %w", migrations.VersionTable, err)
+	case own:
+		return versionTable(), true, nil
+	case cli != nil:
+		return *cli, true, nil
+	}
+	return versionTable(), false, nil
 }
 
 // ensureSchema creates the kagzi schema unless it exists. It looks first, so a role
