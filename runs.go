@@ -51,7 +51,8 @@ type RunInfo struct {
 	Attempt int `json:"attempt"`
 	// Takeovers counts the times the run was taken over after its worker lost the
 	// lease (the process died, froze or lost its database). Past the worker's
-	// MaxTakeovers the run fails with CodeRecoveryExhausted.
+	// MaxTakeovers the run fails with CodeRecoveryExhausted, and the claim that failed
+	// it is counted too (MaxTakeovers + 1).
 	Takeovers int `json:"takeovers"`
 	// AvailableAt is when the run may next be claimed: its start time while PENDING
 	// (moved earlier by its priority, one second per level: WithPriority), its wake
