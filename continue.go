@@ -27,8 +27,9 @@ import (
 // history and keeps the workflow id, type, deadline, priority, concurrency key,
 // attributes, id reuse policy and parent (a child that continues as new is still its
 // parent's child: ChildRun.Get returns the last run's result); it takes the newest
-// version a live worker registered (continue-as-new is where a long-lived workflow
-// moves to new code). Signals the run had not taken yet go to the new run; children it
+// version an ONLINE worker registered, the one that came last (see
+// docs/evolving-workflows.md: continue-as-new is where a long-lived workflow moves to
+// new code). Signals the run had not taken yet go to the new run; children it
 // started keep running on their own; its events stay with it.
 //
 // Run.Wait and RunOfWorkflow follow the chain: they return the result of the last run.

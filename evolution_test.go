@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -378,4 +379,45 @@ func TestAForkThatWouldWaitOnTheOriginsRunningChildIsRefused(t *testing.T) {
 		t.Fatalf("a fork from the StartChild step: %v", err)
 	}
 	close(release)
+}
+
+// Found from outside: an old process restarting during a rollout (after the new
+// version's) moved the runs started without a version, and continue-as-new, back to
+// the old code; and runs pinned to a version no live worker has were not reported.
+func TestAnOldVersionsProcessRestartingDuringARolloutDoesNotTakeTheNewestVersionsPlace(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	v1, v2 := versioned("v1"), versioned("v2")
+	runWorker(t, newClient(t, e.pool, ""), fastWorker(), v1) // the old deployment
+	time.Sleep(50 * time.Millisecond)
+	runWorker(t, newClient(t, e.pool, ""), fastWorker(), v2) // the rollout's first process
+	time.Sleep(50 * time.Millisecond)
+	runWorker(t, newClient(t, e.pool, ""), fastWorker(), v1) // an old process restarting
+	eventually(t, "the three workers to register", func() bool {
+		p, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{WorkflowType: "versioned"})
+		return err == nil && len(p.Workers) == 3
+	})
+	byName, err := e.client.StartByName(ctx, "versioned", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := byName.Wait(ctx); err != nil || string(out) != `"v2:1"` {
+		t.Fatalf("StartByName without a version ran %s, %v; want v2, the version that came last", out, err)
+	}
+}
+
+func TestHealthReportsRunsPinnedToAVersionNoLiveWorkerHas(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	runWorker(t, e.client, fastWorker(), versioned("v2"))
+	eventually(t, "the worker to register", func() bool {
+		p, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{WorkflowType: "versioned"})
+		return err == nil && len(p.Workers) == 1
+	})
+	if _, err := e.client.StartByName(ctx, "versioned", 1, kagzi.WithRunVersion("v1")); err != nil {
+		t.Fatal(err)
+	}
+	if h := e.client.Health(ctx); !slices.Contains(h.PendingTypesWithoutWorker, "versioned") {
+		t.Fatalf("health with a run pinned to v1 and only a v2 worker: %+v, want the type among those without a worker", h)
+	}
 }

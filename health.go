@@ -23,7 +23,8 @@ type HealthReport struct {
 	// Workers are the workers running in this process on this client.
 	Workers []LocalWorkerHealth `json:"workers,omitempty"`
 	// PendingTypesWithoutWorker lists workflow types with runs ready to run but no
-	// live worker registered for them in the namespace.
+	// live worker registered for them in the namespace (for a run pinned to a version,
+	// none registered with that version).
 	PendingTypesWithoutWorker []string `json:"pending_types_without_worker,omitempty"`
 }
 

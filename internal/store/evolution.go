@@ -11,12 +11,19 @@ import (
 	"github.com/kagzi/kagzi/internal/vocab"
 )
 
-// newestVersionSQL is the version of workflow type @workflow_type registered by the most recently
-// started live worker of namespace @namespace (NULL when no live worker has it); see
+// newestVersionSQL is the newest version of workflow type @workflow_type that an
+// ONLINE worker of namespace @namespace registered (NULL when none has it): the
+// version whose oldest ONLINE worker started last, that is the version that came
+// last, so that an old process restarting during a rollout (its version's other
+// workers are older) does not move new runs back to old code, while a rollback's
+// processes (all of them new) do. A DRAINING worker claims nothing new. See
 // NewRun.NewestVersion.
-const newestVersionSQL = `SELECT workflow_versions[array_position(workflow_types, @workflow_type::text)] FROM kagzi.workers
-		WHERE namespace = @namespace AND status <> 'OFFLINE' AND @workflow_type::text = ANY(workflow_types)
-		ORDER BY started_at DESC LIMIT 1`
+const newestVersionSQL = `SELECT v.version FROM (
+		SELECT workflow_versions[array_position(workflow_types, @workflow_type::text)] AS version, min(started_at) AS since
+		FROM kagzi.workers
+		WHERE namespace = @namespace AND status = 'ONLINE' AND @workflow_type::text = ANY(workflow_types)
+		GROUP BY 1) v
+		ORDER BY v.since DESC LIMIT 1`
 
 // ErrActiveRunExists means another run holds the workflow id while this one would
 // become active again.

@@ -229,14 +229,18 @@ func ListWorkers(ctx context.Context, db DBTX, p ListWorkersParams) ([]WorkerRow
 }
 
 // PendingTypesWithoutWorker lists the workflow types that have claimable-now runs
-// but no live (ONLINE or DRAINING) worker registered for them in the namespace.
+// but no live (ONLINE or DRAINING) worker registered for them in the namespace, with
+// the run's version when it has one (a run pinned to a version only a worker of that
+// version claims).
 func PendingTypesWithoutWorker(ctx context.Context, db DBTX, namespace string) ([]string, error) {
 	rows, err := db.Query(ctx, `
 		SELECT DISTINCT r.workflow_type FROM kagzi.runs r
 		WHERE r.namespace = $1 AND r.status = 'PENDING' AND r.available_at <= now()
 		  AND NOT EXISTS (
 			SELECT 1 FROM kagzi.workers w
-			WHERE w.namespace = $1 AND w.status <> 'OFFLINE' AND r.workflow_type = ANY(w.workflow_types))
+			WHERE w.namespace = $1 AND w.status <> 'OFFLINE' AND r.workflow_type = ANY(w.workflow_types)
+			  AND (r.version IS NULL
+			       OR w.workflow_versions[array_position(w.workflow_types, r.workflow_type)] = r.version))
 		ORDER BY 1`, namespace)
 	if err != nil {
 		return nil, err
