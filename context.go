@@ -262,10 +262,10 @@ func (sc *scope) nextPatch(changeID string, h *history) (key string, replaying b
 //	}
 //
 // Patched takes no position among the workflow's calls, so adding it does not shift
-// the steps recorded after it. A changeID that is not a valid step name (empty, over
-// 255 bytes, with a control character or '#'), or a call on a nil Context, answers
-// false, records nothing and logs an error: it cannot return one, so test new patches
-// (kagzitest) before you deploy them.
+// the steps recorded after it. An invalid changeID (empty, over 255 bytes, not UTF-8,
+// with a control character), or a call on a nil Context, answers false, records
+// nothing and logs an error: it cannot return one, so test new patches (kagzitest)
+// before you deploy them.
 func (c *Context) Patched(changeID string) bool {
 	if err := c.usable("Patched", changeID); err != nil {
 		c.Logger().Error("kagzi: Patched answers false and records nothing", "error", err)
