@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -214,5 +216,62 @@ func TestAKeyedRunThatContinuesAsNewHandsItsKeyPlaceToItsNextRunWithoutAPoll(t *
 	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs a JOIN kagzi.runs b ON b.continued_from_run_id = a.run_id
 		WHERE a.workflow_id = 'keyed-counter' AND b.started_at < a.finished_at`); n != 0 {
 		t.Fatalf("%d runs started before the run they continue ended: the key held two", n)
+	}
+}
+
+// Found from outside: the next run of a keyed chain queued behind every run of its
+// key started before the continue, so those ran between the chain's runs.
+func TestAKeyedChainKeepsItsKeyPlaceAheadOfRunsQueuedWhileItRan(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "chain-order", KeyConcurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var order []string
+	queued := make(chan struct{})
+	wf := kagzi.Define("chain-order", func(ctx *kagzi.Context, n int) (int, error) {
+		mu.Lock()
+		order = append(order, fmt.Sprint(n))
+		mu.Unlock()
+		if n >= 0 && n < 2 {
+			if n == 0 {
+				<-queued // the other runs of the key are queued while the chain's first run holds it
+			}
+			return 0, kagzi.ContinueAsNew(ctx, n+1)
+		}
+		return n, nil
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	chain, err := kagzi.Start(ctx, e.client, wf, 0, kagzi.WithID("subscription-k"), kagzi.WithConcurrencyKey("k"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the chain's first run to hold the key", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(order) == 1
+	})
+	var others []*kagzi.Run[int]
+	for i := range 3 {
+		r, err := kagzi.Start(ctx, e.client, wf, -1-i, kagzi.WithConcurrencyKey("k"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		others = append(others, r)
+	}
+	close(queued)
+	if _, err := chain.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range others {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if got := strings.Join(order, " "); got != "0 1 2 -1 -2 -3" {
+		t.Fatalf("execution order %q, want the chain's three runs first, then the runs queued meanwhile", got)
 	}
 }

@@ -59,12 +59,14 @@ type RunInfo struct {
 	// time while SLEEPING, its lease expiry while RUNNING. Claims take runs in its order.
 	AvailableAt time.Time `json:"available_at"`
 	// LockedBy is the id of the worker holding the run while RUNNING.
-	LockedBy        string     `json:"worker_id,omitempty"`
-	CancelRequested bool       `json:"cancel_requested,omitempty"`
-	CreatedAt       time.Time  `json:"created_at"`
-	StartedAt       *time.Time `json:"started_at,omitempty"`
-	FinishedAt      *time.Time `json:"finished_at,omitempty"`
-	UpdatedAt       time.Time  `json:"updated_at"`
+	LockedBy        string    `json:"worker_id,omitempty"`
+	CancelRequested bool      `json:"cancel_requested,omitempty"`
+	CreatedAt       time.Time `json:"created_at"`
+	// StartedAt is when the run was first claimed (for a run of a concurrency key that
+	// continued another as new: when it took over that run's place); nil before.
+	StartedAt  *time.Time `json:"started_at,omitempty"`
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	UpdatedAt  time.Time  `json:"updated_at"`
 	// ScheduleID and ScheduleTick name the schedule and the tick that fired the run
 	// (see CreateSchedule, TriggerSchedule); empty and nil for a run started by Start.
 	ScheduleID   string     `json:"schedule_id,omitempty"`

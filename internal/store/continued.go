@@ -68,16 +68,20 @@ type continued struct {
 
 // continueStart inserts the next run: PENDING at once (ordered by its priority), with
 // the workflow id, type, deadline, priority, concurrency key, attributes, id reuse
-// policy and parent link of the run it continues, and notifies the type's workers.
+// policy and parent link of the run it continues, and notifies the type's workers. A
+// run of a concurrency key takes over the place the run it continues held (started_at
+// set: a holder of the key, claimed without queueing again), in the transaction that
+// ends that run, so no other run of the key slips in between.
 var continueStart = named(`
 WITH ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, available_at,
 		id_reuse_never, deadline_at, version, priority, flow_key, attributes, parent_run_id, parent_step_key,
-		trace_carrier, continued_from_run_id)
+		trace_carrier, continued_from_run_id, started_at)
 	SELECT @next, @namespace, @workflow_id, @workflow_type, 'PENDING', @input,
 		least(now() - @priority * interval '1 second', @deadline), @reuse_never, @deadline,
 		coalesce(@version::text, (`+newestVersionSQL+`)), @priority, @flow_key, @attributes::jsonb,
-		@parent_run_id::uuid, @parent_step_key::text, @carrier::jsonb, @from
+		@parent_run_id::uuid, @parent_step_key::text, @carrier::jsonb, @from,
+		CASE WHEN @flow_key::text IS NOT NULL THEN now() END
 	RETURNING namespace, created_at, run_id, workflow_type, available_at, deadline_at
 ), listed AS (
 	`+runsCreatedSQL+` FROM ins
