@@ -288,9 +288,10 @@ type Hold struct {
 	Until *time.Time `json:"until,omitempty"`
 }
 
-// hold reads what holds a PENDING run back, for GetRun.
+// hold reads what holds a PENDING run back, or a SLEEPING one whose wake time came,
+// for GetRun.
 func (c *Client) hold(ctx context.Context, r store.Run) (*Hold, error) {
-	if r.Status != StatusPending || r.AvailableAt.After(time.Now().Add(time.Second)) {
+	if (r.Status != StatusPending && r.Status != StatusSleeping) || r.AvailableAt.After(time.Now().Add(time.Second)) {
 		return nil, nil
 	}
 	h, err := store.RunHold(ctx, c.pool, c.ns, r)

@@ -881,3 +881,43 @@ func TestARunWaitingForItsRetryIsNotHeldByItsOwnKeyPlace(t *testing.T) {
 		t.Fatalf("the only run of its key, due for its retry: held by %v, want no hold", info.Hold)
 	}
 }
+
+// Found from outside: a sleeper whose wake time came while its type's slots were all
+// taken showed no reason for its wait.
+func TestRunInfoTellsWhatHoldsBackASleeperWhoseWakeTimeCame(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	defer close(release)
+	wf := kagzi.Define("woken-held", func(ctx *kagzi.Context, in string) (string, error) {
+		if in == "sleeper" {
+			if err := ctx.Sleep("nap", time.Second); err != nil {
+				return "", err
+			}
+			return in, nil
+		}
+		return kagzi.Step(ctx, "block", func(c context.Context) (string, error) {
+			select {
+			case <-release:
+			case <-c.Done():
+			}
+			return in, nil
+		})
+	})
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "woken-held", Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, e.client, fastWorker(), wf)
+	sleeper, err := kagzi.Start(ctx, e.client, wf, "sleeper")
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the sleeper to sleep", func() bool { return runStatus(t, e.client, sleeper.RunID) == kagzi.StatusSleeping })
+	if _, err := kagzi.Start(ctx, e.client, wf, "blocker"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the sleeper, due, to be held by the type's limit", func() bool {
+		info, err := e.client.GetRun(ctx, sleeper.RunID)
+		return err == nil && info.Status == kagzi.StatusSleeping && info.Hold != nil && info.Hold.Limit == "concurrency"
+	})
+}

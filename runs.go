@@ -93,8 +93,8 @@ type RunInfo struct {
 	ContinuedFromRunID string `json:"continued_from_run_id,omitempty"`
 	ContinuedAsRunID   string `json:"continued_as_run_id,omitempty"`
 	// Hold, filled by GetRun and GetRunByWorkflowID for a PENDING run that could be
-	// claimed now, tells the flow-control limit that holds it back (see SetLimits);
-	// nil when none does.
+	// claimed now (or a SLEEPING one whose wake time came), tells the flow-control
+	// limit that holds it back (see SetLimits); nil when none does.
 	Hold *Hold `json:"hold,omitempty"`
 	// Deadline is when the run fails with CodeDeadlineExceeded if it has not finished
 	// (see WithDeadline, WithRunTimeout); nil: none.
