@@ -89,6 +89,7 @@ func (c *console) audited(q *req, a Action, target string, runIDs []string, deta
 	if err != nil {
 		return fmt.Errorf("recording the action in the audit log: %w", err)
 	}
+	q.auditID = id
 	more, n, result, actErr := do()
 	outcome := "ok"
 	if actErr != nil {

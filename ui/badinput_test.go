@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kagzi/kagzi"
 	"github.com/kagzi/kagzi/ui"
@@ -146,7 +147,7 @@ func TestRepeatedWorkflowTypesSelectRunsOfEveryTypeOnTheBulkPageInTheActionAndIn
 	if !strings.Contains(confirm, "<b>5</b> runs in namespace <b>default</b> match: runs with workflow type idle or spare") {
 		t.Fatalf("the confirmation of two types:\n%s", confirm)
 	}
-	status, _, done := b.post("n/default/bulk", url.Values{"csrf": {csrf(t, confirm)}, "action": {"cancel"},
+	status, done := b.postFollow("n/default/bulk", url.Values{"csrf": {csrf(t, confirm)}, "action": {"cancel"},
 		"type": {"idle", "spare"}})
 	if status != http.StatusOK || !strings.Contains(done, "<b>5</b> matched, <b>5</b> cancelled") {
 		t.Fatalf("POST bulk of two types: %d\n%s", status, done)
@@ -341,5 +342,74 @@ func TestASignalWithoutANameIsABadRequestThatRecordsNothing(t *testing.T) {
 	}
 	if n := auditRows(t, e); n != 0 {
 		t.Fatalf("%d audit rows for a refused signal, want none", n)
+	}
+}
+
+// Found in a browser: the bulk action rendered its result in the POST's answer, so a
+// reload posted the action again, without a confirmation, and cancelled runs started
+// since.
+func TestReloadingABulkActionsResultShowsItAgainAndDoesNothingMore(t *testing.T) {
+	e := newEnv(t)
+	startIdle(t, e.client, 2)
+	b := serve(t, ui.Handler(e.client, ui.Options{Actions: true, Authorize: allowAll, Logger: quiet()}))
+	_, confirm := b.get("n/default/bulk?action=cancel&type=idle")
+	status, loc, _ := b.post("n/default/bulk", url.Values{"csrf": {csrf(t, confirm)}, "action": {"cancel"}, "type": {"idle"}})
+	if status != http.StatusSeeOther || !strings.Contains(loc, "bulk/done?") {
+		t.Fatalf("POST bulk: %d to %q, want a redirect to its result", status, loc)
+	}
+	late := startIdle(t, e.client, 1)[0] // started after the action
+	for range 2 {                        // the result, then a reload of it
+		_, page := b.get(strings.TrimPrefix(loc, "../../"))
+		if !strings.Contains(page, "<b>2</b> matched, <b>2</b> cancelled") || !strings.Contains(page, "workflow type idle") {
+			t.Fatalf("the result page (Location %q):\n%s", loc, page)
+		}
+	}
+	if s := statusOf(t, e.client, late); s != kagzi.StatusPending {
+		t.Fatalf("a run started after the bulk cancel is %s after its result was shown twice", s)
+	}
+	if n := auditRows(t, e); n != 1 {
+		t.Fatalf("%d audit rows, want the one action", n)
+	}
+	if status, _ := b.get("n/default/bulk/done?audit=999999&type=idle"); status != http.StatusNotFound {
+		t.Fatalf("the result of an unknown action: %d, want 404", status)
+	}
+}
+
+// Found in a browser: a run that continued as new did not link to the run that took
+// over, and a run held back by a limit did not say so.
+func TestARunPageLinksTheRunItContinuedAsAndSaysWhatHoldsItBack(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	wf := kagzi.Define("page-chain", func(ctx *kagzi.Context, n int) (int, error) {
+		if n == 0 {
+			return 0, kagzi.ContinueAsNew(ctx, 1)
+		}
+		return n, nil
+	})
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "page-chain", Rate: 2, RatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, e.client, wf)
+	first, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := first.Wait(ctx); err != nil { // the chain's two runs used the rate's two
+		t.Fatal(err)
+	}
+	held, err := kagzi.Start(ctx, e.client, wf, 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.client.GetRun(ctx, first.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := serve(t, ui.Handler(e.client, ui.Options{Logger: quiet()}))
+	if _, page := b.get("n/default/runs/" + first.RunID); !strings.Contains(page, `id="continued-link" href="n/default/runs/`+info.ContinuedAsRunID+`"`) {
+		t.Errorf("the continued run's page does not link the run that took over (%s):\n%s", info.ContinuedAsRunID, page)
+	}
+	if _, page := b.get("n/default/runs/" + held.RunID); !strings.Contains(page, "held by the rate limit until") {
+		t.Errorf("the held run's page does not say what holds it:\n%s", page)
 	}
 }

@@ -1,10 +1,14 @@
 package ui
 
 import (
+	"encoding/json"
 	"fmt"
-	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
 
 	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/store"
 )
 
 // bulkCountCap is the most matches the bulk confirmation counts before it says "at
@@ -71,7 +75,8 @@ type bulkDoneData struct {
 }
 
 // bulkAction cancels or reruns every run the posted filter matches, records it, and
-// shows what it did.
+// sends the browser to what it did (bulkDone, read from the audit log): a reload or
+// the back button shows the result again and does not post the action again.
 func (c *console) bulkAction(q *req, a Action) (string, error) {
 	f, err := parseRunFilter(q.r)
 	if err != nil {
@@ -98,10 +103,50 @@ func (c *console) bulkAction(q *req, a Action) (string, error) {
 		return ids, int64(res.Changed), map[string]any{"matched": res.Matched, "changed": res.Changed,
 			"skipped": res.Skipped}, err
 	})
-	d := &bulkDoneData{Action: string(a)[len("bulk-"):], Filter: f, Result: res}
-	if err != nil {
-		d.Error = err.Error()
+	if q.auditID == 0 { // not even recorded: nothing was done
+		return "", err
 	}
-	c.render(q, http.StatusOK, "bulkdone", "Bulk "+d.Action, d)
-	return "", nil
+	v := url.Values{"audit": {strconv.FormatInt(q.auditID, 10)}}
+	for k, vals := range f.Values {
+		v[k] = vals
+	}
+	return q.base() + "bulk/done?" + v.Encode(), nil
+}
+
+// bulkDone shows what a bulk action did, from its record in the audit log (the
+// audit query parameter), with the filter it was given.
+func (c *console) bulkDone(q *req) (string, any, error) {
+	id, err := strconv.ParseInt(q.r.FormValue("audit"), 10, 64)
+	if err != nil || id <= 0 {
+		return "", nil, badRequest("bulk result: the audit entry %q is not an id", q.r.FormValue("audit"))
+	}
+	f, err := parseRunFilter(q.r)
+	if err != nil {
+		return "", nil, err
+	}
+	entries, err := store.ListAudit(q.r.Context(), q.read, q.ns, nil, id+1, 1)
+	if err != nil {
+		return "", nil, err
+	}
+	if len(entries) == 0 || entries[0].ID != id || !strings.HasPrefix(entries[0].Action, "bulk-") {
+		return "", nil, fmt.Errorf("%w: no bulk action %d in the audit log of namespace %q", kagzi.ErrNotFound, id, q.ns)
+	}
+	e := entries[0]
+	d := &bulkDoneData{Action: strings.TrimPrefix(e.Action, "bulk-"), Filter: f}
+	var detail struct {
+		Matched int                          `json:"matched"`
+		Changed int                          `json:"changed"`
+		Skipped map[kagzi.BulkSkipReason]int `json:"skipped"`
+	}
+	if err := json.Unmarshal(e.Detail, &detail); err != nil {
+		return "", nil, err
+	}
+	d.Result = kagzi.BulkResult{Matched: detail.Matched, Changed: detail.Changed, Skipped: detail.Skipped}
+	switch {
+	case e.Outcome == nil:
+		d.Error = "still running (reload for its result)"
+	case *e.Outcome != "ok":
+		d.Error = *e.Outcome
+	}
+	return "Bulk " + d.Action, d, nil
 }

@@ -99,6 +99,28 @@ func (b *browser) post(path string, form url.Values) (int, string, string) {
 	return resp.StatusCode, resp.Header.Get("Location"), string(body)
 }
 
+// postFollow posts a form that must answer with a redirect (303 See Other) and
+// returns the status and body of the page it leads to, as a browser shows it.
+func (b *browser) postFollow(path string, form url.Values) (int, string) {
+	b.t.Helper()
+	status, loc, body := b.post(path, form)
+	if status != http.StatusSeeOther || loc == "" {
+		b.t.Fatalf("POST %s: %d (Location %q), want a redirect\n%s", path, status, loc, body)
+	}
+	base, _ := url.Parse(b.srv.URL + "/console/" + path)
+	to, err := base.Parse(loc)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	resp, err := b.http.Get(to.String())
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	page, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(page)
+}
+
 var csrfField = regexp.MustCompile(`name="csrf" value="([^"]+)"`)
 
 // csrf returns the CSRF token of a page's forms.

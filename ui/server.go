@@ -102,6 +102,7 @@ func newConsole(client *kagzi.Client, opts Options) *console {
 	c.post("POST /n/{ns}/runs/{id}/{action}", c.runAction)
 	c.post("POST /n/{ns}/schedules/{id}/{action}", c.scheduleAction)
 	c.post("POST /n/{ns}/bulk", c.bulkAction)
+	c.page("GET /n/{ns}/bulk/done", "bulkdone", c.bulkDone)
 	return c
 }
 
@@ -124,6 +125,8 @@ type req struct {
 	who    string
 	csrf   string
 	root   string // the relative path from this request's URL to the console's root
+	// auditID is the audit log's record of the action this request took (0: none).
+	auditID int64
 }
 
 // base is the relative path (from the console's root) of the namespace's pages.

@@ -1,6 +1,8 @@
 // Kagzi console: the auto-refresh toggle. A page that offers it (data-refresh on
 // <body>, in seconds) reloads itself while the box is ticked; the choice is kept for
-// the browser in localStorage. A page never reloads while a form field has focus.
+// the browser in localStorage. A page never reloads while a form field (other than the
+// toggle itself) has focus. The "done" parameter of a page an action led to is
+// dropped from the address, so that a reload does not show the action's message again.
 (function () {
   "use strict";
   var secs = parseInt(document.body.getAttribute("data-refresh") || "0", 10);
@@ -13,7 +15,7 @@
     if (!box.checked) { return; }
     timer = setTimeout(function () {
       var a = document.activeElement;
-      if (a && (a.tagName === "INPUT" || a.tagName === "SELECT" || a.tagName === "TEXTAREA")) { schedule(); return; }
+      if (a && a !== box && (a.tagName === "INPUT" || a.tagName === "SELECT" || a.tagName === "TEXTAREA")) { schedule(); return; }
       window.location.reload();
     }, secs * 1000);
   }
@@ -23,4 +25,13 @@
     schedule();
   });
   schedule();
+})();
+
+(function () {
+  "use strict";
+  if (!window.history || !window.history.replaceState || !window.URL) { return; }
+  var u = new URL(window.location.href);
+  if (!u.searchParams.has("done")) { return; }
+  u.searchParams.delete("done");
+  window.history.replaceState(null, "", u.pathname + u.search + u.hash);
 })();
