@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -305,5 +306,74 @@ func TestAWorkerStartedDuringAnOutageRegistersAndRecordsItsLivenessKeyOnceTheDat
 	})
 	if _, err := kagzi.Start(ctx, c, greet, greetIn{Name: "after"}, kagzi.RequireWorker()); err != nil {
 		t.Fatalf("a start that requires a live worker, with the worker registered: %v", err)
+	}
+}
+
+// Found in review: a worker that registered late, at a heartbeat, made the runs it was
+// executing claimable as if a previous process had left them, and another worker ran
+// their steps again.
+func TestAWorkerRegisteringLateKeepsTheRunsItExecutes(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	// The registry refuses the worker at its start, as an unreachable database would.
+	if _, err := e.pool.Exec(ctx, `
+		CREATE TABLE refuse_registry (on_ boolean NOT NULL);
+		INSERT INTO refuse_registry VALUES (true);
+		CREATE FUNCTION refuse_registry() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF (SELECT on_ FROM refuse_registry) THEN RAISE EXCEPTION 'registry unavailable'; END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER refuse_registry BEFORE INSERT OR UPDATE ON kagzi.workers
+			FOR EACH ROW EXECUTE FUNCTION refuse_registry();`); err != nil {
+		t.Fatal(err)
+	}
+	var calls atomic.Int32
+	release := make(chan struct{})
+	wf := kagzi.Define("late-registered", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "slow", func(c context.Context) (int, error) {
+			calls.Add(1)
+			select {
+			case <-release:
+			case <-c.Done():
+				return 0, c.Err()
+			}
+			return n, nil
+		})
+	})
+	cfg := fastWorker()
+	cfg.ID = "late"
+	runWorker(t, e.client, cfg, wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the step to run", func() bool { return calls.Load() == 1 })
+	var holder string
+	if err := e.pool.QueryRow(ctx, `SELECT locked_by FROM kagzi.runs WHERE run_id = $1`, run.RunID).Scan(&holder); err != nil || holder != "late" {
+		t.Fatalf("the run is held by %q (%v), want the worker that could not register", holder, err)
+	}
+	other := newClient(t, e.pool, "")
+	otherCfg := fastWorker()
+	otherCfg.ID = "other"
+	runWorker(t, other, otherCfg, wf) // would take a run that is freed
+	if _, err := e.pool.Exec(ctx, `UPDATE refuse_registry SET on_ = false`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "both workers to register", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.workers WHERE status = 'ONLINE'`) == 2
+	})
+	time.Sleep(3 * fastWorker().PollInterval) // a freed run would be claimed by now
+	close(release)
+	if out, err := run.Wait(ctx); err != nil || out != 7 {
+		t.Fatalf("the run: %d, %v", out, err)
+	}
+	info, err := e.client.GetRun(ctx, run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls.Load() != 1 || info.Takeovers != 0 {
+		t.Fatalf("the step ran %d times and the run was taken over %d times (held by %s), want once and never",
+			calls.Load(), info.Takeovers, holder)
 	}
 }

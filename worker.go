@@ -446,15 +446,23 @@ func (w *Worker) runtime(goroutines *gopool.Pool) *runtime {
 		abandoned: &w.abandoned, goroutines: goroutines}
 }
 
-// register records the worker in the registry, ONLINE.
+// register records the worker in the registry, ONLINE. The runs the worker holds
+// (a worker that registers late, at a heartbeat, may hold some) are its own, and
+// stay so: only other runs locked by its id, a previous process's, are freed.
 func (w *Worker) register(ctx context.Context) error {
 	host, _ := os.Hostname()
 	w.status.Store(WorkerOnline)
+	w.mu.Lock()
+	held := make([][16]byte, 0, len(w.active))
+	for _, x := range w.active {
+		held = append(held, x.run.RunID)
+	}
+	w.mu.Unlock()
 	err := dbError("kagzi: register worker "+w.cfg.ID, store.RegisterWorker(ctx, w.client.pool, store.WorkerRow{
 		Namespace: w.client.ns, WorkerID: w.cfg.ID, Hostname: host, PID: os.Getpid(), Version: Version,
 		Labels: w.cfg.Labels, WorkflowTypes: w.types, WorkflowVersions: w.versions, MaxConcurrent: w.cfg.MaxConcurrent,
 		HeartbeatInterval: w.cfg.HeartbeatInterval,
-	}))
+	}, held))
 	w.registered.Store(err == nil)
 	return err
 }

@@ -51,7 +51,10 @@ func scanWorker(row pgx.Row) (WorkerRow, error) {
 // process's, which died) are made claimable now, as the look for dead workers would,
 // and their types' workers told: the liveness key that look goes by is the new
 // process's from now on.
-func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow) error {
+//
+// held are the runs the registering worker holds itself (one that registers late, at
+// a heartbeat, after its start found the database unreachable): they are not freed.
+func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow, held [][16]byte) error {
 	labels := w.Labels
 	if labels == nil {
 		labels = map[string]string{}
@@ -73,13 +76,14 @@ func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow) error {
 		), freed AS (
 			UPDATE kagzi.runs r SET available_at = now(), updated_at = now()
 			WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = $2 AND r.available_at > now()
+			  AND r.run_id <> ALL ($11::uuid[])
 			RETURNING r.workflow_type
 		)
 		SELECT (SELECT count(*) FROM reg) + (SELECT count(pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':'
 			|| $1 || '|' || t.workflow_type || '|' || (extract(epoch FROM now()) * 1000)::bigint))
 			FROM (SELECT DISTINCT workflow_type FROM freed) t)`,
 		w.Namespace, w.WorkerID, w.Hostname, w.PID, w.Version, labels, w.WorkflowTypes,
-		w.MaxConcurrent, w.HeartbeatInterval.Milliseconds(), w.WorkflowVersions).Scan(&freed)
+		w.MaxConcurrent, w.HeartbeatInterval.Milliseconds(), w.WorkflowVersions, held).Scan(&freed)
 	return err
 }
 
