@@ -124,7 +124,9 @@ func (c *console) bulkDone(q *req) (string, any, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	entries, err := store.ListAudit(q.r.Context(), q.read, q.ns, nil, id+1, 1)
+	// From the primary (q.pool), where the action was just recorded: a replica serving
+	// the other pages (Config.ReadPool) may not have it yet.
+	entries, err := store.ListAudit(q.r.Context(), q.pool, q.ns, nil, id+1, 1)
 	if err != nil {
 		return "", nil, err
 	}
