@@ -425,11 +425,29 @@ func TestARunningRunWhoseWorkerFrozePastItsDeadlineFailsWithoutWaitingForTheLeas
 		WHERE run_id = $1`, run.RunID); err != nil {
 		t.Fatal(err)
 	}
+	// Another, held by a worker whose heartbeat interval is a minute: its run is left
+	// to it for that long past the deadline (a live worker's end may take a moment).
+	slow, err := kagzi.Start(ctx, e.client, frozen, 2, kagzi.WithRunTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `
+		INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version, labels, workflow_types,
+			max_concurrent, heartbeat_interval_ms, status, workflow_versions)
+		VALUES ('default', 'slow-beat', 'h', 1, 'v', '{}', '{frozen-owner}', 1, 60000, 'ONLINE', '{""}');
+		UPDATE kagzi.runs SET status = 'RUNNING', locked_by = 'slow-beat',
+			lease_epoch = lease_epoch + 1, available_at = now() + interval '1 hour', started_at = now()
+		WHERE run_id = '`+slow.RunID+`'`); err != nil {
+		t.Fatal(err)
+	}
 	runWorker(t, e.client, fastWorker(), greet) // of another type: only its sweep can act
 	_, err = run.Wait(ctx)
 	mustErrorIs(t, err, kagzi.ErrDeadlineExceeded)
 	var we *kagzi.WorkflowError
 	if !errors.As(err, &we) || we.Detail.Code != kagzi.CodeDeadlineExceeded {
 		t.Fatalf("the frozen owner's run: %v, want it FAILED with %s", err, kagzi.CodeDeadlineExceeded)
+	}
+	if s := runStatus(t, e.client, slow.RunID); s != kagzi.StatusRunning {
+		t.Fatalf("the run of a worker whose heartbeat interval is a minute is %s a moment past its deadline, want it left RUNNING", s)
 	}
 }
