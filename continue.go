@@ -63,7 +63,7 @@ func (e *continueAsNew) Error() string {
 // continueRun writes an endContinue: the run ends and its next run starts, in one
 // transaction, after the held-back last step (if any) was recorded.
 func (w *Worker) continueRun(x *execution, e ending) {
-	w.releaseSlot(x)
+	w.releaseSlot(x, x.run.ConcurrencyKey != "") // its next run takes its key's place
 	final := StatusCompleted
 	err := x.flush()
 	var next uuid.UUID

@@ -93,7 +93,7 @@ func (x *execution) retry(e ending) {
 // and tells this client's waiters. The run's slot is free once the end is queued.
 func (w *Worker) end(x *execution, e ending) {
 	last := x.takePending()
-	w.releaseSlot(x)
+	w.releaseSlot(x, false)
 	final, e, err := x.finish(e, last)
 	if err == nil {
 		// This client's waiters hear of the end from us, with what it recorded; others'

@@ -527,7 +527,11 @@ const (
 // finishingPerSlot × MaxConcurrent runs are finishing at once: enough for the ends
 // committer to gather large batches while busy, and a bound on what a slow database
 // lets pile up.
-func (w *Worker) releaseSlot(x *execution) {
+//
+// The claims do not count a finishing run against the limits (Claimer.Finishing):
+// its end frees its type slot and its key's place. A keyed run that continues as new
+// hands its place to its next run instead (keepsPlace), and stays counted.
+func (w *Worker) releaseSlot(x *execution, keepsPlace bool) {
 	w.mu.Lock()
 	if x.finishing || w.finishing >= finishingPerSlot*w.cfg.MaxConcurrent {
 		w.mu.Unlock()
@@ -535,7 +539,7 @@ func (w *Worker) releaseSlot(x *execution) {
 	}
 	x.finishing = true
 	w.finishing++
-	if x.run.HoldsSlot || x.run.ConcurrencyKey != "" {
+	if (x.run.HoldsSlot || x.run.ConcurrencyKey != "") && !keepsPlace {
 		w.finishingHolders[x.run.RunID] = struct{}{}
 	}
 	w.mu.Unlock()

@@ -61,6 +61,8 @@ func newBrowser(t *testing.T) context.Context {
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.UserDataDir(profile),
 		chromedp.WindowSize(1360, 900),
+		// On a loaded 2-core box Chromium took more than the default 20 s to start.
+		chromedp.WSURLReadTimeout(90 * time.Second),
 	}
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
 	ctx, cancel := chromedp.NewContext(alloc)
