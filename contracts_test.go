@@ -419,12 +419,7 @@ func TestARunningRunWhoseWorkerFrozePastItsDeadlineFailsWithoutWaitingForTheLeas
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Claimed by a worker that then froze: RUNNING, its lease an hour long.
-	if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', locked_by = 'frozen',
-		lease_epoch = lease_epoch + 1, available_at = now() + interval '1 hour', started_at = now()
-		WHERE run_id = $1`, run.RunID); err != nil {
-		t.Fatal(err)
-	}
+	leaseTo(t, e, run.RunID, "frozen") // claimed by a worker that then froze
 	// Another, held by a worker whose heartbeat interval is a minute: its run is left
 	// to it for that long past the deadline (a live worker's end may take a moment).
 	slow, err := kagzi.Start(ctx, e.client, frozen, 2, kagzi.WithRunTimeout(time.Second))
@@ -434,12 +429,10 @@ func TestARunningRunWhoseWorkerFrozePastItsDeadlineFailsWithoutWaitingForTheLeas
 	if _, err := e.pool.Exec(ctx, `
 		INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version, labels, workflow_types,
 			max_concurrent, heartbeat_interval_ms, status, workflow_versions)
-		VALUES ('default', 'slow-beat', 'h', 1, 'v', '{}', '{frozen-owner}', 1, 60000, 'ONLINE', '{""}');
-		UPDATE kagzi.runs SET status = 'RUNNING', locked_by = 'slow-beat',
-			lease_epoch = lease_epoch + 1, available_at = now() + interval '1 hour', started_at = now()
-		WHERE run_id = '`+slow.RunID+`'`); err != nil {
+		VALUES ('default', 'slow-beat', 'h', 1, 'v', '{}', '{frozen-owner}', 1, 60000, 'ONLINE', '{""}')`); err != nil {
 		t.Fatal(err)
 	}
+	leaseTo(t, e, slow.RunID, "slow-beat")
 	runWorker(t, e.client, fastWorker(), greet) // of another type: only its sweep can act
 	_, err = run.Wait(ctx)
 	mustErrorIs(t, err, kagzi.ErrDeadlineExceeded)

@@ -322,3 +322,14 @@ func (a *atOnce) check(t *testing.T, typeLimit, keyLimit int) {
 		}
 	}
 }
+
+// leaseTo makes the run RUNNING under worker's lease for an hour, as a claim by a
+// worker that then died or froze would leave it (nothing executes it).
+func leaseTo(t *testing.T, e *env, runID, worker string) {
+	t.Helper()
+	if _, err := e.pool.Exec(context.Background(), `UPDATE kagzi.runs SET status = 'RUNNING', locked_by = $2,
+		lease_epoch = lease_epoch + 1, available_at = now() + interval '1 hour', started_at = now()
+		WHERE run_id = $1`, runID, worker); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -60,6 +60,23 @@ func archivingClient(t *testing.T, e *env, retention time.Duration) *kagzi.Clien
 	return c
 }
 
+// runArchived runs the archived workflow with in to its end (its signal sent), and
+// returns the run.
+func runArchived(t *testing.T, ctx context.Context, c *kagzi.Client, in archIn, opts ...kagzi.StartOption) *kagzi.Run[string] {
+	t.Helper()
+	run, err := kagzi.Start(ctx, c, archived, in, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Signal(ctx, run.RunID, "note", "x"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return run
+}
+
 func archivingWorker(t *testing.T, c *kagzi.Client) (*kagzi.Worker, func()) {
 	t.Helper()
 	cfg := fastWorker()
@@ -363,16 +380,7 @@ func TestARetentionShorterThanAnotherNamespacesDeletesOnlyItsOwnArchivedRuns(t *
 	ctx := waitCtx(t)
 	c := archivingClient(t, e, 0)
 	w, stop := archivingWorker(t, c)
-	run, err := kagzi.Start(ctx, c, archived, archIn{N: 3}, kagzi.WithID("pruned"), kagzi.WithIDReuse(kagzi.IDReuseNever))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Signal(ctx, run.RunID, "note", "x"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := run.Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
+	run := runArchived(t, ctx, c, archIn{N: 3}, kagzi.WithID("pruned"), kagzi.WithIDReuse(kagzi.IDReuseNever))
 	eventually(t, "the run to move into the history", func() bool { return w.ArchivedRuns() == 1 })
 	stop()
 	// Another namespace keeps its runs for ever: no partition may be dropped.
@@ -549,17 +557,7 @@ func TestARefusedRerunOfAnArchivedRunLeavesItInTheHistory(t *testing.T) {
 	_, stop := archivingWorker(t, c)
 	var ids []string
 	for i := range 2 {
-		run, err := kagzi.Start(ctx, c, archived, archIn{N: i})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := c.Signal(ctx, run.RunID, "note", "n"); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := run.Wait(ctx); err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, run.RunID)
+		ids = append(ids, runArchived(t, ctx, c, archIn{N: i}).RunID)
 	}
 	archivedRows := func() int {
 		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs_history WHERE run_id = ANY ($1::uuid[])`, ids)
@@ -598,16 +596,7 @@ func TestARetentionOfSecondsBesideAnotherOfAnHourDeletesItsArchivedRuns(t *testi
 	c := archivingClient(t, e, 2*time.Second)
 	w, stop := archivingWorker(t, c)
 	defer stop()
-	run, err := kagzi.Start(ctx, c, archived, archIn{N: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Signal(ctx, run.RunID, "note", "x"); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := run.Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
+	run := runArchived(t, ctx, c, archIn{N: 1})
 	eventually(t, "the archived run to be deleted after its two seconds", func() bool { return w.PrunedRuns() == 1 })
 	if _, err := c.GetRun(ctx, run.RunID); !errors.Is(err, kagzi.ErrNotFound) {
 		t.Fatalf("the run past its retention: %v, want ErrNotFound", err)

@@ -92,12 +92,7 @@ func TestAWorkerRestartedWithItsDeadPredecessorsIDTakesItsRunsAtOnce(t *testing.
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Claimed by the process "pod-0" that then died: RUNNING, its lease an hour long.
-	if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', locked_by = 'pod-0',
-		lease_epoch = lease_epoch + 1, available_at = now() + interval '1 hour', started_at = now()
-		WHERE run_id = $1`, run.RunID); err != nil {
-		t.Fatal(err)
-	}
+	leaseTo(t, e, run.RunID, "pod-0") // claimed by the process "pod-0" that then died
 	cfg := fastWorker()
 	cfg.ID = "pod-0"
 	cfg.LeaseDuration = time.Hour
