@@ -110,7 +110,13 @@ type WorkerBeat struct {
 // run the worker holds (matched by run and epoch), refreshes the worker's registry
 // row, and marks OFFLINE the workers of the namespace that stopped beating (three of
 // their own intervals) and prunes those offline for a day. SKIP LOCKED keeps two
-// beating workers from waiting on (or deadlocking over) the same dead rows.
+// beating workers from waiting on (or deadlocking over) the same dead rows, and its
+// own row too (me): two workers that each looked stale to the other (after a database
+// restart, a paused process) each locked the other's row to mark it OFFLINE and then
+// waited for its own, held by the other: a deadlock at every beat, and the beats of
+// every worker failed together for as long as they kept looking stale to each other
+// (24 s in a chaos run). A beat whose own row is held skips refreshing it: its next
+// beat does (and brings it back ONLINE if another marked it OFFLINE meanwhile).
 //
 // It never waits for a run's row either: a run whose row another transaction holds
 // (the worker's own committer ending it, most often) is skipped, and comes back as
@@ -122,7 +128,9 @@ WITH me AS (
 	UPDATE kagzi.workers SET last_heartbeat_at = now(), active_runs = $5, completed_total = $6,
 		failed_total = $7, status = CASE WHEN status = 'OFFLINE' THEN 'ONLINE' ELSE status END,
 		stopped_at = NULL
-	WHERE namespace = $3 AND worker_id = $4
+	WHERE (namespace, worker_id) IN (
+		SELECT namespace, worker_id FROM kagzi.workers WHERE namespace = $3 AND worker_id = $4
+		FOR UPDATE SKIP LOCKED)
 	RETURNING 1
 ), silent AS (
 	UPDATE kagzi.workers w SET status = 'OFFLINE', stopped_at = now()

@@ -93,3 +93,49 @@ func TestAReapTellsWhetherAnotherLiveWorkerReportedRunsInHand(t *testing.T) {
 		t.Fatal("not busy while another live worker reported runs in hand")
 	}
 }
+
+// Found in a chaos run: two workers that each looked stale to the other each locked
+// the other's row to mark it OFFLINE and waited for their own: every beat deadlocked
+// (or timed out) for as long as they kept looking stale, and their runs' leases ran out.
+func TestAHeartbeatDoesNotWaitForItsOwnRowThatAnotherBeatIsMarkingOffline(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	for _, id := range []string{"a", "b"} {
+		if err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: id, WorkflowTypes: []string{"t"},
+			WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Both stopped beating a while ago, as seen from each other.
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.workers SET last_heartbeat_at = now() - interval '1 hour'`); err != nil {
+		t.Fatal(err)
+	}
+	// Worker a's beat, not yet committed: it refreshed its own row and marked b OFFLINE.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := Heartbeat(ctx, tx, WorkerBeat{Namespace: "default", WorkerID: "a"}, nil, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	// Worker b's beat goes through meanwhile: it neither waits for its own row, held by
+	// a's beat, nor for a's.
+	bctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := Heartbeat(bctx, pool, WorkerBeat{Namespace: "default", WorkerID: "b"}, nil, time.Hour); err != nil {
+		t.Fatalf("b's beat while a's held b's row: %v, want it through without waiting", err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// b's next beat, its row free again, brings it back ONLINE.
+	if _, err := Heartbeat(ctx, pool, WorkerBeat{Namespace: "default", WorkerID: "b"}, nil, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	w, err := GetWorker(ctx, pool, "default", "b")
+	if err != nil || w.Status != "ONLINE" {
+		t.Fatalf("b after its next beat: %+v, %v; want ONLINE", w, err)
+	}
+}
