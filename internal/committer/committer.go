@@ -487,16 +487,17 @@ func (c *Committer) do(req *request) error {
 	if c.idle > 0 {
 		c.arrive()
 	}
+	var err error
 	select {
 	case c.reqs <- req:
 	case <-req.ctx.Done():
-		if c.idle > 0 {
-			c.leave()
-		}
-		return req.ctx.Err()
+		err = req.ctx.Err()
 	}
 	if c.idle > 0 {
 		c.leave()
+	}
+	if err != nil {
+		return err
 	}
 	return <-req.done
 }
