@@ -51,7 +51,7 @@ func pgbouncerPath(t *testing.T) string {
 		}
 	}
 	t.Fatal("this test needs PgBouncer and found none (looked in $PATH and /usr/sbin): install it, " +
-		"e.g. `apt-get install -y pgbouncer` on Debian or Ubuntu (.ci/run does), `brew install pgbouncer` on macOS")
+		"e.g. `apt-get install -y pgbouncer` on Debian or Ubuntu (scripts/test does as root), `brew install pgbouncer` on macOS")
 	return ""
 }
 

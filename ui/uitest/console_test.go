@@ -34,7 +34,7 @@ func chromium(t *testing.T) string {
 			return p
 		}
 	}
-	t.Fatal("no Chromium found: install Debian's chromium package (apt-get install chromium; .ci/run does) " +
+	t.Fatal("no Chromium found: install Debian's chromium package (apt-get install chromium; scripts/test does as root) " +
 		"or set KAGZI_CHROMIUM to a Chrome or Chromium binary")
 	return ""
 }
