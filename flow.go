@@ -151,10 +151,15 @@ func limitsOf(l store.FlowLimits) Limits {
 		KeyRate: orZero(l.KeyRate), KeyRatePeriod: l.KeyRatePeriod, UpdatedAt: l.UpdatedAt}
 }
 
+// lateHoldersWait bounds SetLimits's wait for the claims under way when it stored a
+// concurrency limit.
+const lateHoldersWait = 2 * time.Second
+
 // SetLimits stores the limits of a workflow type in the client's namespace, replacing
 // those it had. They apply from every worker's next claim; a run already running when
 // a lower limit is set finishes, and no run is admitted until the type is back under
-// it. Invalid limits (negative, over MaxLimit, a rate without a period in
+// it. A concurrency limit counts the type's runs executing when it is set, including
+// those of claims under way meanwhile (SetLimits waits up to 2 s for them). Invalid limits (negative, over MaxLimit, a rate without a period in
 // MinRatePeriod..MaxRatePeriod or not a whole number of milliseconds, none at all) are ErrInvalidArgument and change nothing.
 func (c *Client) SetLimits(ctx context.Context, l Limits) (*Limits, error) {
 	if err := l.validate(); err != nil {
@@ -166,6 +171,11 @@ func (c *Client) SetLimits(ctx context.Context, l Limits) (*Limits, error) {
 		KeyRate: optional(l.KeyRate), KeyRatePeriod: l.KeyRatePeriod})
 	if err != nil {
 		return nil, dbError("kagzi: set limits of "+l.WorkflowType, err)
+	}
+	if l.Concurrency > 0 {
+		if err := store.MarkLateTypeHolders(ctx, c.pool, c.ns, l.WorkflowType, lateHoldersWait); err != nil {
+			return nil, dbError("kagzi: set limits of "+l.WorkflowType+" (stored; marking the runs claimed meanwhile)", err)
+		}
 	}
 	set := limitsOf(out)
 	return &set, nil

@@ -921,3 +921,63 @@ func TestRunInfoTellsWhatHoldsBackASleeperWhoseWakeTimeCame(t *testing.T) {
 		return err == nil && info.Status == kagzi.StatusSleeping && info.Hold != nil && info.Hold.Limit == "concurrency"
 	})
 }
+
+// A claim that read no limit and commits while SetLimits stores one: SetLimits waits for
+// it and marks its runs, so they count against the new limit like the runs executing
+// before it did.
+func TestSetLimitsCountsTheRunsOfAClaimThatCommitsWhileItStoresTheLimit(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("claimed-meanwhile", func(ctx *kagzi.Context, in string) (string, error) { return in, nil })
+	r, err := kagzi.Start(ctx, e.client, wf, "x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The claim: begun (and its row taken) before the limit exists, committed after.
+	claim, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer claim.Rollback(ctx)
+	if _, err := claim.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', locked_by = 'w-1',
+		lease_epoch = lease_epoch + 1, available_at = now() + interval '1 hour', started_at = now()
+		WHERE run_id = $1`, r.RunID); err != nil {
+		t.Fatal(err)
+	}
+	set := make(chan error, 1)
+	go func() {
+		_, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "claimed-meanwhile", Concurrency: 1})
+		set <- err
+	}()
+	eventually(t, "the limit to be stored", func() bool {
+		_, err := e.client.GetLimits(ctx, "claimed-meanwhile")
+		return err == nil
+	})
+	select {
+	case err := <-set:
+		t.Fatalf("SetLimits returned (%v) while a claim begun before it was still under way", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	if err := claim.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-set; err != nil {
+		t.Fatal(err)
+	}
+	var holds bool
+	if err := e.pool.QueryRow(ctx, `SELECT holds_type_slot FROM kagzi.runs WHERE run_id = $1`, r.RunID).Scan(&holds); err != nil {
+		t.Fatal(err)
+	}
+	if !holds {
+		t.Fatal("the run claimed while the limit was stored holds no slot: it would execute beside a full limit's worth")
+	}
+	r2, err := kagzi.Start(ctx, e.client, wf, "y")
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, e.client, fastWorker(), wf)
+	eventually(t, "the second run to be held by the limit", func() bool {
+		info, err := e.client.GetRun(ctx, r2.RunID)
+		return err == nil && info.Hold != nil && info.Hold.Limit == "concurrency"
+	})
+}

@@ -100,6 +100,56 @@ func SetFlowLimits(ctx context.Context, db DBTX, l FlowLimits) (FlowLimits, erro
 	return out, err
 }
 
+// markTypeHolders marks the type's executing runs that hold no slot of its concurrency
+// limit as holders, while it has one: setFlowLimits's mark again, for the runs of
+// claims and eager starts that were under way while it committed (they read no limit).
+var markTypeHolders = named(`
+UPDATE kagzi.runs r SET holds_type_slot = true
+FROM kagzi.flow_limits l
+WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type AND l.concurrency IS NOT NULL
+  AND r.namespace = l.namespace AND r.workflow_type = l.workflow_type
+  AND r.status = 'RUNNING' AND NOT r.holds_type_slot AND r.available_at > now()`,
+	arg("namespace", "text", func(l *FlowLimits) string { return l.Namespace }),
+	arg("workflow_type", "text", func(l *FlowLimits) string { return l.WorkflowType }),
+)
+
+// transactionsUnderWay lists the virtual transaction ids of the database's other
+// transactions now, leaving out those idle in their transaction for over a second
+// (a session's forgotten BEGIN is no claim in flight).
+const transactionsUnderWay = `
+SELECT coalesce(array_agg(l.virtualxid), '{}') FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'virtualxid' AND l.granted AND l.pid <> pg_backend_pid()
+  AND a.datname = current_database()
+  AND NOT (a.state = 'idle in transaction' AND a.state_change < statement_timestamp() - interval '1 second')`
+
+// MarkLateTypeHolders waits for the transactions under way when it is called to end
+// (for at most wait) and then marks the type's executing runs that hold no slot of its
+// concurrency limit: called once SetFlowLimits has committed, it catches the runs of
+// the claims and eager starts that read no limit because they began before it.
+func MarkLateTypeHolders(ctx context.Context, db DBTX, namespace, workflowType string, wait time.Duration) error {
+	var vxids []string
+	if err := db.QueryRow(ctx, transactionsUnderWay).Scan(&vxids); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(wait)
+	for len(vxids) > 0 && time.Now().Before(deadline) {
+		if err := db.QueryRow(ctx, `SELECT coalesce(array_agg(virtualxid), '{}') FROM pg_locks
+			WHERE locktype = 'virtualxid' AND granted AND virtualxid = ANY($1)`, vxids).Scan(&vxids); err != nil {
+			return err
+		}
+		if len(vxids) > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}
+	l := FlowLimits{Namespace: namespace, WorkflowType: workflowType}
+	_, err := db.Exec(ctx, markTypeHolders.sql, markTypeHolders.args(&l)...)
+	return err
+}
+
 // GetFlowLimits reads the limits of a workflow type, or ErrNotFound.
 func GetFlowLimits(ctx context.Context, db DBTX, namespace, workflowType string) (FlowLimits, error) {
 	l, err := scanFlowLimits(db.QueryRow(ctx, `SELECT `+flowLimitsColumns+` FROM kagzi.flow_limits
