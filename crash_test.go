@@ -2,6 +2,7 @@ package kagzi_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -352,5 +353,50 @@ func TestCrashInTheMiddleOfAFanOutResumesOnlyTheUnfinishedItems(t *testing.T) {
 		if n := countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = $1`, fmt.Sprint(i)); n != want {
 			t.Errorf("item %d ran %d times, want %d", i, n, want)
 		}
+	}
+}
+
+// Found from outside: only a live worker's heartbeat marked a silent one OFFLINE, so
+// when the last worker of a namespace was killed it stayed ONLINE for ever, its types
+// were never reported without a worker, and RequireWorker let starts through.
+func TestTheLastWorkerKilledIsOfflineAndItsReadyRunsHaveNoWorkerWithNoWorkerLeftToMarkIt(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects (run_id text, step text, pid int)`); err != nil {
+		t.Fatal(err)
+	}
+	run, err := kagzi.Start(ctx, e.client, crashyWorkflow(e.pool, true), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker := startWorkerProcess(t, e.url, true)
+	eventually(t, "the run to reach its hanging step in the worker process", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = 'block'`) == 1
+	})
+	if h := e.client.Health(ctx); len(h.PendingTypesWithoutWorker) != 0 {
+		t.Fatalf("types without a worker %v while the worker lives", h.PendingTypesWithoutWorker)
+	}
+	if err := worker.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = worker.Wait()
+
+	eventually(t, "the killed worker to read OFFLINE", func() bool {
+		ws, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{})
+		return err == nil && len(ws.Workers) == 1 && ws.Workers[0].Status == kagzi.WorkerOffline
+	})
+	online, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{Statuses: []kagzi.WorkerStatus{kagzi.WorkerOnline}})
+	if err != nil || len(online.Workers) != 0 {
+		t.Fatalf("listing ONLINE workers: %v, %d", err, len(online.Workers))
+	}
+	eventually(t, "health to report the run's type without a worker once its lease passed", func() bool {
+		h := e.client.Health(ctx)
+		return fmt.Sprint(h.PendingTypesWithoutWorker) == "[crashy]"
+	})
+	if _, err := e.client.StartByName(ctx, "crashy", 2, kagzi.RequireWorker()); !errors.Is(err, kagzi.ErrNoWorker) {
+		t.Fatalf("a start requiring a worker of a type whose only worker was killed: %v, want ErrNoWorker", err)
+	}
+	if s := runStatus(t, e.client, run.RunID); s != kagzi.StatusRunning {
+		t.Fatalf("run %s, want RUNNING (held by the dead process, its lease passed)", s)
 	}
 }

@@ -22,9 +22,11 @@ type HealthReport struct {
 	SchemaCurrent       bool  `json:"schema_current"`
 	// Workers are the workers running in this process on this client.
 	Workers []LocalWorkerHealth `json:"workers,omitempty"`
-	// PendingTypesWithoutWorker lists workflow types with runs ready to run but no
-	// live worker registered for them in the namespace (for a run pinned to a version,
-	// none registered with that version).
+	// PendingTypesWithoutWorker lists workflow types with runs ready to run (PENDING
+	// and due, SLEEPING past their wake time, RUNNING past their lease) but no live
+	// worker registered for them in the namespace (for a run pinned to a version, none
+	// registered with that version). A worker silent for three heartbeat intervals is
+	// not live.
 	PendingTypesWithoutWorker []string `json:"pending_types_without_worker,omitempty"`
 }
 

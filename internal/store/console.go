@@ -172,12 +172,12 @@ func Throughput(ctx context.Context, db DBTX, namespace string, since time.Time,
 	})
 }
 
-// LiveWorkerTypes lists the workflow types live (ONLINE or DRAINING) workers of the
+// LiveWorkerTypes lists the workflow types live workers (see workerLiveSQL) of the
 // namespace registered (workers_live).
 func LiveWorkerTypes(ctx context.Context, db DBTX, namespace string) ([]string, error) {
 	rows, err := db.Query(ctx, `
-		SELECT DISTINCT unnest(workflow_types) FROM kagzi.workers
-		WHERE namespace = $1 AND status <> 'OFFLINE' AND last_heartbeat_at IS NOT NULL ORDER BY 1`, namespace)
+		SELECT DISTINCT unnest(w.workflow_types) FROM kagzi.workers w
+		WHERE w.namespace = $1 AND `+workerLiveSQL+` ORDER BY 1`, namespace)
 	if err != nil {
 		return nil, err
 	}

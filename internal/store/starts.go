@@ -469,15 +469,15 @@ func archivedRun(ctx context.Context, db DBTX, a Run) (run Run, found bool, err 
 	return run, err == nil, err
 }
 
-// liveWorkerSQL is true when a live (ONLINE or DRAINING) worker of namespace ns
+// liveWorkerSQL is true when a live (see workerLiveSQL) worker of namespace ns
 // registered the workflow type typ and, unless version is NULL, that version of it.
 func liveWorkerSQL(ns, typ, version string) string {
 	return `EXISTS (SELECT 1 FROM kagzi.workers w, unnest(w.workflow_types, w.workflow_versions) AS t(workflow_type, version)
-		WHERE w.namespace = ` + ns + ` AND w.status <> 'OFFLINE' AND t.workflow_type = ` + typ + `
+		WHERE w.namespace = ` + ns + ` AND ` + workerLiveSQL + ` AND t.workflow_type = ` + typ + `
 		  AND (` + version + ` IS NULL OR t.version = ` + version + `))`
 }
 
-// LiveWorkerRegistered tells whether a live (ONLINE or DRAINING) worker of the
+// LiveWorkerRegistered tells whether a live (see workerLiveSQL) worker of the
 // namespace registered the workflow type and, unless version is nil, that version.
 func LiveWorkerRegistered(ctx context.Context, db DBTX, namespace, workflowType string, version *string) (bool, error) {
 	var ok bool

@@ -31,9 +31,20 @@ type WorkerRow struct {
 	StoppedAt         *time.Time
 }
 
-const workerColumns = `namespace, worker_id, hostname, pid, version, labels, workflow_types,
-	workflow_versions, max_concurrent, heartbeat_interval_ms, status, active_runs, completed_total, failed_total,
-	started_at, last_heartbeat_at, stopped_at`
+// workerLiveSQL is true for a live worker row w: ONLINE or DRAINING, and not silent
+// for three heartbeat intervals. A worker's heartbeat marks the silent workers of its
+// namespace OFFLINE, but when every worker of a namespace died none is left to do it:
+// whoever reads the registry judges silence itself.
+const workerLiveSQL = `(w.status <> 'OFFLINE' AND w.last_heartbeat_at >= now() - 3 * w.heartbeat_interval_ms * interval '1 millisecond')`
+
+// workerStatusSQL is a worker's status as readers see it: OFFLINE once it is silent
+// for three heartbeat intervals, whether or not a heartbeat marked it so yet.
+const workerStatusSQL = `CASE WHEN w.status <> 'OFFLINE' AND w.last_heartbeat_at < now() - 3 * w.heartbeat_interval_ms * interval '1 millisecond'
+	THEN 'OFFLINE' ELSE w.status END`
+
+const workerColumns = `w.namespace, w.worker_id, w.hostname, w.pid, w.version, w.labels, w.workflow_types,
+	w.workflow_versions, w.max_concurrent, w.heartbeat_interval_ms, ` + workerStatusSQL + `, w.active_runs, w.completed_total, w.failed_total,
+	w.started_at, w.last_heartbeat_at, w.stopped_at`
 
 func scanWorker(row pgx.Row) (WorkerRow, error) {
 	var w WorkerRow
@@ -197,8 +208,8 @@ func Heartbeat(ctx context.Context, db DBTX, beat WorkerBeat, held []Fence, leas
 
 // GetWorker reads one worker of the namespace.
 func GetWorker(ctx context.Context, db DBTX, namespace, workerID string) (WorkerRow, error) {
-	w, err := scanWorker(db.QueryRow(ctx, `SELECT `+workerColumns+` FROM kagzi.workers
-		WHERE namespace = $1 AND worker_id = $2`, namespace, workerID))
+	w, err := scanWorker(db.QueryRow(ctx, `SELECT `+workerColumns+` FROM kagzi.workers w
+		WHERE w.namespace = $1 AND w.worker_id = $2`, namespace, workerID))
 	if errors.Is(err, pgx.ErrNoRows) {
 		return WorkerRow{}, ErrNotFound
 	}
@@ -218,39 +229,39 @@ type ListWorkersParams struct {
 // ListWorkers lists workers by id.
 func ListWorkers(ctx context.Context, db DBTX, p ListWorkersParams) ([]WorkerRow, error) {
 	args := []any{p.Namespace}
-	where := "namespace = $1"
+	where := "w.namespace = $1"
 	if len(p.Statuses) > 0 {
 		args = append(args, p.Statuses)
-		where += " AND status = ANY($" + strconv.Itoa(len(args)) + ")"
+		where += " AND " + workerStatusSQL + " = ANY($" + strconv.Itoa(len(args)) + ")"
 	}
 	if p.WorkflowType != "" {
 		args = append(args, p.WorkflowType)
-		where += " AND $" + strconv.Itoa(len(args)) + " = ANY(workflow_types)"
+		where += " AND $" + strconv.Itoa(len(args)) + " = ANY(w.workflow_types)"
 	}
 	if p.AfterID != "" {
 		args = append(args, p.AfterID)
-		where += " AND worker_id > $" + strconv.Itoa(len(args))
+		where += " AND w.worker_id > $" + strconv.Itoa(len(args))
 	}
 	args = append(args, p.Limit)
-	rows, err := db.Query(ctx, `SELECT `+workerColumns+` FROM kagzi.workers WHERE `+where+
-		` ORDER BY worker_id LIMIT $`+strconv.Itoa(len(args)), args...)
+	rows, err := db.Query(ctx, `SELECT `+workerColumns+` FROM kagzi.workers w WHERE `+where+
+		` ORDER BY w.worker_id LIMIT $`+strconv.Itoa(len(args)), args...)
 	if err != nil {
 		return nil, err
 	}
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (WorkerRow, error) { return scanWorker(row) })
 }
 
-// PendingTypesWithoutWorker lists the workflow types that have claimable-now runs
-// but no live (ONLINE or DRAINING) worker registered for them in the namespace, with
-// the run's version when it has one (a run pinned to a version only a worker of that
-// version claims).
+// PendingTypesWithoutWorker lists the workflow types that have runs ready now (PENDING
+// and due, SLEEPING past their wake time, RUNNING past their lease) but no live (see
+// workerLiveSQL) worker registered for them in the namespace, with the run's version
+// when it has one (a run pinned to a version only a worker of that version claims).
 func PendingTypesWithoutWorker(ctx context.Context, db DBTX, namespace string) ([]string, error) {
 	rows, err := db.Query(ctx, `
 		SELECT DISTINCT r.workflow_type FROM kagzi.runs r
-		WHERE r.namespace = $1 AND r.status = 'PENDING' AND r.available_at <= now()
+		WHERE r.namespace = $1 AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at <= now()
 		  AND NOT EXISTS (
 			SELECT 1 FROM kagzi.workers w
-			WHERE w.namespace = $1 AND w.status <> 'OFFLINE' AND r.workflow_type = ANY(w.workflow_types)
+			WHERE w.namespace = $1 AND `+workerLiveSQL+` AND r.workflow_type = ANY(w.workflow_types)
 			  AND (r.version IS NULL
 			       OR w.workflow_versions[array_position(w.workflow_types, r.workflow_type)] = r.version))
 		ORDER BY 1`, namespace)
