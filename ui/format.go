@@ -13,7 +13,10 @@ import (
 	"github.com/kagzi/kagzi"
 )
 
-// funcs are the templates' helpers.
+// funcs are the templates' helpers. There is no query-escaping helper: html/template
+// escapes a value inserted in a URL's query itself, so a helper's escapes were
+// escaped again ("billing/charge" became billing%252Fcharge); a query string built
+// in Go goes through qs.
 var funcs = template.FuncMap{
 	"ts":    ts,
 	"tsp":   func(t *time.Time) string { return tsPtr(t) },
@@ -24,7 +27,6 @@ var funcs = template.FuncMap{
 	"path":  url.PathEscape,
 	// linkable: a name may be a path segment of a link (see dotSegment).
 	"linkable": func(name string) bool { return !dotSegment(name) },
-	"query":    url.QueryEscape,
 	"lower":    strings.ToLower,
 	"join":     strings.Join,
 	"count":    count,
