@@ -2,8 +2,10 @@ package ui_test
 
 import (
 	"context"
+	"html"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -411,5 +413,41 @@ func TestARunPageLinksTheRunItContinuedAsAndSaysWhatHoldsItBack(t *testing.T) {
 	}
 	if _, page := b.get("n/default/runs/" + held.RunID); !strings.Contains(page, "held by the rate limit until") {
 		t.Errorf("the held run's page does not say what holds it:\n%s", page)
+	}
+}
+
+// Found by an outside tester: a bulk action's result page read the counts from the
+// audit log but described the filter from its own address, so the record of a cancel
+// of one type read as a cancel of whatever type a link named.
+func TestABulkActionsResultDescribesTheFilterItsAuditRecordHoldsNotItsAddress(t *testing.T) {
+	e := newEnv(t)
+	startIdle(t, e.client, 2)
+	if _, err := e.client.StartByName(context.Background(), "payments", 1); err != nil {
+		t.Fatal(err)
+	}
+	b := serve(t, ui.Handler(e.client, ui.Options{Actions: true, Authorize: allowAll, Logger: quiet()}))
+	_, confirm := b.get("n/default/bulk?action=cancel&type=idle&status=PENDING")
+	status, loc, _ := b.post("n/default/bulk", url.Values{"csrf": {csrf(t, confirm)}, "action": {"cancel"},
+		"type": {"idle"}, "status": {"PENDING"}})
+	m := regexp.MustCompile(`bulk/done\?audit=(\d+)`).FindStringSubmatch(loc)
+	if status != http.StatusSeeOther || m == nil {
+		t.Fatalf("POST bulk: %d to %q, want a redirect to its result", status, loc)
+	}
+	result := regexp.MustCompile(`(?s)id="bulk-result">(.*?)</p>`)
+	back := regexp.MustCompile(`href="([^"]*)">Back to the runs`)
+	for _, query := range []string{"", "&type=payments", "&status=COMPLETED&type=payments", "&workflow_id=x&created_after=2020-01-01T00:00",
+		"&status=NOPE", "&workflow_id=a&workflow_id=b"} {
+		status, page := b.get("n/default/bulk/done?audit=" + m[1] + query)
+		if status != http.StatusOK {
+			t.Errorf("bulk/done?audit=%s%s: %d, want the record's result\n%s", m[1], query, status, page)
+			continue
+		}
+		got := result.FindStringSubmatch(page)
+		if got == nil || !strings.Contains(got[1], "<b>2</b> matched, <b>2</b> cancelled — runs with status PENDING, workflow type idle.") {
+			t.Errorf("bulk/done?audit=%s%s describes the bulk cancel of the PENDING idle runs as:\n%v", m[1], query, got)
+		}
+		if l := back.FindStringSubmatch(page); l == nil || html.UnescapeString(l[1]) != "n/default/runs?status=PENDING&type=idle" {
+			t.Errorf("bulk/done?audit=%s%s links back to the runs as %v, want the audited filter's", m[1], query, l)
+		}
 	}
 }

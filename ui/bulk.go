@@ -68,10 +68,11 @@ func countMatches(q *req, f kagzi.RunFilter, limit int) (capped, error) {
 }
 
 type bulkDoneData struct {
-	Action string
-	Filter runFilter
-	Result kagzi.BulkResult
-	Error  string
+	Action    string
+	Filter    runFilter // the recorded filter (empty when it no longer reads)
+	Described string    // the recorded filter in words
+	Result    kagzi.BulkResult
+	Error     string
 }
 
 // bulkAction cancels or reruns every run the posted filter matches, records it, and
@@ -106,23 +107,16 @@ func (c *console) bulkAction(q *req, a Action) (string, error) {
 	if q.auditID == 0 { // not even recorded: nothing was done
 		return "", err
 	}
-	v := url.Values{"audit": {strconv.FormatInt(q.auditID, 10)}}
-	for k, vals := range f.Values {
-		v[k] = vals
-	}
-	return q.base() + "bulk/done?" + v.Encode(), nil
+	return q.base() + "bulk/done?audit=" + strconv.FormatInt(q.auditID, 10), nil
 }
 
 // bulkDone shows what a bulk action did, from its record in the audit log (the
-// audit query parameter), with the filter it was given.
+// audit query parameter): its counts and the filter it was given, both as recorded.
+// A filter in the page's address is ignored: the record says what was done.
 func (c *console) bulkDone(q *req) (string, any, error) {
 	id, err := strconv.ParseInt(q.r.FormValue("audit"), 10, 64)
 	if err != nil || id <= 0 {
 		return "", nil, badRequest("bulk result: the audit entry %q is not an id", q.r.FormValue("audit"))
-	}
-	f, err := parseRunFilter(q.r)
-	if err != nil {
-		return "", nil, err
 	}
 	// From the primary (q.pool), where the action was just recorded: a replica serving
 	// the other pages (Config.ReadPool) may not have it yet.
@@ -134,14 +128,23 @@ func (c *console) bulkDone(q *req) (string, any, error) {
 		return "", nil, fmt.Errorf("%w: no bulk action %d in the audit log of namespace %q", kagzi.ErrNotFound, id, q.ns)
 	}
 	e := entries[0]
-	d := &bulkDoneData{Action: strings.TrimPrefix(e.Action, "bulk-"), Filter: f}
+	d := &bulkDoneData{Action: strings.TrimPrefix(e.Action, "bulk-")}
 	var detail struct {
+		Filter  url.Values                   `json:"filter"`
 		Matched int                          `json:"matched"`
 		Changed int                          `json:"changed"`
 		Skipped map[kagzi.BulkSkipReason]int `json:"skipped"`
 	}
 	if err := json.Unmarshal(e.Detail, &detail); err != nil {
 		return "", nil, err
+	}
+	// The filter as bulkAction recorded it (it was read by filterOf then). Should it
+	// no longer read (a field renamed since), the record's target is the filter in
+	// the words of its day.
+	if d.Filter, err = filterOf(detail.Filter); err != nil || detail.Filter == nil {
+		d.Filter, d.Described = runFilter{}, e.Target
+	} else {
+		d.Described = d.Filter.Describe()
 	}
 	d.Result = kagzi.BulkResult{Matched: detail.Matched, Changed: detail.Changed, Skipped: detail.Skipped}
 	switch {

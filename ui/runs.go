@@ -88,11 +88,16 @@ type runFilter struct {
 
 // parseRunFilter reads the filter fields of a request's form.
 func parseRunFilter(r *http.Request) (runFilter, error) {
-	f := runFilter{Values: url.Values{}, Empty: true}
 	_ = r.ParseForm()
+	return filterOf(r.Form)
+}
+
+// filterOf reads the filter fields of a form (or of a filter an audit record holds).
+func filterOf(form url.Values) (runFilter, error) {
+	f := runFilter{Values: url.Values{}, Empty: true}
 	for _, fld := range runFilterFields {
 		var vals []string
-		for _, v := range r.Form[fld.Name] {
+		for _, v := range form[fld.Name] {
 			if v = strings.TrimSpace(v); v != "" {
 				vals = append(vals, v)
 			}
