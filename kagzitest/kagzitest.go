@@ -84,8 +84,12 @@ type Options struct {
 	// Logger receives Kagzi's logs; default none (set KAGZI_TEST_LOG=1 to see them on
 	// standard error).
 	Logger *slog.Logger
-	// Worker is the configuration of the Env's worker. The Env sets ID and Clock, and
-	// defaults MaxInProcessSleep to 1ns, PollInterval to 100ms and DrainTimeout to 20ms.
+	// Worker is the configuration of the Env's worker. The Env sets ID, Clock and
+	// DrainTimeout, and defaults MaxInProcessSleep to 1ns and PollInterval to 100ms.
+	// The Env's worker never drains: a crash (CrashAt, Restart) and the end of the
+	// test stop it at once, interrupting its runs and handing them back, whatever
+	// DrainTimeout says (a DrainTimeout copied from production would make each crash
+	// wait it out while the runs go on).
 	Worker kagzi.WorkerConfig
 	// Timeout bounds, in real time, how long Run and Wait wait for a run. Default 30s.
 	Timeout time.Duration
@@ -345,9 +349,12 @@ func (e *Env) FailStep(name string, times int, err error) {
 // CrashAt makes the worker crash the next time an attempt of a step called name
 // begins, before the step's function runs and its timeout (WithStepTimeout) starts:
 // the worker stops, its runs are handed back unfinished (the interrupted attempt is
-// not recorded), and a new worker (another ID) starts and resumes them. The resumed run replays its completed steps
-// and runs the step then. This is a process crash, except that the runs are handed
-// back at once rather than when their lease expires.
+// not recorded), and a new worker (another ID) starts and resumes them. The resumed
+// run replays its completed steps and runs the step then. This is a process crash,
+// except that the runs are handed back at once rather than when their lease
+// expires: the crash does not wait for the worker's other runs
+// (Options.Worker.DrainTimeout does not apply), it interrupts them too, and their
+// interrupted attempts are not recorded either.
 func (e *Env) CrashAt(name string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -482,9 +489,9 @@ func (e *Env) startWorker() error {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 100 * time.Millisecond
 	}
-	if cfg.DrainTimeout == 0 {
-		cfg.DrainTimeout = 20 * time.Millisecond
-	}
+	// A crash, not a drain: the worker's stop interrupts its runs at once and hands
+	// them back (see CrashAt). The shortest DrainTimeout there is; 0 is the default.
+	cfg.DrainTimeout = time.Nanosecond
 	w, err := kagzi.NewWorker(e.Client, cfg, e.workflows...)
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)

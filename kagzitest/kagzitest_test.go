@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -215,4 +216,65 @@ func TestACrashAtAStepWithAShortTimeoutRecordsNoAttempt(t *testing.T) {
 			env.AssertSteps(run.RunID, "call#1=COMPLETED*1")
 		})
 	}
+}
+
+var pipe = kagzi.Define("pipe", func(ctx *kagzi.Context, _ int) (string, error) {
+	a, err := kagzi.Step(ctx, "a", func(context.Context) (string, error) { return "A", nil })
+	if err != nil {
+		return "", err
+	}
+	b, err := kagzi.Step(ctx, "b", func(context.Context) (string, error) { return "B", nil })
+	return a + b, err
+})
+
+func TestACrashAtAStepIsImmediateWhateverTheWorkersDrainTimeout(t *testing.T) {
+	t.Parallel()
+	// A DrainTimeout copied from production: the crash must not wait it out.
+	env := kagzitest.NewWithOptions(t, kagzitest.Options{Timeout: 10 * time.Second,
+		Worker: kagzi.WorkerConfig{DrainTimeout: 20 * time.Second}}, pipe)
+	env.CrashAt("a")
+	run := kagzitest.Start(env, pipe, 0)
+	if out, err := kagzitest.Wait(env, run); err != nil || out != "AB" {
+		t.Fatalf("got %q, %v", out, err)
+	}
+	if env.Restarts() != 1 || env.Calls("a") != 2 {
+		t.Fatalf("%d restarts, %d calls of a; want 1 and 2", env.Restarts(), env.Calls("a"))
+	}
+	env.AssertSteps(run.RunID, "a#1=COMPLETED*1", "b#1=COMPLETED*1")
+}
+
+func TestRestartStopsTheWorkersRunsAtOnceWhateverItsDrainTimeout(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.NewWithOptions(t, kagzitest.Options{Timeout: 10 * time.Second,
+		Worker: kagzi.WorkerConfig{DrainTimeout: 20 * time.Second}}, pipe)
+	began := make(chan struct{})
+	var calls atomic.Int32
+	env.StubStep("a", func(ctx context.Context, _ int) (any, error) {
+		if calls.Add(1) == 1 { // a long step that heeds its context, on the first worker
+			close(began)
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}
+		return "resumed", nil
+	})
+	run := kagzitest.Start(env, pipe, 0)
+	select {
+	case <-began:
+	case <-time.After(10 * time.Second):
+		t.Fatal("step a did not begin")
+	}
+	restarted := time.Now()
+	env.Restart()
+	// A crash: the step is interrupted at once, not after the 20s drain.
+	if took := time.Since(restarted); took > 5*time.Second {
+		t.Fatalf("Restart took %v: the worker drained instead of crashing", took)
+	}
+	if out, err := kagzitest.Wait(env, run); err != nil || out != "resumedB" {
+		t.Fatalf("got %q, %v", out, err)
+	}
+	if env.Restarts() != 1 || calls.Load() != 2 {
+		t.Fatalf("%d restarts, %d calls of a; want 1 and 2", env.Restarts(), calls.Load())
+	}
+	// The interrupted attempt is not recorded.
+	env.AssertSteps(run.RunID, "a#1=COMPLETED*1", "b#1=COMPLETED*1")
 }
