@@ -59,6 +59,9 @@ func (c *Context) SetAttributes(attrs map[string]any) error {
 	if err != nil {
 		return NonRetryable(invalidArgument("attributes do not encode as JSON: %v", err))
 	}
+	if err := storableJSON("attributes", change); err != nil {
+		return NonRetryable(err)
+	}
 	key, pos, err := c.nextKey(attributesStepName, KindAttributes)
 	if err != nil {
 		return err
@@ -122,6 +125,9 @@ func encodeAttributes(what string, attrs map[string]any) ([]byte, error) {
 	b, err := json.Marshal(attrs)
 	if err != nil {
 		return nil, invalidArgument("%s do not encode as JSON: %v", what, err)
+	}
+	if err := storableJSON(what, b); err != nil {
+		return nil, err
 	}
 	if len(b) > MaxAttributesSize {
 		return nil, invalidArgument("%s take %d bytes as JSON, more than MaxAttributesSize (%d)", what, len(b), MaxAttributesSize)

@@ -8,6 +8,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -217,5 +218,90 @@ func TestStartManyKeepsIDReuseNeverAndRefusesAnUnknownIDReuse(t *testing.T) {
 	again, err := kagzi.Start(ctx, e.client, wf, 2, kagzi.WithID(runs[0].WorkflowID))
 	if err != nil || !again.AlreadyExists || again.RunID != runs[0].RunID {
 		t.Fatalf("a start of the finished run's id: %+v, %v; want that run (IDReuseNever)", again, err)
+	}
+}
+
+// Found from outside: a NUL character reached the database where nothing checked for
+// it. A workflow's error or panic quoting one was never recorded (the run was taken
+// over and executed again until RECOVERY_EXHAUSTED); a step's output with one was
+// returned as a success and failed the next step with a raw driver error.
+func TestAWorkflowErrorOrPanicQuotingANULCharacterFailsTheRunOnceWithTheErrorRecorded(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var executions atomic.Int32
+	wf := kagzi.Define("nul-failure", func(ctx *kagzi.Context, mode string) (string, error) {
+		executions.Add(1)
+		switch mode {
+		case "panic":
+			panic("bad \x00 input")
+		case "detail":
+			return "", &kagzi.Error{Code: "UPSTREAM\x00", Message: "m\x00", NonRetryable: true,
+				Metadata: map[string]string{"k\x00": "v\x00"}}
+		}
+		return "", kagzi.NonRetryable(errors.New("bad record \x00 from upstream"))
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	for _, mode := range []string{"error", "panic", "detail"} {
+		executions.Store(0)
+		run, err := kagzi.Start(ctx, e.client, wf, mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = run.Wait(ctx)
+		var we *kagzi.WorkflowError
+		if !errors.As(err, &we) {
+			t.Fatalf("%s: Wait: %v, want the run's failure", mode, err)
+		}
+		if we.Detail.Code == kagzi.CodeRecoveryExhausted || strings.Contains(we.Detail.Message, "\x00") {
+			t.Fatalf("%s: recorded failure %+v, want the workflow's own error with its NUL replaced", mode, we.Detail)
+		}
+		if mode == "panic" && we.Detail.Code != kagzi.CodePanic {
+			t.Fatalf("panic: recorded code %s, want %s", we.Detail.Code, kagzi.CodePanic)
+		}
+		if mode == "detail" && (we.Detail.Code != "UPSTREAM\uFFFD" || we.Detail.Metadata["k\uFFFD"] != "v\uFFFD") {
+			t.Fatalf("detail: recorded %+v", we.Detail)
+		}
+		if mode != "detail" && !strings.Contains(we.Detail.Message, "\uFFFD") {
+			t.Fatalf("%s: recorded message %q, want the text with U+FFFD for the NUL", mode, we.Detail.Message)
+		}
+		if n := executions.Load(); mode != "panic" && n != 1 { // a panic is retried as its policy says
+			t.Fatalf("%s: the workflow executed %d times, want once", mode, n)
+		}
+	}
+}
+
+func TestAStepOutputWithANULCharacterFailsTheStepItselfWithInvalidOutput(t *testing.T) {
+	e := newEnv(t)
+	var stepErr, attrErr error
+	wf := kagzi.Define("nul-step", func(ctx *kagzi.Context, _ int) (string, error) {
+		_, stepErr = kagzi.Step(ctx, "s", func(context.Context) (string, error) { return "a\x00b", nil })
+		attrErr = ctx.SetAttributes(map[string]any{"note": "a\x00b"})
+		return kagzi.Step(ctx, "t", func(context.Context) (string, error) { return "after", nil })
+	})
+	runID, out := runToEnd(t, e, wf)
+	var se *kagzi.StepError
+	if !errors.As(stepErr, &se) || se.Detail.Code != kagzi.CodeInvalidOutput || !se.Detail.NonRetryable {
+		t.Fatalf("a step returning a NUL character: %v, want a non-retryable StepError with code %s", stepErr, kagzi.CodeInvalidOutput)
+	}
+	if !errors.Is(attrErr, kagzi.ErrInvalidArgument) || !errors.Is(attrErr, kagzi.ErrNonRetryable) {
+		t.Fatalf("SetAttributes with a NUL character: %v, want ErrInvalidArgument and NonRetryable", attrErr)
+	}
+	if out != "after" {
+		t.Fatalf("output %q", out)
+	}
+	steps, err := e.client.ListSteps(waitCtx(t), runID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]kagzi.StepStatus{}
+	for _, s := range steps {
+		got[s.Name] = s.Status
+	}
+	if got["s"] != kagzi.StepFailed || got["t"] != kagzi.StepCompleted {
+		t.Fatalf("recorded steps %v, want s FAILED and t COMPLETED", got)
+	}
+	info, err := e.client.GetRun(waitCtx(t), runID)
+	if err != nil || info.Attributes != nil {
+		t.Fatalf("attributes after a refused SetAttributes: %v, %v", info.Attributes, err)
 	}
 }

@@ -46,7 +46,11 @@ type payloads struct {
 // what is stored. Its errors wrap ErrInvalidArgument and name what: "input of
 // process-order", say.
 func (c *payloads) encodePayload(what string, b []byte) ([]byte, error) {
-	if c.codec != nil {
+	if c.codec == nil {
+		if err := storableJSON(what, b); err != nil {
+			return nil, err
+		}
+	} else {
 		enc, err := c.encode(b)
 		if err != nil {
 			return nil, invalidArgument("%s: %v", what, err)
@@ -176,4 +180,30 @@ func (c *payloads) encodeRunOutput(run *store.ClaimedRun, out []byte) ([]byte, e
 			Subject: run.WorkflowType, Message: fmt.Sprintf("output of run %s: %v", run.RunID, err)}}
 	}
 	return enc, nil
+}
+
+// storableJSON refuses JSON that PostgreSQL's jsonb cannot hold: a string with a NUL
+// character (the escape \u0000). The error wraps ErrInvalidArgument and names what.
+// (A codec's envelope holds base64 only.)
+func storableJSON(what string, b []byte) error {
+	if jsonHasNUL(b) {
+		return invalidArgument("%s holds a NUL character (\\u0000 in its JSON), which PostgreSQL cannot store", what)
+	}
+	return nil
+}
+
+// jsonHasNUL reports whether valid JSON b has a string with a NUL character.
+func jsonHasNUL(b []byte) bool {
+	for i := bytes.IndexByte(b, '\\'); i >= 0 && i+1 < len(b); {
+		if b[i+1] == 'u' && bytes.HasPrefix(b[i+2:], []byte("0000")) {
+			return true
+		}
+		// Skip the escaped character; look for the next escape after it.
+		j := bytes.IndexByte(b[i+2:], '\\')
+		if j < 0 {
+			return false
+		}
+		i += 2 + j
+	}
+	return false
 }

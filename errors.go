@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -185,6 +186,16 @@ func invalidArgument(format string, args ...any) error {
 }
 
 func encodeDetail(d ErrorDetail) []byte {
+	// An error's text may quote anything, NUL characters too, which jsonb cannot
+	// hold: they are stored as U+FFFD, so that the failure itself is recorded.
+	d.Code, d.Message, d.Subject = withoutNUL(d.Code), withoutNUL(d.Message), withoutNUL(d.Subject)
+	if len(d.Metadata) > 0 {
+		m := make(map[string]string, len(d.Metadata))
+		for k, v := range d.Metadata {
+			m[withoutNUL(k)] = withoutNUL(v)
+		}
+		d.Metadata = m
+	}
 	b, err := json.Marshal(d)
 	if err != nil {
 		b, _ = json.Marshal(ErrorDetail{Code: CodeInternal, Message: err.Error()})
@@ -201,4 +212,9 @@ func decodeDetail(b []byte) *ErrorDetail {
 		return &ErrorDetail{Code: CodeInternal, Message: "undecodable error detail: " + string(b)}
 	}
 	return &d
+}
+
+// withoutNUL replaces the NUL characters of s with U+FFFD.
+func withoutNUL(s string) string {
+	return strings.ReplaceAll(s, "\x00", "\uFFFD")
 }

@@ -199,6 +199,11 @@ func (s *stepCall) encodeOutput(out any, typ string) ([]byte, error) {
 		return nil, invalid(fmt.Errorf("output of step %s (%s) does not encode as JSON: %w", s.key, typ, err))
 	}
 	p := s.x.rt.payloads
+	if p.codec == nil {
+		if err := storableJSON("output of step "+s.key, b); err != nil {
+			return nil, invalid(err)
+		}
+	}
 	if b, err = p.encode(b); err != nil {
 		return nil, invalid(fmt.Errorf("output of step %s: %w", s.key, err))
 	}
