@@ -20,7 +20,7 @@ import (
 // from the enclosing query) in runs_claimable's order, the first $3 of them: the runs
 // claimable now come first (available_at in the past), then those waiting.
 const activeRunsOfType = `
-	SELECT r.run_id, r.workflow_id, r.workflow_type, r.status, r.available_at, r.locked_by, r.lease_epoch, r.takeovers
+	SELECT r.run_id, r.workflow_id, r.workflow_type, r.status, r.available_at, r.created_at, r.locked_by, r.lease_epoch, r.takeovers
 	FROM kagzi.runs r
 	WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
 	  AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at IS NOT NULL
@@ -74,7 +74,12 @@ type TypeActivity struct {
 	// runs not claimable now are lower bounds (Ready and LeaseExpired too, when every
 	// scanned run was ready).
 	Scanned int64
-	// OldestReady is the available_at of the run claimable longest (nil: none).
+	// OldestReady is when the run claimable longest became claimable (nil: none):
+	// its available_at, or its creation when that is later. A start with a priority
+	// p (and no start time) sets available_at p seconds before the start, to order
+	// the run among its type's, and a start time already past is before it too;
+	// neither run could be claimed before it existed. (A run's later available_at, a
+	// wake time, a backoff, a lease's end, is after its creation.)
 	OldestReady *time.Time
 }
 
@@ -90,7 +95,7 @@ func ActivityByType(ctx context.Context, db DBTX, namespace string, types []stri
 			count(*) FILTER (WHERE a.status = 'SLEEPING' AND a.available_at > now()),
 			count(*) FILTER (WHERE a.takeovers > 0),
 			count(a.run_id),
-			min(a.available_at) FILTER (WHERE a.available_at <= now())
+			min(greatest(a.available_at, a.created_at)) FILTER (WHERE a.available_at <= now())
 		FROM unnest($2::text[]) AS t(workflow_type)
 		LEFT JOIN LATERAL (`+activeRunsOfType+`) a ON true
 		GROUP BY t.workflow_type ORDER BY t.workflow_type`, namespace, types, perType)
