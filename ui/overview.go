@@ -43,7 +43,7 @@ type overviewData struct {
 	Since       time.Time
 	QueueDepth  capped
 	OldestReady string
-	NoWorker    []string
+	NoWorker    []string // the types with runs ready and no live worker, as Health says
 	Stuck       []store.StuckRun
 	Started     capped
 	Finished    map[string]capped // by status, last hour
@@ -64,7 +64,9 @@ func (c *console) overview(q *req) (string, any, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	live, err := store.LiveWorkerTypes(ctx, q.read, q.ns)
+	// The types Health reports: runs ready (due, or past their lease) and no live
+	// worker of their type, or of the version a run is pinned to.
+	noWorker, err := store.PendingTypesWithoutWorker(ctx, q.read, q.ns)
 	if err != nil {
 		return "", nil, err
 	}
@@ -75,7 +77,7 @@ func (c *console) overview(q *req) (string, any, error) {
 		return "", nil, err
 	}
 	d := &overviewData{TypesCapped: len(types) == overviewTypes, Stuck: stuck, Since: since,
-		Finished: map[string]capped{}, PerTypeScan: perTypeScan}
+		Finished: map[string]capped{}, PerTypeScan: perTypeScan, NoWorker: noWorker}
 	rows := map[string]*typeRow{}
 	row := func(t string) *typeRow {
 		if rows[t] == nil {
@@ -97,10 +99,7 @@ func (c *console) overview(q *req) (string, any, error) {
 				oldest = a.OldestReady
 			}
 		}
-		r.NoWorker = a.Ready > a.LeaseExpired && !slices.Contains(live, a.WorkflowType)
-		if r.NoWorker {
-			d.NoWorker = append(d.NoWorker, a.WorkflowType)
-		}
+		r.NoWorker = slices.Contains(noWorker, a.WorkflowType)
 		d.QueueDepth.N += a.Ready
 		d.QueueDepth.AtLeast = d.QueueDepth.AtLeast || allReady
 	}

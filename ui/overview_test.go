@@ -2,6 +2,7 @@ package ui_test
 
 import (
 	"context"
+	"html"
 	"regexp"
 	"strings"
 	"testing"
@@ -83,5 +84,61 @@ func TestTheOldestReadyRunsWaitCountsFromWhenItBecameReadyNotFromItsPriority(t *
 	card = regexp.MustCompile(`id="oldest-ready">([^<]*)<`).FindStringSubmatch(page)
 	if card == nil || !underAMinute.MatchString(card[1]) {
 		t.Errorf("runs started a moment ago (with priorities up to %d): the oldest claimable has waited %v", kagzi.MaxPriority, card)
+	}
+}
+
+// Found by an outside tester: the overview judged "claimable runs with no live
+// worker" by type alone, and from ready PENDING runs only, so it stayed silent about
+// what Health reports: runs pinned to a version no live worker runs, and runs whose
+// worker died holding them (RUNNING past their lease). And its link listed only the
+// type's PENDING runs.
+func TestTheOverviewFlagsTheTypesHealthReportsWithoutAWorkerAndLinksTheirRuns(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	v1 := kagzi.Define("checkout", func(ctx *kagzi.Context, n int) (int, error) { return n, nil }, kagzi.WithVersion("v1"))
+	runWorker(t, e.client, v1)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if p, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{}); err == nil && len(p.Workers) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the worker never registered")
+		}
+	}
+	pinned, err := e.client.StartByName(ctx, "checkout", 1, kagzi.WithRunVersion("v2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A run whose worker died: RUNNING, its lease passed a minute ago.
+	stranded, err := e.client.StartByName(ctx, "stranded", 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', locked_by = 'gone', lease_epoch = 1,
+		started_at = now() - interval '2 minutes', available_at = now() - interval '1 minute' WHERE run_id = $1`, stranded.RunID); err != nil {
+		t.Fatal(err)
+	}
+	health := e.client.Health(ctx).PendingTypesWithoutWorker
+	if strings.Join(health, ",") != "checkout,stranded" {
+		t.Fatalf("Health reports %v without a live worker, want checkout (v2) and stranded", health)
+	}
+	b := serve(t, ui.Handler(e.client, ui.Options{Logger: quiet()}))
+	_, page := b.get("n/default/")
+	warning := regexp.MustCompile(`(?s)<p class="warn" id="no-worker">.*?</p>`).FindString(page)
+	links := map[string]string{}
+	for _, m := range regexp.MustCompile(`<a href="([^"]*)">([^<]*)</a>`).FindAllStringSubmatch(warning, -1) {
+		links[m[2]] = html.UnescapeString(m[1])
+	}
+	for typ, run := range map[string]string{"checkout": pinned.RunID, "stranded": stranded.RunID} {
+		if links[typ] == "" {
+			t.Errorf("Health reports %s without a live worker; the overview's warning does not list it:\n%s", typ, warning)
+			continue
+		}
+		if cells := overviewRow(t, page, typ); !strings.Contains(cells[0], "no worker") {
+			t.Errorf("the overview's row of %s is not tagged \"no worker\": %v", typ, cells)
+		}
+		if _, runs := b.get(links[typ]); !strings.Contains(runs, `class="run-link" href="n/default/runs/`+run+`"`) {
+			t.Errorf("the warning's link of %s, %s, does not list its run %s", typ, links[typ], run)
+		}
 	}
 }
