@@ -78,6 +78,22 @@ func parseFormTime(s string) (time.Time, error) {
 	return time.Time{}, fmt.Errorf("%w: %q is not a time (want 2006-01-02T15:04, UTC)", kagzi.ErrInvalidArgument, s)
 }
 
+// localInput is a time of the filter as a datetime-local input shows it, in UTC
+// (the form's hint), with the input's step: a value in RFC 3339 ("…Z", "…+02:00") is
+// not one the input takes, so the form showed it empty and submitting it dropped it.
+// A value that is no time is left as it is (the page says why it is refused).
+func localInput(v string) (value, step string) {
+	t, err := parseFormTime(v)
+	switch {
+	case v == "" || err != nil:
+		return v, "1"
+	case t.Nanosecond() >= int(time.Millisecond):
+		// The input holds milliseconds at most.
+		return t.UTC().Format("2006-01-02T15:04:05.000"), "0.001"
+	}
+	return t.UTC().Format("2006-01-02T15:04:05"), "1"
+}
+
 // runFilter is a filter as the request gives it: the RunFilter, and the values of
 // its fields for the form and the links.
 type runFilter struct {
@@ -135,7 +151,8 @@ func (f runFilter) Describe() string {
 // formField is a filter field with its current values, for the form.
 type formField struct {
 	filterField
-	Value    string   // the first value ("" when none), for a time field
+	Value    string   // the first value ("" when none), for a time field: in its input's format
+	Step     string   // a time field's step: "1" (seconds), "0.001" for a value with milliseconds
 	Values   []string // every value, at least one (""): a text field has an input for each
 	Checked  map[string]bool
 	Statuses []kagzi.RunStatus
@@ -148,6 +165,9 @@ func (f runFilter) Form() []formField {
 			Checked: map[string]bool{}}
 		if len(ff.Values) == 0 {
 			ff.Values = []string{""}
+		}
+		if fld.Kind == "time" {
+			ff.Value, ff.Step = localInput(ff.Value)
 		}
 		if fld.Kind == "statuses" {
 			ff.Statuses = runStatuses
