@@ -24,21 +24,22 @@
 // # Time
 //
 // Kagzi keeps its timers in the database (a run's start, wake and retry times, a
-// deadline, a signal wait's timeout). While Run or Wait waits for a run, whenever no
-// run of the namespace is running or claimable, the Env moves every such time
-// earlier by the wait until the earliest one, as if that much time had passed, and
-// moves its clock (Env.Now) on by as much: a run that sleeps 30 days completes in
-// milliseconds, and timers fire in their order. A run that a flow-control limit (see
-// kagzi.Client.SetLimits) holds back is not claimable, though its time came: held by
-// its key's concurrency limit, it waits for a holder to stop, whose own times move;
-// held by a rate limit, the time the window admits it again is one of the times, and
-// the rate windows move with the rest. Wait follows a run that continued as new to the
-// run that took over (see kagzi.ContinueAsNew). Advance moves time by hand. The
-// Env's workers wait in process for nothing longer than a nanosecond
-// (WorkerConfig.MaxInProcessSleep), so every sleep and backoff goes through the
-// database, except inside branches (Go, Map), which wait in process in real time.
-// Schedules fire on the Env's clock (WorkerConfig.Clock): Advance moves them;
-// create them before advancing, since CreateSchedule reads the real clock.
+// deadline, a debounce's maximum wait, a signal wait's timeout). While Run or Wait
+// waits for a run, whenever no run of the namespace is running or claimable, the
+// Env moves every such time earlier by the wait until the earliest one, as if that
+// much time had passed, and moves its clock (Env.Now) on by as much: a run that
+// sleeps 30 days completes in milliseconds, and timers fire in their order. A run
+// that a flow-control limit (see kagzi.Client.SetLimits) holds back is not
+// claimable, though its time came: held by its key's concurrency limit, it waits
+// for a holder to stop, whose own times move; held by a rate limit, the time the
+// window admits it again is one of the times, and the rate windows move with the
+// rest. Wait follows a run that continued as new to the run that took over (see
+// kagzi.ContinueAsNew). Advance moves time by hand. The Env's workers wait in
+// process for nothing longer than a nanosecond (WorkerConfig.MaxInProcessSleep), so
+// every sleep and backoff goes through the database, except inside branches (Go,
+// Map), which wait in process in real time. Schedules fire on the Env's clock
+// (WorkerConfig.Clock): Advance moves them; create them before advancing, since
+// CreateSchedule reads the real clock.
 //
 // Call the Env's methods from the test's goroutine: on a database error or a run
 // that does not finish in Options.Timeout (real time), they fail the test.
@@ -188,9 +189,9 @@ func NewWithOptions(t testing.TB, o Options, workflows ...kagzi.Definition) *Env
 func (e *Env) Now() time.Time { return time.Now().Add(time.Duration(e.offset.Load())) }
 
 // Advance moves time on by d: every waiting time of the Env's unfinished runs (start,
-// wake and retry times, deadlines, signal timeouts) and of its rate limits' windows
-// comes d closer, and the Env's clock, which the scheduler reads, moves d ahead. Runs
-// whose time came are claimed at once.
+// wake and retry times, deadlines, debounces' maximum waits, signal timeouts) and of
+// its rate limits' windows comes d closer, and the Env's clock, which the scheduler
+// reads, moves d ahead. Runs whose time came are claimed at once.
 func (e *Env) Advance(d time.Duration) {
 	e.T.Helper()
 	if d <= 0 {

@@ -278,3 +278,25 @@ func TestRestartStopsTheWorkersRunsAtOnceWhateverItsDrainTimeout(t *testing.T) {
 	// The interrupted attempt is not recorded.
 	env.AssertSteps(run.RunID, "a#1=COMPLETED*1", "b#1=COMPLETED*1")
 }
+
+var debounced = kagzi.Define("debounced", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+
+func TestAdvanceMovesADebouncesMaximumWait(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.NewWithOptions(t, kagzitest.Options{Timeout: 8 * time.Second}, debounced)
+	// A window of 1h, at most 90m after the first start.
+	first := kagzitest.Start(env, debounced, 1, kagzi.WithDebounce("k", time.Hour, 90*time.Minute))
+	env.Advance(50 * time.Minute)
+	// Within the window: the same run, pushed to 1h from now, but no later than 90m
+	// after the first start, which is 40m from now on the Env's clock.
+	second := kagzitest.Start(env, debounced, 2, kagzi.WithDebounce("k", time.Hour, 90*time.Minute))
+	if second.RunID != first.RunID {
+		t.Fatalf("the second start made run %s, want the first's, %s", second.RunID, first.RunID)
+	}
+	if out, err := kagzitest.Wait(env, second); err != nil || out != 2 {
+		t.Fatalf("got %d, %v", out, err)
+	}
+	if moved := clockMoved(env); moved < 90*time.Minute-time.Minute || moved > 90*time.Minute+time.Minute {
+		t.Fatalf("the run started %v after the first start, want the 90m maximum wait", moved)
+	}
+}

@@ -75,15 +75,17 @@ func IdleTimer(ctx context.Context, db DBTX, namespace string) (busy bool, next 
 
 // shiftTimeSQL moves every waiting time of the namespace's unfinished runs $2
 // microseconds earlier: start, wake and retry times (available_at, except the leases
-// of RUNNING runs), deadlines, the wake times and timeouts of their steps, and the
-// windows of the namespace's rate limits. The
+// of RUNNING runs), deadlines, debounce keys' maximum waits (debounce_until, the
+// latest start a later start of the key may push the run to), the wake times and
+// timeouts of their steps, and the windows of the namespace's rate limits. The
 // workers of the runs' types are told the new times.
 const shiftTimeSQL = `
 WITH runs AS (
 	UPDATE kagzi.runs SET
 		available_at = CASE WHEN status = 'RUNNING' THEN available_at
 			ELSE available_at - $2 * interval '1 microsecond' END,
-		deadline_at = deadline_at - $2 * interval '1 microsecond'
+		deadline_at = deadline_at - $2 * interval '1 microsecond',
+		debounce_until = debounce_until - $2 * interval '1 microsecond'
 	WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
 	RETURNING run_id, namespace, workflow_type, status, available_at
 ), steps AS (
