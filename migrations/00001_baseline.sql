@@ -2,9 +2,19 @@
 -- Kagzi's schema. Everything lives in the kagzi schema so it never collides with the
 -- application's tables; goose's version table for it (migrations.VersionTable) lives
 -- there too. kagzi.Migrate creates the schema before goose runs, since goose creates
--- its version table first; the IF NOT EXISTS below serves the goose CLI, which needs
--- the schema created beforehand as well (see the README).
-CREATE SCHEMA IF NOT EXISTS kagzi;
+-- its version table first; the statement below serves the goose CLI. It looks before it
+-- creates: PostgreSQL checks the CREATE privilege on the database before it sees that
+-- an IF NOT EXISTS has nothing to do, and a role without it must still be able to
+-- migrate a database whose schema an administrator created for it.
+-- +goose StatementBegin
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = 'kagzi') THEN
+		CREATE SCHEMA kagzi;
+	END IF;
+END
+$$;
+-- +goose StatementEnd
 
 -- Runs: one row per execution of a workflow. Columns are in the order earlier
 -- development builds added them, so that a database built by this file is the one

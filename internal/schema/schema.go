@@ -112,11 +112,18 @@ func parseFile(fsys fs.FS, m migration) (parsed, error) {
 	return parsed{stmts, useTx}, nil
 }
 
+// readCommitted is the isolation of the migration transactions, whatever the
+// database's default_transaction_isolation: each reads what is applied after it took
+// the migration lock, so its statements' snapshots must follow the lock (under
+// REPEATABLE READ the lock statement's snapshot, taken before it waited, hid what the
+// lock's holder had just applied).
+var readCommitted = pgx.TxOptions{IsoLevel: pgx.ReadCommitted}
+
 // applyNext applies the first pending migration, in a transaction that holds the
 // migration lock from before it reads what is applied; done when none is pending.
 func applyNext(ctx context.Context, pool *pgxpool.Pool, vt string, fsys fs.FS, files []migration, apply map[int64]parsed) (done bool, err error) {
 	var next *migration
-	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	err = pgx.BeginTxFunc(ctx, pool, readCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, LockID); err != nil {
 			return fmt.Errorf("take the migration lock: %w", err)
 		}
@@ -221,7 +228,7 @@ func ensureVersionTable(ctx context.Context, conn *pgxpool.Pool) error {
 	if ok, err := exists(conn); err != nil || ok {
 		return err
 	}
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+	err := pgx.BeginTxFunc(ctx, conn, readCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, LockID); err != nil {
 			return fmt.Errorf("take the migration lock: %w", err)
 		}

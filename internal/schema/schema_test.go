@@ -257,3 +257,99 @@ func TestUpWaitsForTheMigrationLockAndReleasesIt(t *testing.T) {
 		t.Fatalf("Version = %d of %d, %v", current, latest, err)
 	}
 }
+
+// Found from outside: under a database default of REPEATABLE READ the migration
+// transaction's snapshot was taken by its lock statement, before it waited, so a
+// migrator that waited for another read the applied versions from before and applied
+// a migration again (or failed on "relation already exists").
+func TestConcurrentUpsApplyEachMigrationOnceUnderARepeatableReadDefault(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.NewEmpty(t)
+	admin := emptyPoolURL(t, url)
+	var db string
+	if err := admin.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := admin.Exec(ctx, `ALTER DATABASE `+pgx.Identifier{db}.Sanitize()+` SET default_transaction_isolation = 'repeatable read'`); err != nil {
+		t.Fatal(err)
+	}
+	const migrators = 6
+	errs := make(chan error, migrators)
+	for range migrators {
+		go func() {
+			pool, err := pgxpool.New(ctx, url)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer pool.Close()
+			errs <- schema.Up(ctx, pool)
+		}()
+	}
+	for range migrators {
+		if err := <-errs; err != nil {
+			t.Fatalf("a concurrent Up under repeatable read: %v", err)
+		}
+	}
+	seen := map[int64]int{}
+	for _, r := range versionRows(t, admin) {
+		seen[r.Version]++
+	}
+	for v, n := range seen {
+		if n != 1 {
+			t.Errorf("version %d recorded %d times", v, n)
+		}
+	}
+}
+
+// A role without CREATE on the database migrates a database whose kagzi schema an
+// administrator created for it (the baseline looks before it creates the schema).
+func TestUpByARoleWithoutCreateOnTheDatabaseUsesTheSchemaAnAdministratorMade(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testdb.NewEmpty(t)
+	admin := emptyPoolURL(t, url)
+	var db string
+	if err := admin.QueryRow(ctx, `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	role := "kagzi_migrator_" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	for _, q := range []string{
+		`CREATE ROLE ` + role + ` LOGIN`,
+		`REVOKE CREATE ON DATABASE ` + pgx.Identifier{db}.Sanitize() + ` FROM public`,
+		`CREATE SCHEMA kagzi AUTHORIZATION ` + role,
+	} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		admin.Exec(context.Background(), `DROP SCHEMA kagzi CASCADE`)
+		admin.Exec(context.Background(), `DROP OWNED BY `+role)
+		admin.Exec(context.Background(), `DROP ROLE `+role)
+	})
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.User = role
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := schema.Up(ctx, pool); err != nil {
+		t.Fatalf("Up by a role without CREATE on the database, into the schema made for it: %v", err)
+	}
+}
+
+func emptyPoolURL(t *testing.T, url string) *pgxpool.Pool {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}

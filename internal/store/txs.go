@@ -24,17 +24,22 @@ import (
 // where no lease gives a bound of its own (history maintenance, administration).
 const TxIdleLimit = 10 * time.Second
 
-// InTx runs fn in a transaction of db that PostgreSQL ends, with its session, once it
-// has been idle between two statements for longer than idle (under a millisecond: no
-// limit). A db that cannot begin one with options (a transaction: fn then runs in a
-// savepoint) begins a plain one: the outer transaction is its owner's.
+// InTx runs fn in a READ COMMITTED transaction of db (whatever the database's
+// default_transaction_isolation: the library's statements are written for it) that
+// PostgreSQL ends, with its session, once it has been idle between two statements for
+// longer than idle (under a millisecond: no limit). A db that cannot begin one with
+// options (a transaction: fn then runs in a savepoint) begins a plain one: the outer
+// transaction is its owner's.
 func InTx(ctx context.Context, db Beginner, idle time.Duration, fn func(pgx.Tx) error) error {
 	b, ok := db.(interface {
 		BeginTx(context.Context, pgx.TxOptions) (pgx.Tx, error)
 	})
-	if !ok || idle.Milliseconds() <= 0 {
+	if !ok {
 		return pgx.BeginFunc(ctx, db, fn)
 	}
-	return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{BeginQuery: "BEGIN; SET LOCAL idle_in_transaction_session_timeout = " +
+	if idle.Milliseconds() <= 0 {
+		return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, fn)
+	}
+	return pgx.BeginTxFunc(ctx, b, pgx.TxOptions{BeginQuery: "BEGIN ISOLATION LEVEL READ COMMITTED; SET LOCAL idle_in_transaction_session_timeout = " +
 		strconv.FormatInt(idle.Milliseconds(), 10)}, fn)
 }
