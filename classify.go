@@ -60,15 +60,24 @@ func dbError(op string, err error) error {
 // other network error the connection broke with the request sent: its outcome is
 // unknown.
 //
-// A context that ended is the caller's doing, not the database's: not transient.
+// A context that ended is the caller's doing, not the database's: not transient;
+// except a connection attempt that timed out (the pool's connect timeout, a DSN's
+// connect_timeout: a server that does not answer), which is transient whoever set the
+// deadline, and sent nothing. A server that refuses a connection for want of slots
+// (53300 too_many_connections) is transient too.
 func unavailable(err error) (ok, mayHaveCommitted bool) {
-	if err == nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	var connectErr *pgconn.ConnectError
+	if err == nil || errors.Is(err, context.Canceled) {
 		return false, false
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return errors.As(err, &connectErr), false
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
-		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03":
+		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03",
+			pgErr.Code == "53300":
 			return true, false
 		}
 		return false, false
@@ -83,7 +92,6 @@ func unavailable(err error) (ok, mayHaveCommitted bool) {
 	if !network {
 		return false, false
 	}
-	var connectErr *pgconn.ConnectError
 	if errors.As(err, &connectErr) {
 		return true, false // no connection, nothing sent
 	}

@@ -2,9 +2,15 @@ package kagzi_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
+	"net"
 	"sync"
 	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi"
 )
@@ -183,4 +189,51 @@ func (r *recordedLogs) warnings() []string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]string(nil), r.types...)
+}
+
+// Found from outside: a Wait registering the client as a waiter for run ends held a
+// mutex while the database did not answer, and every other Wait of the client queued
+// behind it past its own deadline.
+func TestAWaitReturnsAtItsDeadlineWhileAnotherWaitOfTheClientHangsOnADatabaseThatDoesNotAnswer(t *testing.T) {
+	t.Parallel()
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // accepted, never answered
+		}
+	}()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+silent.Addr().String()+"/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	c := newClient(t, pool, "")
+	hung, cancelHung := context.WithCancel(context.Background())
+	defer cancelHung()
+	go kagzi.RunOf[string](c, uuid.NewString()).Wait(hung) // no deadline: hangs until the test ends
+	time.Sleep(200 * time.Millisecond)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := kagzi.RunOf[string](c, uuid.NewString()).Wait(ctx)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("Wait with a deadline on a database that does not answer: %v, want its deadline", err)
+		}
+	case <-time.After(60 * time.Second):
+		t.Fatal("a Wait with a 500 ms deadline had not returned after a minute, behind another Wait of its client")
+	}
 }

@@ -214,6 +214,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 			n, pool.Config().MaxConns, n-int(pool.Config().MaxConns), cfg.MaxConnections, fix)
 	}
 	c := &Client{id: uuid.New(), waitPoll: 250 * time.Millisecond, pool: pool, read: pool, ns: cfg.Namespace,
+		waiter: waiterRegistration{turn: make(chan struct{}, 1)},
 		logger: cfg.Logger, retention: cfg.Retention, archiveAfter: cfg.ArchiveAfter,
 		payloads: payloads{codec: cfg.Codec, maxBytes: cfg.MaxPayloadSize, logger: cfg.Logger}}
 	if cfg.ReadPool != nil {

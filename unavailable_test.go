@@ -35,6 +35,25 @@ func TestUnavailableClassifiesConnectionFailuresAndWhetherTheRequestMayHaveCommi
 	if !errors.As(refused, &connectErr) {
 		t.Fatalf("connecting to a closed port: %T %v, want a *pgconn.ConnectError", refused, refused)
 	}
+	// A server that accepts the connection and never answers: the DSN's connect_timeout.
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	_, timedOut := pgconn.Connect(context.Background(), "postgres://postgres@"+silent.Addr().String()+"/postgres?sslmode=disable&connect_timeout=1")
+	if !errors.Is(timedOut, context.DeadlineExceeded) {
+		t.Fatalf("connecting to a server that never answers: %v, want the connect timeout", timedOut)
+	}
 	reset := &net.OpError{Op: "read", Net: "tcp", Err: os.NewSyscallError("read", syscall.ECONNRESET)}
 	for _, c := range []struct {
 		name             string
@@ -52,6 +71,8 @@ func TestUnavailableClassifiesConnectionFailuresAndWhetherTheRequestMayHaveCommi
 		{"safe to retry", fmt.Errorf("send: %w", safeToRetryError{}), true, false},
 		{"conn closed by the driver", fmt.Errorf("query: %w", pgconn.ErrConnClosed), true, true},
 		{"connection refused", refused, true, false},
+		{"connect timeout of a server that does not answer", timedOut, true, false},
+		{"too many connections 53300", &pgconn.PgError{Severity: "FATAL", Code: "53300"}, true, false},
 		{"connection reset after sending", reset, true, true},
 		{"unexpected EOF after sending", fmt.Errorf("receive message: %w", io.ErrUnexpectedEOF), true, true},
 		{"EOF after sending", io.EOF, true, true},

@@ -2,7 +2,6 @@ package kagzi
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/kagzi/kagzi/internal/store"
@@ -41,7 +40,10 @@ const (
 
 // waiterRegistration is a client's registration as a waiter for run ends.
 type waiterRegistration struct {
-	mu    sync.Mutex
+	// turn holds a token while a registration is being written: one at a time, and a
+	// waiter whose ctx ends while another's registration hangs (a database that does
+	// not answer) stops waiting for its turn.
+	turn  chan struct{}
 	until time.Time // our clock; zero: not registered
 }
 
@@ -49,8 +51,12 @@ type waiterRegistration struct {
 // its registration has more than half its time left. A failure is logged: the waiter
 // then finds the end by looking at the run, a little later.
 func (c *Client) awaitEnds(ctx context.Context) {
-	c.waiter.mu.Lock()
-	defer c.waiter.mu.Unlock()
+	select {
+	case c.waiter.turn <- struct{}{}:
+	case <-ctx.Done():
+		return
+	}
+	defer func() { <-c.waiter.turn }()
 	if time.Until(c.waiter.until) > waiterTTL/2 {
 		return
 	}
