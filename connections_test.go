@@ -264,3 +264,38 @@ func TestNewClientRefusesAConfigurationThatNeedsMoreConnectionsThanMaxConnection
 		}
 	}
 }
+
+// Found from outside: deployment.md offered QueryExecModeExec for PgBouncer, under which
+// starts, registrations, claims and heartbeats all failed to encode their arguments;
+// NewClient now refuses the modes that send arguments without their types.
+func TestNewClientRefusesAPoolWhoseExecModeSendsArgumentsWithoutTheirTypes(t *testing.T) {
+	t.Parallel()
+	for mode, refused := range map[string]bool{
+		"exec": true, "simple_protocol": true, "cache_describe": false, "describe_exec": false, "cache_statement": false,
+	} {
+		pool, err := pgxpool.New(context.Background(), "postgres://app@127.0.0.1:1/app?default_query_exec_mode="+mode)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		c, err := kagzi.NewClient(pool, kagzi.Config{Logger: quietLogger()})
+		if refused != errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("NewClient over a pool in %s mode: %v; refused %v", mode, err, refused)
+		}
+		if c != nil {
+			c.Close()
+		}
+		other, err := pgxpool.New(context.Background(), "postgres://app@127.0.0.1:1/app")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer other.Close()
+		c, err = kagzi.NewClient(other, kagzi.Config{Logger: quietLogger(), ReadPool: pool})
+		if refused != errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("NewClient with a ReadPool in %s mode: %v; refused %v", mode, err, refused)
+		}
+		if c != nil {
+			c.Close()
+		}
+	}
+}

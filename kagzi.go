@@ -157,6 +157,23 @@ func (c *Client) removeWorker(w *Worker) {
 	delete(c.workers, w)
 }
 
+// supportedExecMode refuses a pool whose statements would send their arguments
+// without their types (pgx's QueryExecModeExec and QueryExecModeSimpleProtocol):
+// Kagzi passes uuids, arrays and JSON objects that pgx can encode only once the
+// server described the statement's parameters.
+func supportedExecMode(p *pgxpool.Pool) error {
+	if p == nil {
+		return nil
+	}
+	switch m := p.Config().ConnConfig.DefaultQueryExecMode; m {
+	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
+		return invalidArgument("the pool's DefaultQueryExecMode %v is not supported: use pgx.QueryExecModeCacheStatement "+
+			"(the default) or, through a pooler that cannot keep prepared statements, pgx.QueryExecModeCacheDescribe "+
+			"(default_query_exec_mode=cache_describe in the DSN)", m)
+	}
+	return nil
+}
+
 // NewClient returns a client over pool. The pool is the application's own: Kagzi
 // borrows connections from it for its queries, and opens one more connection of its
 // own, outside the pool (see Config.DirectConnConfig), to LISTEN for notifications
@@ -190,6 +207,11 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	}
 	if cfg.ArchiveAfter == 0 {
 		cfg.ArchiveAfter = DefaultArchiveAfter
+	}
+	for _, p := range []*pgxpool.Pool{pool, cfg.ReadPool} {
+		if err := supportedExecMode(p); err != nil {
+			return nil, err
+		}
 	}
 	if d := cfg.DirectConnConfig; d != nil && (d.Host == "" || d.Port == 0) {
 		// pgx.ConnectConfig panics on a configuration ParseConfig did not make, in
