@@ -297,3 +297,44 @@ func TestStartManyCallsTheStartHooksForEachRunAndStoresEachCarrier(t *testing.T)
 		t.Fatalf("executions saw carriers %v, want the 3 stored at the start", h.carriers)
 	}
 }
+
+// signalHooks records the signal events' actions and errors.
+type signalHooks struct {
+	kagzi.NopHooks
+	mu     sync.Mutex
+	events []kagzi.SignalEvent
+}
+
+func (h *signalHooks) Signal(ctx context.Context, e *kagzi.SignalEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.events = append(h.events, *e)
+}
+
+// Found from outside: the Signal hook reported a send to a finished run, which Signal
+// refused with ErrRunFinished and stored nothing for, as a SENT signal with no error.
+func TestTheSignalHookSeesASendToAFinishedRunRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	h := &signalHooks{}
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, c, fastWorker(), greet)
+	run, err := kagzi.Start(ctx, c, greet, greetIn{Name: "ada"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Signal(ctx, run.RunID, "late", 1); !errors.Is(err, kagzi.ErrRunFinished) {
+		t.Fatalf("Signal to a finished run: %v, want ErrRunFinished", err)
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if len(h.events) != 1 || h.events[0].Action != kagzi.SignalSent || !errors.Is(h.events[0].Err, kagzi.ErrRunFinished) {
+		t.Fatalf("signal hook events %+v, want one send whose Err is ErrRunFinished", h.events)
+	}
+}

@@ -100,12 +100,14 @@ func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, 
 	began := time.Now()
 	status, duplicate, err := store.SendSignal(ctx, db, store.SignalSend{Namespace: c.ns, RunID: id, Name: name,
 		Payload: b, Key: key})
+	if err == nil && !duplicate && status.Terminal() {
+		err = fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, status)
+		c.hookSignalSent(ctx, id, name, began, err) // refused: nothing stored
+		return err
+	}
 	c.hookSignalSent(ctx, id, name, began, err)
 	if err != nil {
 		return wrapStoreErr("kagzi: signal run "+runID, err)
-	}
-	if !duplicate && status.Terminal() {
-		return fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, status)
 	}
 	return nil
 }
