@@ -338,3 +338,20 @@ func TestTheSignalHookSeesASendToAFinishedRunRefused(t *testing.T) {
 		t.Fatalf("signal hook events %+v, want one send whose Err is ErrRunFinished", h.events)
 	}
 }
+
+// Found from outside (in the console, which reads the same way): the oldest ready run's
+// age was read from available_at, which a priority moves up to an hour before the start.
+func TestQueueStatsAgeOfTheOldestReadyRunCountsFromItsStartNotFromItsPriority(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.client.StartByName(ctx, "urgent", 1, kagzi.WithPriority(kagzi.MaxPriority)); err != nil {
+		t.Fatal(err)
+	}
+	stats, err := e.client.QueueStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(stats) != 1 || stats[0].Ready != 1 || stats[0].OldestReady > time.Minute {
+		t.Fatalf("queue stats %+v, want one ready run claimable for under a minute (it was just started)", stats)
+	}
+}

@@ -177,18 +177,6 @@ func Throughput(ctx context.Context, db DBTX, namespace string, since time.Time,
 	})
 }
 
-// LiveWorkerTypes lists the workflow types live workers (see workerLiveSQL) of the
-// namespace registered (workers_live).
-func LiveWorkerTypes(ctx context.Context, db DBTX, namespace string) ([]string, error) {
-	rows, err := db.Query(ctx, `
-		SELECT DISTINCT unnest(w.workflow_types) FROM kagzi.workers w
-		WHERE w.namespace = $1 AND `+workerLiveSQL+` ORDER BY 1`, namespace)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, pgx.RowTo[string])
-}
-
 // RunLease is what the console shows of a run besides RunInfo: its lease epoch and
 // deadline.
 type RunLease struct {

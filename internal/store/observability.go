@@ -23,13 +23,15 @@ type QueueStat struct {
 }
 
 // queueStatsSQL reads the unfinished runs of the namespace through the partial index
-// runs_claimable (it holds unfinished runs only), one row per workflow type.
+// runs_claimable (it holds unfinished runs only), one row per workflow type. A ready
+// run has been claimable since its available_at, or since its creation when that is
+// later (a priority, or a start time already past, sets available_at before it).
 const queueStatsSQL = `
 SELECT workflow_type,
 	count(*) FILTER (WHERE available_at <= now()),
 	count(*) FILTER (WHERE status = 'RUNNING' AND available_at > now()),
 	count(*) FILTER (WHERE status <> 'RUNNING' AND available_at > now()),
-	coalesce((extract(epoch FROM now() - min(available_at) FILTER (WHERE available_at <= now())) * 1000000)::bigint, 0)
+	coalesce((extract(epoch FROM now() - min(greatest(available_at, created_at)) FILTER (WHERE available_at <= now())) * 1000000)::bigint, 0)
 FROM kagzi.runs
 WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
 GROUP BY workflow_type
