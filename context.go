@@ -252,7 +252,9 @@ func (sc *scope) nextPatch(changeID string, h *history) (key string, replaying b
 // Patched reports whether this run reached this point under code that has the
 // change changeID: true for a run executing it for the first time, false for a run
 // whose history already went past this point under older code. The answer is
-// recorded, so every replay gets the same one. Use it to change a workflow without
+// recorded, so every replay gets the same one, and it is the run's answer for the
+// change: a later Patched of the same changeID in the run (guarding another place
+// of the same change) answers as the first did. Use it to change a workflow without
 // breaking runs in flight:
 //
 //	if ctx.Patched("charge-before-reserve") {
@@ -281,16 +283,19 @@ func (c *Context) Patched(changeID string) bool {
 	if rec, ok := x.hist.get(key); ok {
 		return string(rec.Output) == "true"
 	}
-	answer := []byte("true")
-	if replaying {
-		answer = []byte("false")
+	// One answer per change in a run: a later call of the same change, past the
+	// history written by older code, answers as the run's first did.
+	patched := !replaying
+	if earlier, ok := x.hist.patched(changeID); ok {
+		patched = earlier
 	}
+	answer := []byte(strconv.FormatBool(patched))
 	c.write(func(ctx context.Context, db *writer) error {
 		return db.recordResult(ctx, store.ResultStep{Fence: x.run.Fence, Key: key, Name: changeID,
 			Kind: KindPatch, Status: StepCompleted, Output: answer})
 	})
 	x.hist.set(key, store.StepRecord{Name: changeID, Kind: KindPatch, Status: StepCompleted, Output: answer})
-	return !replaying
+	return patched
 }
 
 // canSuspend reports whether the run may be released here: only from the workflow

@@ -421,3 +421,46 @@ func TestHealthReportsRunsPinnedToAVersionNoLiveWorkerHas(t *testing.T) {
 		t.Fatalf("health with a run pinned to v1 and only a v2 worker: %+v, want the type among those without a worker", h)
 	}
 }
+
+// Found from outside: an old run resumed on new code answered false at a change's
+// first Patched (inside its old history) and true at a later one of the same change
+// (past it), taking the old branch at one place and the new branch at the other.
+func TestEveryPatchedOfOneChangeInARunGivesTheRunsFirstAnswer(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	oldCode := kagzi.Define("twice-patched", func(ctx *kagzi.Context, _ int) (string, error) {
+		if _, err := kagzi.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil }); err != nil {
+			return "", err
+		}
+		return "old", ctx.Sleep("nap", 400*time.Millisecond)
+	})
+	newCode := kagzi.Define("twice-patched", func(ctx *kagzi.Context, _ int) (string, error) {
+		if _, err := kagzi.Step(ctx, "a", func(context.Context) (int, error) { return 1, nil }); err != nil {
+			return "", err
+		}
+		first := ctx.Patched("new-pricing")
+		if err := ctx.Sleep("nap", 400*time.Millisecond); err != nil {
+			return "", err
+		}
+		second := ctx.Patched("new-pricing")
+		return fmt.Sprintf("%t/%t", first, second), nil
+	})
+	stop := runWorker(t, e.client, fastWorker(), oldCode)
+	inFlight, err := kagzi.Start(ctx, e.client, oldCode, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the old run to sleep", func() bool { return runStatus(t, e.client, inFlight.RunID) == kagzi.StatusSleeping })
+	stop()
+	runWorker(t, e.client, fastWorker(), newCode)
+	fresh, err := kagzi.Start(ctx, e.client, newCode, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := inFlight.Wait(ctx); err != nil || out != "false/false" {
+		t.Fatalf("the run in flight before the change answered %q, %v; want false at both places", out, err)
+	}
+	if out, err := fresh.Wait(ctx); err != nil || out != "true/true" {
+		t.Fatalf("the run started after the change answered %q, %v; want true at both places", out, err)
+	}
+}

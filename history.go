@@ -67,6 +67,22 @@ func (h *history) set(key string, rec store.StepRecord) {
 	h.steps[key] = &rec
 }
 
+// patched returns the answer the run already gave for the change changeID, at any
+// of its Patched calls (false when any answered false: the run was in flight before
+// the change), and whether it gave one.
+func (h *history) patched(changeID string) (answer, ok bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	answer = true
+	for _, rec := range h.steps {
+		if rec.Kind == KindPatch && rec.Name == changeID {
+			ok = true
+			answer = answer && string(rec.Output) == "true"
+		}
+	}
+	return answer, ok
+}
+
 // fresh reports a run with no positioned history: nothing to check a call against.
 func (h *history) fresh() bool { return len(h.at) == 0 }
 
