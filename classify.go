@@ -76,6 +76,10 @@ func unavailable(err error) (ok, mayHaveCommitted bool) {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		switch {
+		case pgErr.Code == "08P01":
+			// protocol_violation: a request the server (or a pooler: PgBouncer in
+			// statement mode refuses transaction blocks so) will refuse again.
+			return false, false
 		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03",
 			pgErr.Code == "53300":
 			return true, false

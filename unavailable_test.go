@@ -65,6 +65,8 @@ func TestUnavailableClassifiesConnectionFailuresAndWhetherTheRequestMayHaveCommi
 		{"crash shutdown 57P02", &pgconn.PgError{Severity: "FATAL", Code: "57P02"}, true, false},
 		{"cannot connect now 57P03", &pgconn.PgError{Severity: "FATAL", Code: "57P03"}, true, false},
 		{"connection failure 08006", &pgconn.PgError{Severity: "FATAL", Code: "08006"}, true, false},
+		{"protocol violation 08P01 (PgBouncer in statement mode)", &pgconn.PgError{Severity: "ERROR", Code: "08P01",
+			Message: "transaction blocks not allowed in statement pooling mode"}, false, false},
 		{"wrapped 57P01", fmt.Errorf("insert: %w", &pgconn.PgError{Code: "57P01"}), true, false},
 		{"unique violation 23505", &pgconn.PgError{Code: "23505"}, false, false},
 		{"query canceled 57014", &pgconn.PgError{Code: "57014"}, false, false},
