@@ -161,10 +161,15 @@ func (c *Client) removeWorker(w *Worker) {
 // without their types (pgx's QueryExecModeExec and QueryExecModeSimpleProtocol):
 // Kagzi passes uuids, arrays and JSON objects that pgx can encode only once the
 // server described the statement's parameters.
-func supportedExecMode(p *pgxpool.Pool) error {
+func supportedExecMode(p *pgxpool.Pool) (err error) {
 	if p == nil {
 		return nil
 	}
+	defer func() {
+		if recover() != nil { // a Pool not made by pgxpool (its zero value) has no Config
+			err = nil
+		}
+	}()
 	switch m := p.Config().ConnConfig.DefaultQueryExecMode; m {
 	case pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol:
 		return invalidArgument("the pool's DefaultQueryExecMode %v is not supported: use pgx.QueryExecModeCacheStatement "+

@@ -132,7 +132,8 @@ UNION ALL
 // the worker's claims last found limited: Claimer.Limited) before this statement
 // starts, so its count of each type's slot holders sees every claim and eager start
 // of the type that committed before, as kagzi.claim's does. Each limited type's room
-// is its limit less its holders (not counting the worker's finishing runs, $8), its
+// is its limit less its holders (not counting the worker's finishing runs, $8, while
+// they are still locked by it, $5: see migration 00020), its
 // runs are claimed holding a slot, and its next floor is now() only when it got fewer
 // runs than its room (its range was read through). Any other limit, a concurrency
 // limit on a type not locked, or queued keyed runs, send the claim to kagzi.claim as
@@ -161,7 +162,7 @@ WITH lims AS MATERIALIZED (
 			SELECT count(*) FROM kagzi.runs r
 			WHERE r.namespace = $1 AND r.workflow_type = lm.workflow_type AND r.holds_type_slot
 			  AND r.status = 'RUNNING' AND r.available_at > now()
-			  AND r.run_id NOT IN (SELECT unnest($8::uuid[])))), 0) END AS allow
+			  AND (r.run_id NOT IN (SELECT unnest($8::uuid[])) OR r.locked_by IS DISTINCT FROM $5::text))), 0) END AS allow
 	FROM lims lm
 	WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
 ), picked AS MATERIALIZED (

@@ -310,3 +310,75 @@ func TestAClaimLocksAtMostFiveHundredKeys(t *testing.T) {
 		t.Fatalf("the claim holds %d advisory locks (%v), want at most 500", locks, err)
 	}
 }
+
+// Found from outside: a worker taken for dead (its sessions terminated) kept retrying
+// the end of a run whose function returned, while another worker took that run over;
+// its claims left the run out of the holders (p_finishing) and admitted the next run
+// of its key (limit 1) beside it. A finishing run is left out only while it is still
+// locked by the claiming worker under a lease that has not passed; for type limits
+// through kagzi.claim and claimLimitedSQL, for key limits through claim_keyed.
+func TestAFinishingRunThatAnotherWorkerTookOverStillCountsAmongTheHolders(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	takeOver := func(id [16]byte) {
+		t.Helper()
+		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET locked_by = 'other', lease_epoch = lease_epoch + 1,
+			available_at = now() + interval '1 minute' WHERE run_id = $1`, uuid.UUID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A type limit of 1, through kagzi.claim and then the short way.
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency) VALUES ('default', 'wf', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uuid.UUID, 4)
+	inputs := make([][]byte, len(ids))
+	for i := range ids {
+		ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
+	}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, inputs, make([][]byte, len(ids)), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, short := range []bool{false, true} {
+		c := testClaimer("wf")
+		c.Floors, c.KeyFloors = NewFloors(), NewFloors()
+		if short {
+			c.Limited = map[string]bool{"wf": true}
+		}
+		first, _, err := ClaimRuns(ctx, pool, c, 10)
+		if err != nil || len(first) != 1 {
+			t.Fatalf("short %t: the first claim got %d runs (%v), want the limit's 1", short, len(first), err)
+		}
+		takeOver(first[0].RunID)
+		c.Finishing = [][16]byte{first[0].RunID}
+		if next, _, err := ClaimRuns(ctx, pool, c, 10); err != nil || len(next) != 0 {
+			t.Fatalf("short %t: a claim whose finishing run another worker took over got %d runs (%v), want none", short, len(next), err)
+		}
+		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'COMPLETED', finished_at = now(), holds_type_slot = false
+			WHERE run_id = $1`, uuid.UUID(first[0].RunID)); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// A key limit of 1.
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency) VALUES ('default', 'wk', 1);
+		INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, available_at, flow_key)
+		SELECT gen_random_uuid(), 'default', 'q' || g, 'wk', 'PENDING', '1', now() - interval '1 second' * (10 - g), 'k'
+		FROM generate_series(0, 2) g`); err != nil {
+		t.Fatal(err)
+	}
+	c := testClaimer("wk")
+	c.Versions = []string{""}
+	first, _, err := ClaimRuns(ctx, pool, c, 10)
+	if err != nil || len(first) != 1 {
+		t.Fatalf("the first keyed claim got %d runs (%v), want the key's 1", len(first), err)
+	}
+	takeOver(first[0].RunID)
+	c.Finishing = [][16]byte{first[0].RunID}
+	c.KeysFreed = map[string]bool{"wk": true}
+	if next, _, err := ClaimRuns(ctx, pool, c, 10); err != nil || len(next) != 0 {
+		t.Fatalf("a keyed claim whose finishing run another worker took over got %d runs (%v), want none", len(next), err)
+	}
+}

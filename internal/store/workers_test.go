@@ -139,3 +139,34 @@ func TestAHeartbeatDoesNotWaitForItsOwnRowThatAnotherBeatIsMarkingOffline(t *tes
 		t.Fatalf("b after its next beat: %+v, %v; want ONLINE", w, err)
 	}
 }
+
+// Found from outside: a live worker whose sessions were terminated looked dead (its
+// liveness lock released) and was reaped, but its runs were only made claimable: it
+// went on executing them, its heartbeat renewed their leases and its writes were
+// accepted, while no concurrency limit counted them in between. A reap fences them.
+func TestAReapFencesTheRunsItFreesSoTheirWorkerIfAliveCanNeitherWriteNorRenewThem(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version,
+		workflow_types, max_concurrent, heartbeat_interval_ms, status, active_runs, liveness_key)
+		VALUES ('default', 'w', 'h', 1, 'v', '{wf}', 10, 1000, 'ONLINE', 1, 4242)`); err != nil {
+		t.Fatal(err)
+	}
+	run := runningRun(t, pool, 1, false) // locked by w, epoch 1
+	r, err := ReapDeadWorkers(ctx, pool, "default", "me", 1)
+	if err != nil || r.Workers != 1 || r.Runs != 1 {
+		t.Fatalf("reap: %+v, %v; want worker w and its run", r, err)
+	}
+	res, err := Heartbeat(ctx, pool, WorkerBeat{Namespace: "default", WorkerID: "w"}, []Fence{{RunID: run, Epoch: 1}}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 0 {
+		t.Fatalf("the reaped worker's heartbeat still holds its run: %+v", res)
+	}
+	var claimable bool
+	if err := pool.QueryRow(ctx, `SELECT available_at <= now() FROM kagzi.runs WHERE run_id = $1`, run).Scan(&claimable); err != nil || !claimable {
+		t.Fatalf("the reaped run is claimable: %t (%v)", claimable, err)
+	}
+}

@@ -144,7 +144,8 @@ BEGIN
             -- is free, and the claim that takes the run over holds it again.
             SELECT count(*) INTO held FROM kagzi.runs r
             WHERE r.namespace = p_ns AND r.workflow_type = p_types[i] AND r.holds_type_slot AND r.status = 'RUNNING'
-              AND r.available_at > now() AND r.run_id NOT IN (SELECT unnest(fin));
+              AND r.available_at > now()
+              AND (r.run_id NOT IN (SELECT unnest(fin)) OR r.locked_by IS DISTINCT FROM p_worker);
             allow[i] := greatest(least(allow[i], lims[i].concurrency - held), 0);
         END IF;
         IF lims[i].rate IS NOT NULL THEN
@@ -356,7 +357,8 @@ BEGIN
                 WHERE (SELECT count(*) FROM kagzi.runs h
                     WHERE h.namespace = p_ns AND h.workflow_type = p_types[i] AND h.flow_key = u.k
                       AND h.started_at IS NOT NULL AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')
-                      AND h.run_id NOT IN (SELECT unnest(fin))) >= lims[i].key_concurrency);
+                      AND (h.run_id NOT IN (SELECT unnest(fin)) OR h.locked_by IS DISTINCT FROM p_worker
+                           OR h.available_at <= now())) >= lims[i].key_concurrency);
             locked_keys := kagzi.flow_lock_keys(p_ns, p_types[i], ARRAY(SELECT u.k
                 FROM unnest(beyond) WITH ORDINALITY AS u(k, o) WHERE u.k NOT IN (SELECT unnest(full_keys)) ORDER BY u.o));
             passed[i] := passed[i] + cardinality(beyond) - cardinality(full_keys) - cardinality(locked_keys);
@@ -468,7 +470,8 @@ BEGIN
                     SELECT count(*)::integer FROM kagzi.runs h
                     WHERE h.namespace = p_ns AND h.workflow_type = p_type AND h.flow_key = k.k
                       AND h.started_at IS NOT NULL AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')
-                      AND h.run_id NOT IN (SELECT unnest(p_finishing))) END,
+                      AND (h.run_id NOT IN (SELECT unnest(p_finishing)) OR h.locked_by IS DISTINCT FROM p_worker
+                           OR h.available_at <= now())) END,
                 CASE WHEN p_key_rate IS NULL THEN p_share
                     ELSE kagzi.flow_rate_room(p_ns, p_type, k.k, p_key_rate, p_key_rate_period_ms) END), 0) AS room
         ) rm
