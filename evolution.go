@@ -16,7 +16,9 @@ import (
 // cancel request and deadline cleared; completed steps are kept and replay, so only
 // the failed step and what follows run. Use it after fixing the code (or the world)
 // that made the run fail. A run in any other status returns ErrInvalidArgument; a run
-// whose workflow id another active run holds meanwhile returns ErrAlreadyExists.
+// whose workflow id another active run holds meanwhile returns ErrAlreadyExists. A
+// debounced run leaves its debounce when rerun (RunInfo.DebounceKey is empty after):
+// later starts of its debounce key start or join another run.
 func (c *Client) Rerun(ctx context.Context, runID string) error {
 	id, err := parseRunID(runID)
 	if err != nil {

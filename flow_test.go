@@ -981,3 +981,38 @@ func TestSetLimitsCountsTheRunsOfAClaimThatCommitsWhileItStoresTheLimit(t *testi
 		return err == nil && info.Hold != nil && info.Hold.Limit == "concurrency"
 	})
 }
+
+// Found from outside: a rerun of a cancelled debounced run, while a later start of its
+// debounce key waited in a new run, failed with "another active run holds the workflow
+// id" (nothing held it: the debounce key's waiting run did). A rerun leaves the debounce.
+func TestARerunOfACancelledDebouncedRunLeavesItsDebounceAndRunsBesideTheKeysWaitingRun(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("debounced-rerun", func(ctx *kagzi.Context, in string) (string, error) { return in, nil })
+	first, err := kagzi.Start(ctx, e.client, wf, "one", kagzi.WithDebounce("k", 10*time.Second, 20*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.Cancel(ctx, first.RunID); err != nil {
+		t.Fatal(err)
+	}
+	second, err := kagzi.Start(ctx, e.client, wf, "two", kagzi.WithDebounce("k", 10*time.Second, 20*time.Second))
+	if err != nil || second.RunID == first.RunID {
+		t.Fatalf("the start after the cancel: %+v, %v; want a new run", second, err)
+	}
+	if err := e.client.Rerun(ctx, first.RunID); err != nil {
+		t.Fatalf("Rerun of the cancelled debounced run: %v", err)
+	}
+	runWorker(t, e.client, fastWorker(), wf)
+	if out, err := kagzi.RunOf[string](e.client, first.RunID).Wait(ctx); err != nil || out != "one" {
+		t.Fatalf("the rerun: %q, %v", out, err)
+	}
+	info, err := e.client.GetRun(ctx, first.RunID)
+	if err != nil || info.DebounceKey != "" {
+		t.Fatalf("the rerun's debounce key %q (%v), want none", info.DebounceKey, err)
+	}
+	third, err := kagzi.Start(ctx, e.client, wf, "three", kagzi.WithDebounce("k", 10*time.Second, 20*time.Second))
+	if err != nil || third.RunID != second.RunID {
+		t.Fatalf("a later start of the key joined %v (%v), want the key's waiting run %s", third, err, second.RunID)
+	}
+}

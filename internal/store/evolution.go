@@ -32,8 +32,11 @@ var ErrActiveRunExists = errors.New("another active run holds the workflow id")
 
 // rerunSetSQL is what a rerun (RerunRun, RerunRuns) sets on a run r: PENDING and
 // claimable now, its attempt bumped, its error, cancel flag and deadline cleared; a run
-// of a concurrency key queues in its key again (started_at cleared).
-const rerunSetSQL = `status = 'PENDING', attempt = r.attempt + 1, error = NULL,
+// of a concurrency key queues in its key again (started_at cleared). A debounced run
+// leaves its debounce (debounce_key cleared): it is claimable now, past any window,
+// and must neither collect the key's later starts nor collide with the run that
+// collects them now.
+const rerunSetSQL = `status = 'PENDING', attempt = r.attempt + 1, error = NULL, debounce_key = NULL,
 	cancel_requested = false, deadline_at = NULL, finished_at = NULL, locked_by = NULL,
 	started_at = CASE WHEN r.flow_key IS NULL THEN r.started_at END,
 	available_at = now(), updated_at = now()`
