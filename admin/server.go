@@ -31,7 +31,8 @@
 //
 // Kagzi's errors map to gRPC codes: ErrNotFound is NotFound, ErrInvalidArgument
 // (a malformed id, filter or page token) is InvalidArgument, ErrSchemaNotMigrated is
-// FailedPrecondition, a closed pool is Unavailable; missing or wrong credentials are
+// FailedPrecondition, a closed pool or a database that cannot be reached or drops the
+// connection (kagzi.ErrUnavailable) is Unavailable; missing or wrong credentials are
 // Unauthenticated and a namespace the caller may not read is PermissionDenied.
 package kagziadmin
 
@@ -355,7 +356,9 @@ func toStatus(err error) error {
 		code = codes.AlreadyExists
 	case errors.Is(err, kagzi.ErrSchemaNotMigrated):
 		code = codes.FailedPrecondition
-	case errors.Is(err, kagzi.ErrClosed):
+	case errors.Is(err, kagzi.ErrClosed), errors.Is(err, kagzi.ErrUnavailable):
+		// ErrUnavailable before DeadlineExceeded: a connection attempt that timed out
+		// is the database's unavailability, whoever set the deadline.
 		code = codes.Unavailable
 	case errors.Is(err, context.DeadlineExceeded):
 		code = codes.DeadlineExceeded

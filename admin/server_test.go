@@ -3,6 +3,7 @@ package kagziadmin_test
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -648,6 +649,55 @@ func TestAServerOverAnUnmigratedDatabaseReportsNotServingAndFailedPrecondition(t
 			t.Fatalf("standard health stays %v over an unmigrated database", resp.Status)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestADatabaseThatCannotBeReachedOrDropsConnectionsIsUnavailable(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	// A port nothing listens on (connection refused), and a listener that accepts every
+	// connection and closes it at once (a database that drops its connections).
+	closed, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := closed.Addr().String()
+	closed.Close()
+	dropper, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { dropper.Close() })
+	go func() {
+		for {
+			conn, err := dropper.Accept()
+			if err != nil {
+				return
+			}
+			conn.Close()
+		}
+	}()
+	const missing = "01890000-0000-7000-8000-000000000000"
+	for name, dbAddr := range map[string]string{"refused": refused, "dropped": dropper.Addr().String()} {
+		pool, err := pgxpool.New(ctx, "postgres://postgres@"+dbAddr+"/none?sslmode=disable&connect_timeout=2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(pool.Close)
+		c := admin(t, serve(t, newClient(t, pool, nsA)), "")
+		for rpc, err := range map[string]error{
+			"GetWorkflow": err2(c.GetWorkflow(ctx, &adminpb.GetWorkflowRequest{Namespace: nsA,
+				Selector: &adminpb.GetWorkflowRequest_RunId{RunId: missing}})),
+			"ListWorkflows":         err2(c.ListWorkflows(ctx, &adminpb.ListWorkflowsRequest{Namespace: nsA})),
+			"ListSteps":             err2(c.ListSteps(ctx, &adminpb.ListStepsRequest{Namespace: nsA, RunId: missing})),
+			"ListWorkers":           err2(c.ListWorkers(ctx, &adminpb.ListWorkersRequest{Namespace: nsA})),
+			"ListWorkflowSchedules": err2(c.ListWorkflowSchedules(ctx, &adminpb.ListWorkflowSchedulesRequest{Namespace: nsA})),
+			"ListFlowLimits":        err2(c.ListFlowLimits(ctx, &adminpb.ListFlowLimitsRequest{Namespace: nsA})),
+		} {
+			if status.Code(err) != codes.Unavailable {
+				t.Errorf("%s: %s = %v, want Unavailable (a caller may retry)", name, rpc, err)
+			}
+		}
 	}
 }
 
