@@ -38,9 +38,13 @@ func (a *app) limitsList(ctx context.Context, args []string) error {
 		return err
 	}
 	if a.json {
-		return a.printJSON(struct {
+		out := struct {
 			Limits []kagzi.Limits `json:"limits"`
-		}{Limits: append([]kagzi.Limits{}, all...)})
+		}{Limits: []kagzi.Limits{}}
+		for i := range all {
+			out.Limits = append(out.Limits, limitsOf(&all[i]))
+		}
+		return a.printJSON(out)
 	}
 	a.printLimits(all...)
 	return nil
@@ -62,7 +66,7 @@ func (a *app) limitsGet(ctx context.Context, args []string) error {
 		return notFound(err, "workflow type "+pos[0]+" has no limits in namespace "+a.namespace)
 	}
 	if a.json {
-		return a.printJSON(l)
+		return a.printJSON(limitsOf(l))
 	}
 	a.printLimits(*l)
 	return nil
@@ -92,7 +96,7 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 		return err
 	}
 	if a.json {
-		return a.printJSON(set)
+		return a.printJSON(limitsOf(set))
 	}
 	a.printLimits(*set)
 	return nil

@@ -62,10 +62,16 @@ type result struct {
 // kagziCmd runs the built command with KAGZI_DATABASE_URL set to dbURL ("" for none).
 func kagziCmd(t *testing.T, dbURL string, args ...string) result {
 	t.Helper()
+	return kagziCmdEnv(t, dbURL, nil, args...)
+}
+
+// kagziCmdEnv is kagziCmd with more environment variables ("NAME=value").
+func kagziCmdEnv(t *testing.T, dbURL string, extraEnv []string, args ...string) result {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, binary, args...)
-	cmd.Env = env(dbURL)
+	cmd.Env = append(env(dbURL), extraEnv...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -768,5 +774,50 @@ func TestLimitsSetGetListDeleteAndRunsShowTellsWhatHoldsARun(t *testing.T) {
 	}
 	if r := kagziCmd(t, f.url, "limits", "delete", "later"); r.code != 1 {
 		t.Fatalf("second limits delete: exit %d", r.code)
+	}
+}
+
+func TestTimesPrintInUTCWhateverTheLocalZone(t *testing.T) {
+	if _, err := time.LoadLocation("Asia/Kolkata"); err != nil {
+		t.Skipf("no time zone database: %v", err)
+	}
+	f := newFixture(t)
+	india := []string{"TZ=Asia/Kolkata"} // UTC+05:30
+	run := func(args ...string) string {
+		t.Helper()
+		r := kagziCmdEnv(t, f.url, india, args...)
+		if r.code != 0 {
+			t.Fatalf("kagzi %s: exit %d\n%s%s", strings.Join(args, " "), r.code, r.stdout, r.stderr)
+		}
+		return r.stdout
+	}
+	utcJSON := regexp.MustCompile(`"(updated_at|until)": "\d{4}-\d\d-\d\dT[\d:.]+Z"`)
+	for _, args := range [][]string{
+		{"limits", "set", "later", "--rate", "1", "--rate-period", "1h", "--json"},
+		{"limits", "get", "later", "--json"},
+		{"limits", "list", "--json"},
+	} {
+		if out := run(args...); !utcJSON.MatchString(out) || strings.Contains(out, "+05:30") {
+			t.Errorf("kagzi %s with TZ=Asia/Kolkata: updated_at not in UTC:\n%s", strings.Join(args, " "), out)
+		}
+	}
+	// The hour's rate window is full: a new run of the type is held until it ends.
+	ctx := context.Background()
+	if _, err := f.pool.Exec(ctx, `SELECT kagzi.flow_rate_room('default', 'later', '', 1, 3600000),
+		kagzi.flow_rate_add('default', 'later', '', 3600000, 1)`); err != nil {
+		t.Fatal(err)
+	}
+	held, err := f.client.StartByName(ctx, "later", 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	js := run("runs", "show", held.RunID, "--json")
+	if !regexp.MustCompile(`"until": "\d{4}-\d\d-\d\dT[\d:.]+Z"`).MatchString(js) || strings.Contains(js, "+05:30") {
+		t.Errorf("runs show --json with TZ=Asia/Kolkata: hold.until not in UTC:\n%s", js)
+	}
+	text := run("runs", "show", held.RunID)
+	if !regexp.MustCompile(`Held:\s+held by the rate limit until \d{4}-\d\d-\d\dT[\d:.]+Z`).MatchString(text) ||
+		strings.Contains(text, "+05:30") {
+		t.Errorf("runs show with TZ=Asia/Kolkata: the hold's time not in UTC:\n%s", text)
 	}
 }

@@ -77,7 +77,25 @@ func runOf(r *kagzi.RunInfo) runJSON {
 	c.AvailableAt, c.CreatedAt, c.UpdatedAt = utc(c.AvailableAt), utc(c.CreatedAt), utc(c.UpdatedAt)
 	c.ScheduleTick, c.StartedAt, c.FinishedAt = utcp(c.ScheduleTick), utcp(c.StartedAt), utcp(c.FinishedAt)
 	c.Deadline = utcp(c.Deadline)
+	c.Hold = holdOf(c.Hold)
 	return runJSON{RunInfo: c, Error: errorOf(r.Error)}
+}
+
+// holdOf is a copy of a run's hold with its time in UTC.
+func holdOf(h *kagzi.Hold) *kagzi.Hold {
+	if h == nil {
+		return nil
+	}
+	c := *h
+	c.Until = utcp(c.Until)
+	return &c
+}
+
+// limitsOf is a type's limits as the tool prints them: their own JSON, times in UTC.
+func limitsOf(l *kagzi.Limits) kagzi.Limits {
+	c := *l
+	c.UpdatedAt = utc(c.UpdatedAt)
+	return c
 }
 
 func stepOf(s *kagzi.StepInfo) stepJSON {

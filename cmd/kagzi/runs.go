@@ -160,7 +160,7 @@ func (a *app) printRun(run *kagzi.RunInfo) {
 	case kagzi.StatusPending, kagzi.StatusSleeping:
 		kv.row("Next claim:", when(run.AvailableAt))
 		if run.Hold != nil {
-			kv.row("Held:", run.Hold.String())
+			kv.row("Held:", holdOf(run.Hold).String())
 		}
 	case kagzi.StatusRunning:
 		kv.row("Worker:", run.LockedBy+" (lease until "+when(run.AvailableAt)+")")
