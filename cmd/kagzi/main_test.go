@@ -20,6 +20,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
@@ -819,5 +820,27 @@ func TestTimesPrintInUTCWhateverTheLocalZone(t *testing.T) {
 	if !regexp.MustCompile(`Held:\s+held by the rate limit until \d{4}-\d\d-\d\dT[\d:.]+Z`).MatchString(text) ||
 		strings.Contains(text, "+05:30") {
 		t.Errorf("runs show with TZ=Asia/Kolkata: the hold's time not in UTC:\n%s", text)
+	}
+}
+
+func TestTableCellsAreCutBetweenCharactersNeverInsideOne(t *testing.T) {
+	f := newFixture(t)
+	ctx := context.Background()
+	fits := "注文-確認-メール-送信-お客様-処理中"   // 21 characters, 53 bytes: the cell holds 40 characters
+	long := strings.Repeat("注文", 30) // 60 characters
+	for _, id := range []string{fits, long} {
+		if _, err := f.client.StartByName(ctx, "later", 1, kagzi.WithID(id)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := ok(t, f.url, "runs", "list", "--workflow-type", "later")
+	if !utf8.ValidString(out) {
+		t.Fatalf("runs list printed invalid UTF-8:\n%q", out)
+	}
+	if !strings.Contains(out, " "+fits+" ") {
+		t.Errorf("the 21-character id %q is not printed whole:\n%s", fits, out)
+	}
+	if cut := string([]rune(long)[:39]) + "…"; !strings.Contains(out, " "+cut+" ") {
+		t.Errorf("the 60-character id is not cut to its first 39 characters and an ellipsis %q:\n%s", cut, out)
 	}
 }

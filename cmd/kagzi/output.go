@@ -8,6 +8,7 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kagzi/kagzi"
 )
@@ -173,12 +174,18 @@ func whenMilli(t time.Time) string {
 	return t.UTC().Format("2006-01-02 15:04:05.000Z")
 }
 
-// short cuts a value for a table cell.
+// short cuts a value for a table cell to n characters (runes, as the table counts
+// them), never inside a character.
 func short(s string, n int) string {
-	if len(s) <= n {
+	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
-	return s[:n-1] + "…"
+	i := 0
+	for range n - 1 {
+		_, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+	}
+	return s[:i] + "…"
 }
 
 func orDash(s string) string {
