@@ -155,7 +155,8 @@ func (s *Server) GetStep(ctx context.Context, req *adminpb.GetStepRequest) (*adm
 }
 
 // ListSteps lists the recorded steps of a run in the order they were first recorded,
-// each with its attempt history, a page at a time.
+// each with its attempt history, a page at a time. A step_name keeps the steps of that
+// name; an empty one, like an unset one, filters nothing (as every empty filter field).
 func (s *Server) ListSteps(ctx context.Context, req *adminpb.ListStepsRequest) (*adminpb.ListStepsResponse, error) {
 	const rpc = "ListSteps"
 	c, err := s.client(ctx, req.GetNamespace())
@@ -198,7 +199,7 @@ func (s *Server) ListSteps(ctx context.Context, req *adminpb.ListStepsRequest) (
 	resp := &adminpb.ListStepsResponse{}
 	last := ""
 	for i := start; i < len(steps); i++ {
-		if req.StepName != nil && steps[i].Name != req.GetStepName() {
+		if req.GetStepName() != "" && steps[i].Name != req.GetStepName() {
 			continue
 		}
 		if len(resp.Steps) == size {

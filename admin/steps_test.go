@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/kagzi/kagzi"
 	"github.com/kagzi/kagzi/admin/adminpb"
 )
@@ -93,5 +95,22 @@ func TestListStepsAndGetStepNameEveryRecordedKindAndTheWaitingStatus(t *testing.
 	}
 	if s := byName["approve"]; s != nil && s.Status != adminpb.StepStatus_STEP_STATUS_WAITING {
 		t.Errorf("the unanswered signal wait is %v, want STEP_STATUS_WAITING", s.Status)
+	}
+}
+
+func TestListStepsWithAnEmptyStepNameFiltersNothing(t *testing.T) {
+	f := newFixture(t)
+	ctx := testCtx(t)
+	c := admin(t, f.addr, token)
+	all, err := c.ListSteps(ctx, &adminpb.ListStepsRequest{Namespace: nsA, RunId: f.greets[0]})
+	if err != nil || len(all.Steps) != 2 {
+		t.Fatalf("ListSteps without step_name: %v, %v; want the run's 2 steps", all, err)
+	}
+	empty, err := c.ListSteps(ctx, &adminpb.ListStepsRequest{Namespace: nsA, RunId: f.greets[0], StepName: proto.String("")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(empty.Steps) != 2 || empty.Steps[0].Key != "compose#1" || empty.Steps[1].Key != "flaky#1" {
+		t.Fatalf("ListSteps with step_name \"\": %v; want the run's 2 steps, as without it", empty.Steps)
 	}
 }
