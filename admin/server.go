@@ -44,6 +44,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -128,9 +129,12 @@ func WithNamespaces(f ClientFactory) Option {
 // WithBearerToken (or, with WithClientCertAuth, when it presents an accepted client
 // certificate). A token given with namespaces may read those namespaces only; one
 // given without may read every namespace the server serves. Tokens are compared in
-// constant time.
+// constant time. White space around the token (the newline ending a secret file) is
+// trimmed, as it is from the token a caller presents; a token of white space only is
+// empty, and refused.
 func WithBearerToken(token string, namespaces ...string) Option {
 	return func(o *options) {
+		token := strings.TrimSpace(token)
 		if token == "" {
 			o.err = errors.New("kagziadmin: empty bearer token")
 			return

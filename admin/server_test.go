@@ -343,6 +343,22 @@ func TestRequestsWithoutValidCredentialsAreUnauthenticated(t *testing.T) {
 	}
 }
 
+func TestAConfiguredTokenEndingInANewlineOrSpacesAuthenticatesItsToken(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool, _ := testdb.NewPool(t)
+	// As read from a secret file: the token, then a newline (or spaces around it).
+	addr := serve(t, newClient(t, pool, nsA), kagziadmin.WithBearerToken("from-a-file\n"),
+		kagziadmin.WithBearerToken("  spaced\t"))
+	for _, tok := range []string{"from-a-file", "spaced"} {
+		if _, err := admin(t, addr, tok).ListWorkflows(ctx, &adminpb.ListWorkflowsRequest{Namespace: nsA}); err != nil {
+			t.Errorf("token %q: %v, want accepted", tok, err)
+		}
+	}
+	_, err := admin(t, addr, "from-a-file-not").ListWorkflows(ctx, &adminpb.ListWorkflowsRequest{Namespace: nsA})
+	wantCode(t, err, codes.Unauthenticated)
+}
+
 func TestStandardHealthServiceAnswersWithoutCredentials(t *testing.T) {
 	f := newFixture(t)
 	ctx := testCtx(t)

@@ -145,6 +145,9 @@ func TestNewAdminServerRejectsAnUnusableConfiguration(t *testing.T) {
 		"empty token": func() (*kagziadmin.Server, error) {
 			return kagziadmin.NewAdminServer(client, kagziadmin.WithBearerToken(""))
 		},
+		"white-space token": func() (*kagziadmin.Server, error) {
+			return kagziadmin.NewAdminServer(client, kagziadmin.WithBearerToken(" \n"))
+		},
 		"client certificates without TLS": func() (*kagziadmin.Server, error) {
 			return kagziadmin.NewAdminServer(client, kagziadmin.WithClientCertAuth(nil))
 		},

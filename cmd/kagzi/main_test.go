@@ -844,3 +844,15 @@ func TestTableCellsAreCutBetweenCharactersNeverInsideOne(t *testing.T) {
 		t.Errorf("the 60-character id is not cut to its first 39 characters and an ellipsis %q:\n%s", cut, out)
 	}
 }
+
+func TestServeAdminAcceptsATokenReadFromAFileWithItsNewline(t *testing.T) {
+	t.Parallel()
+	url := testdb.New(t)
+	addr, _ := serveAdmin(t, url, []string{"KAGZI_ADMIN_TOKEN=from-a-file\n"}, "--addr", "127.0.0.1:0")
+	if info, err := serverInfo(t, addr, "from-a-file"); err != nil || info.Version != kagzi.Version {
+		t.Fatalf("KAGZI_ADMIN_TOKEN ending in a newline: GetServerInfo with the token: %v, %v", info, err)
+	}
+	if _, err := serverInfo(t, addr, "another"); status.Code(err) != codes.Unauthenticated {
+		t.Fatalf("a wrong token: %v, want Unauthenticated", err)
+	}
+}
