@@ -226,3 +226,26 @@ func TestScheduleNextFireTimesFollowTheZoneAndItsDaylightSavingRule(t *testing.T
 		}
 	}
 }
+
+// Found from outside: a run cancelled while PENDING (or RUNNING, once its worker ended
+// it) read CancelRequested true for ever, as if its cancel still waited for a worker.
+func TestAFinishedCancelledRunNoLongerReadsCancelRequested(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	run, err := e.client.StartByName(ctx, "never-claimed", 1, kagzi.WithDelay(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.Cancel(ctx, run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.client.GetRun(ctx, run.RunID)
+	if err != nil || info.Status != kagzi.StatusCancelled || info.CancelRequested {
+		t.Fatalf("a cancelled PENDING run: status %s, cancel requested %t (%v); want CANCELLED and no request pending",
+			info.Status, info.CancelRequested, err)
+	}
+	page, err := e.client.ListRuns(ctx, kagzi.RunFilter{})
+	if err != nil || len(page.Runs) != 1 || page.Runs[0].CancelRequested {
+		t.Fatalf("listed: %+v, %v", page, err)
+	}
+}

@@ -59,7 +59,9 @@ type RunInfo struct {
 	// time while SLEEPING, its lease expiry while RUNNING. Claims take runs in its order.
 	AvailableAt time.Time `json:"available_at"`
 	// LockedBy is the id of the worker holding the run while RUNNING.
-	LockedBy        string    `json:"worker_id,omitempty"`
+	LockedBy string `json:"worker_id,omitempty"`
+	// CancelRequested: a cancel was asked for and the worker holding the run has
+	// not ended it yet (false once the run finished).
 	CancelRequested bool      `json:"cancel_requested,omitempty"`
 	CreatedAt       time.Time `json:"created_at"`
 	// StartedAt is when the run was first claimed (for a run of a concurrency key that
@@ -110,7 +112,7 @@ func runInfo(r store.Run) RunInfo {
 		RunID: r.RunID.String(), Namespace: r.Namespace, WorkflowID: r.WorkflowID,
 		WorkflowType: r.WorkflowType, Status: r.Status, Input: r.Input, Output: r.Output,
 		Error: decodeDetail(r.Error), Attempt: r.Attempt, Takeovers: r.Takeovers, AvailableAt: r.AvailableAt,
-		CancelRequested: r.CancelRequested, CreatedAt: r.CreatedAt, StartedAt: r.StartedAt,
+		CancelRequested: r.CancelRequested && !r.Status.Terminal(), CreatedAt: r.CreatedAt, StartedAt: r.StartedAt,
 		FinishedAt: r.FinishedAt, UpdatedAt: r.UpdatedAt, ScheduleTick: r.ScheduleTick, Deadline: r.Deadline,
 		Attributes: decodeAttributes(r.Attributes),
 	}
