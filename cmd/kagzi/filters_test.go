@@ -3,6 +3,7 @@ package main_test
 import (
 	"context"
 	"fmt"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -78,9 +79,9 @@ func TestRunsListSelectsByAttributesPrefixTypesErrorCodeAndOrder(t *testing.T) {
 			t.Errorf("%v: exit %d, want 2 (usage)\n%s", bad, r.code, r.stderr)
 		}
 	}
-	if r := kagziCmd(t, f.url, "runs", "list", "--root-only", "--parent", f.greets[0]); r.code != 1 ||
-		!strings.Contains(r.stderr, "invalid argument") {
-		t.Errorf("--root-only --parent: exit %d\n%s", r.code, r.stderr)
+	if r := kagziCmd(t, f.url, "runs", "list", "--root-only", "--parent", f.greets[0]); r.code != 2 ||
+		!strings.Contains(r.stderr, "exclude each other") {
+		t.Errorf("--root-only --parent: exit %d, want 2 (usage)\n%s", r.code, r.stderr)
 	}
 }
 
@@ -111,5 +112,50 @@ func TestHealthReportsAndExitsNonZeroWhenUnhealthy(t *testing.T) {
 	r = kagziCmd(t, "postgres://nobody@127.0.0.1:1/none?connect_timeout=2", "health")
 	if r.code != 1 || !strings.Contains(r.stdout, "UNHEALTHY") {
 		t.Fatalf("health of an unreachable database: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+}
+
+func TestBadFlagValuesExitTwoAndFailuresOfTheDatabaseExitOne(t *testing.T) {
+	f := newFixture(t)
+	// The other order's token of a real listing: well formed, yet not for this one.
+	r := kagziCmd(t, f.url, "runs", "list", "--limit", "1", "--oldest-first")
+	m := regexp.MustCompile(`--page-token (\S+)`).FindStringSubmatch(r.stderr)
+	if r.code != 0 || m == nil {
+		t.Fatalf("runs list --limit 1 --oldest-first: exit %d\n%s", r.code, r.stderr)
+	}
+	for _, c := range []struct {
+		args []string
+		want string // in the message
+	}{
+		{[]string{"runs", "list", "--status", "bogus"}, `unknown run status "bogus"`},
+		{[]string{"runs", "list", "--status", "failed,nope"}, `unknown run status "nope"`},
+		{[]string{"runs", "list", "--parent", "nope"}, `"nope" is not a UUID`},
+		{[]string{"runs", "list", "--page-token", "garbage"}, "malformed page token"},
+		{[]string{"runs", "list", "--page-token", m[1]}, "other order"},
+		{[]string{"runs", "list", "--workflow-type", "bad\ttype"}, "control character"},
+		{[]string{"runs", "list", "--limit", "0"}, "--limit 0"},
+		{[]string{"runs", "list", "--created-after", "yesterday"}, "--created-after"},
+		{[]string{"workers", "list", "--status", "asleep"}, `unknown worker status "asleep"`},
+		{[]string{"workers", "list", "--page-token", "garbage"}, "malformed page token"},
+		{[]string{"schedules", "list", "--page-token", "garbage"}, "malformed page token"},
+	} {
+		r := kagziCmd(t, f.url, c.args...)
+		if r.code != 2 || !strings.Contains(r.stderr, c.want) || !strings.Contains(r.stderr, "kagzi help") {
+			t.Errorf("kagzi %q: exit %d, %q; want 2 (usage) naming %q", c.args, r.code, r.stderr, c.want)
+		}
+	}
+	// Checked before the database is needed: a usage error without one too.
+	for _, args := range [][]string{{"runs", "list", "--status", "bogus"}, {"runs", "list", "--parent", "nope"},
+		{"workers", "list", "--status", "asleep"}} {
+		if r := kagziCmd(t, "", args...); r.code != 2 {
+			t.Errorf("kagzi %q without a database: exit %d, %q; want 2 (usage)", args, r.code, r.stderr)
+		}
+	}
+	// Good flags the database cannot answer: a failure, exit 1.
+	down := "postgres://nobody@127.0.0.1:1/none?connect_timeout=2"
+	for _, args := range [][]string{{"runs", "list", "--status", "failed"}, {"workers", "list"}, {"schedules", "list"}} {
+		if r := kagziCmd(t, down, args...); r.code != 1 || !strings.Contains(r.stderr, "unavailable") {
+			t.Errorf("kagzi %q over an unreachable database: exit %d, %q; want 1", args, r.code, r.stderr)
+		}
 	}
 }

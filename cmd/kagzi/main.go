@@ -26,7 +26,9 @@
 // prints JSON instead of human tables. Flags may come before or after arguments.
 //
 // Exit status: 0 on success, 1 when the command failed (a run that does not exist, a
-// database error, an unhealthy report from kagzi health), 2 for a usage error.
+// database error, an unhealthy report from kagzi health), 2 for a usage error: an
+// unknown command or flag, or a flag value found wrong without asking the database (a
+// bad --status, --parent, --page-token, --limit or time; see refusedUnasked).
 package main
 
 import (

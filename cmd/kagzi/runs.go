@@ -6,8 +6,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi"
 )
@@ -48,7 +52,7 @@ func (a *app) runsList(ctx context.Context, args []string) error {
 	for range maxAllPages {
 		page, err := client.ListRuns(ctx, f)
 		if err != nil {
-			return err
+			return refusedUnasked(fs.Name(), pool, err)
 		}
 		runs = append(runs, page.Runs...)
 		next = page.NextPageToken
@@ -373,7 +377,19 @@ func (ff *runFilterFlags) filter() (kagzi.RunFilter, error) {
 		f.Attributes = ff.attrs
 	}
 	for _, s := range splitList(*ff.statuses) {
-		f.Statuses = append(f.Statuses, kagzi.RunStatus(strings.ToUpper(s)))
+		st := kagzi.RunStatus(strings.ToUpper(s))
+		if !slices.Contains(runStatuses, st) {
+			return f, usagef("--status: unknown run status %q (want %s)", s, joinStatuses(runStatuses))
+		}
+		f.Statuses = append(f.Statuses, st)
+	}
+	if f.ParentRunID != "" {
+		if _, err := uuid.Parse(f.ParentRunID); err != nil {
+			return f, usagef("--parent: run id %q is not a UUID", f.ParentRunID)
+		}
+		if f.RootOnly {
+			return f, usagef("--root-only and --parent exclude each other: a child is no root")
+		}
 	}
 	for _, tf := range []struct {
 		flag, val string
@@ -389,6 +405,30 @@ func (ff *runFilterFlags) filter() (kagzi.RunFilter, error) {
 		*tf.dst = t
 	}
 	return f, nil
+}
+
+// runStatuses are the statuses --status takes.
+var runStatuses = []kagzi.RunStatus{kagzi.StatusPending, kagzi.StatusRunning, kagzi.StatusSleeping,
+	kagzi.StatusCompleted, kagzi.StatusFailed, kagzi.StatusCancelled}
+
+func joinStatuses[S ~string](all []S) string {
+	names := make([]string, len(all))
+	for i, s := range all {
+		names[i] = string(s)
+	}
+	return strings.Join(names, ",")
+}
+
+// refusedUnasked makes err a usage error (exit 2) when the library refused the
+// command's flags as invalid before it asked the database anything (the pool never
+// gave out a connection): a malformed --page-token, a workflow type or id that is
+// no valid name, and the like. An error the database answered stays a failure
+// (exit 1).
+func refusedUnasked(cmd string, pool *pgxpool.Pool, err error) error {
+	if errors.Is(err, kagzi.ErrInvalidArgument) && pool.Stat().AcquireCount() == 0 {
+		return usagef("%s: %s", cmd, strings.TrimPrefix(err.Error(), "kagzi: "))
+	}
+	return err
 }
 
 // notFound rewords ErrNotFound for people; other errors pass.

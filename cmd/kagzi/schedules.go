@@ -38,7 +38,7 @@ func (a *app) schedulesList(ctx context.Context, args []string) error {
 	defer pool.Close()
 	page, err := client.ListSchedules(ctx, f)
 	if err != nil {
-		return err
+		return refusedUnasked(fs.Name(), pool, err)
 	}
 	if a.json {
 		out := struct {

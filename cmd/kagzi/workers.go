@@ -3,11 +3,15 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/kagzi/kagzi"
 )
+
+// workerStatuses are the statuses --status takes.
+var workerStatuses = []kagzi.WorkerStatus{kagzi.WorkerOnline, kagzi.WorkerDraining, kagzi.WorkerOffline}
 
 func (a *app) workersList(ctx context.Context, args []string) error {
 	fs := a.flagSet("workers list")
@@ -24,7 +28,11 @@ func (a *app) workersList(ctx context.Context, args []string) error {
 	}
 	f := kagzi.WorkerFilter{WorkflowType: *typ, PageSize: size, PageToken: *token}
 	for _, s := range splitList(*statuses) {
-		f.Statuses = append(f.Statuses, kagzi.WorkerStatus(strings.ToUpper(s)))
+		st := kagzi.WorkerStatus(strings.ToUpper(s))
+		if !slices.Contains(workerStatuses, st) {
+			return usagef("--status: unknown worker status %q (want %s)", s, joinStatuses(workerStatuses))
+		}
+		f.Statuses = append(f.Statuses, st)
 	}
 	pool, client, err := a.connect(ctx)
 	if err != nil {
@@ -33,7 +41,7 @@ func (a *app) workersList(ctx context.Context, args []string) error {
 	defer pool.Close()
 	page, err := client.ListWorkers(ctx, f)
 	if err != nil {
-		return err
+		return refusedUnasked(fs.Name(), pool, err)
 	}
 	if a.json {
 		out := struct {
