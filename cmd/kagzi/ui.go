@@ -45,6 +45,12 @@ func (a *app) serveUI(ctx context.Context, args []string) error {
 	if *token == "" {
 		*token = a.getenv("KAGZI_UI_TOKEN")
 	}
+	if raw := *token; raw != "" {
+		// As read from a secret file: its newline is no part of the token.
+		if *token = strings.TrimSpace(raw); *token == "" {
+			return usagef("ui: the token is only white space")
+		}
+	}
 	if !*insecure && *token == "" && !loopbackAddr(*addr) {
 		return usagef("ui: refusing to serve %s without a token: it is not a loopback address, so anyone who "+
 			"reaches it could read every run%s. Set a token ($KAGZI_UI_TOKEN or --token), listen on loopback "+

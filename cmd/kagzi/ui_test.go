@@ -116,3 +116,19 @@ func TestUIWithAMissingCertificateFailsBeforeSayingItListens(t *testing.T) {
 		t.Fatalf("ui with a missing certificate: exit %d, %q; want a failure naming the file, before any \"listening\"", r.code, r.stderr)
 	}
 }
+
+func TestUIAcceptsATokenReadFromAFileWithItsNewlineAndRefusesABlankOne(t *testing.T) {
+	t.Parallel()
+	dbURL := testdb.New(t)
+	guarded, _ := serveUI(t, dbURL, []string{"KAGZI_UI_TOKEN=s3cret\n"}, "--addr", "127.0.0.1:0")
+	if status, _, _ := fetch(t, guarded+"n/default/runs", "alice", "s3cret"); status != 200 {
+		t.Fatalf("KAGZI_UI_TOKEN ending in a newline, the token as the password: %d, want 200", status)
+	}
+	if status, _, _ := fetch(t, guarded+"n/default/runs", "alice", "wrong"); status != http.StatusUnauthorized {
+		t.Fatalf("a wrong token: %d, want 401", status)
+	}
+	if r := kagziCmdEnv(t, dbURL, []string{"KAGZI_UI_TOKEN= \n"}, "ui", "--addr", "127.0.0.1:0"); r.code != 2 ||
+		!strings.Contains(r.stderr, "white space") {
+		t.Fatalf("a token of white space only: exit %d, %q; want 2 (usage)", r.code, r.stderr)
+	}
+}
