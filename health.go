@@ -25,8 +25,8 @@ type HealthReport struct {
 	// PendingTypesWithoutWorker lists workflow types with runs ready to run (PENDING
 	// and due, SLEEPING past their wake time, RUNNING past their lease) but no live
 	// worker registered for them in the namespace (for a run pinned to a version, none
-	// registered with that version). A worker silent for three heartbeat intervals is
-	// not live.
+	// registered with that version). A worker silent for three heartbeat intervals
+	// (at least 5 s) is not live.
 	PendingTypesWithoutWorker []string `json:"pending_types_without_worker,omitempty"`
 }
 

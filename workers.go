@@ -16,7 +16,7 @@ type WorkerStatus = vocab.WorkerStatus
 const (
 	WorkerOnline   = vocab.WorkerOnline   // running and claiming
 	WorkerDraining = vocab.WorkerDraining // shutting down: no new claims
-	WorkerOffline  = vocab.WorkerOffline  // stopped, or silent for three heartbeat intervals
+	WorkerOffline  = vocab.WorkerOffline  // stopped, or silent for three heartbeat intervals (at least 5 s)
 )
 
 // WorkerInfo is a worker as the registry records it.

@@ -20,9 +20,8 @@ import (
 // NewRun.NewestVersion.
 const newestVersionSQL = `SELECT v.version FROM (
 		SELECT workflow_versions[array_position(workflow_types, @workflow_type::text)] AS version, min(started_at) AS since
-		FROM kagzi.workers w
-		WHERE namespace = @namespace AND status = 'ONLINE' AND ` + workerLiveSQL + `
-		  AND @workflow_type::text = ANY(workflow_types)
+		FROM kagzi.workers
+		WHERE namespace = @namespace AND status = 'ONLINE' AND @workflow_type::text = ANY(workflow_types)
 		GROUP BY 1) v
 		ORDER BY v.since DESC LIMIT 1`
 

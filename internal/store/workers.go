@@ -32,15 +32,21 @@ type WorkerRow struct {
 }
 
 // workerLiveSQL is true for a live worker row w: ONLINE or DRAINING, and not silent
-// for three heartbeat intervals. A worker's heartbeat marks the silent workers of its
+// (workerSilenceSQL). A worker's heartbeat marks the silent workers of its
 // namespace OFFLINE, but when every worker of a namespace died none is left to do it:
 // whoever reads the registry judges silence itself.
-const workerLiveSQL = `(w.status <> 'OFFLINE' AND w.last_heartbeat_at >= now() - 3 * w.heartbeat_interval_ms * interval '1 millisecond')`
+const workerLiveSQL = `(w.status <> 'OFFLINE' AND w.last_heartbeat_at >= now() - ` + workerSilenceSQL + `)`
 
 // workerStatusSQL is a worker's status as readers see it: OFFLINE once it is silent
 // for three heartbeat intervals, whether or not a heartbeat marked it so yet.
-const workerStatusSQL = `CASE WHEN w.status <> 'OFFLINE' AND w.last_heartbeat_at < now() - 3 * w.heartbeat_interval_ms * interval '1 millisecond'
+const workerStatusSQL = `CASE WHEN w.status <> 'OFFLINE' AND w.last_heartbeat_at < now() - ` + workerSilenceSQL + `
 	THEN 'OFFLINE' ELSE w.status END`
+
+// workerSilenceSQL is how long a worker row w must go without a heartbeat for readers
+// to take it for dead: three of its intervals, and at least five seconds, so that a
+// loaded process whose beats run late (a test's 250 ms beats on a busy box) does not
+// flicker OFFLINE between two of them.
+const workerSilenceSQL = `greatest(3 * w.heartbeat_interval_ms, 5000) * interval '1 millisecond'`
 
 const workerColumns = `w.namespace, w.worker_id, w.hostname, w.pid, w.version, w.labels, w.workflow_types,
 	w.workflow_versions, w.max_concurrent, w.heartbeat_interval_ms, ` + workerStatusSQL + `, w.active_runs, w.completed_total, w.failed_total,
