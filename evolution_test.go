@@ -388,15 +388,23 @@ func TestAnOldVersionsProcessRestartingDuringARolloutDoesNotTakeTheNewestVersion
 	e := newEnv(t)
 	ctx := waitCtx(t)
 	v1, v2 := versioned("v1"), versioned("v2")
+	// Each worker registers (its started_at) before the next starts: a worker registers
+	// from its own goroutine, and on a loaded box a sleep between the starts did not
+	// keep their registrations in order.
+	registered := func(n int) {
+		t.Helper()
+		eventually(t, fmt.Sprintf("%d workers to register", n), func() bool {
+			p, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{WorkflowType: "versioned"})
+			return err == nil && len(p.Workers) == n
+		})
+		time.Sleep(10 * time.Millisecond) // distinct registration times
+	}
 	runWorker(t, newClient(t, e.pool, ""), fastWorker(), v1) // the old deployment
-	time.Sleep(50 * time.Millisecond)
+	registered(1)
 	runWorker(t, newClient(t, e.pool, ""), fastWorker(), v2) // the rollout's first process
-	time.Sleep(50 * time.Millisecond)
+	registered(2)
 	runWorker(t, newClient(t, e.pool, ""), fastWorker(), v1) // an old process restarting
-	eventually(t, "the three workers to register", func() bool {
-		p, err := e.client.ListWorkers(ctx, kagzi.WorkerFilter{WorkflowType: "versioned"})
-		return err == nil && len(p.Workers) == 3
-	})
+	registered(3)
 	byName, err := e.client.StartByName(ctx, "versioned", 1)
 	if err != nil {
 		t.Fatal(err)
