@@ -297,6 +297,8 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	}
 	b.Queue(commitSQL) // read by Close: its error is the commit's
 	errs := make([]error, len(batch))
+	ctx, cancel := batchContext(ctx, batch)
+	defer cancel()
 	br := c.pool.SendBatch(ctx, &b)
 	_, err := br.Exec()
 	failed := err != nil
@@ -331,6 +333,26 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	for i, r := range batch {
 		r.done <- errs[i]
 	}
+}
+
+// batchContext bounds a batch by its requests' deadlines: it ends at the latest of
+// them (none when a request has none), so that a batch on a connection that stopped
+// answering (a server crashed mid-request, a connect that hangs) fails when no caller
+// waits for it any more, instead of holding every caller, and the sender, until the
+// driver gives up: an execution waits for its write while its heartbeat renews its
+// lease, so a batch that hung held its runs for as long.
+func batchContext(ctx context.Context, batch []*request) (context.Context, context.CancelFunc) {
+	var latest time.Time
+	for _, r := range batch {
+		d, ok := r.ctx.Deadline()
+		if !ok {
+			return ctx, func() {}
+		}
+		if d.After(latest) {
+			latest = d
+		}
+	}
+	return context.WithDeadline(ctx, latest)
 }
 
 // beginSQL and commitSQL enclose a batch's statements (see commit).

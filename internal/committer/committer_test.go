@@ -3,9 +3,11 @@ package committer_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -294,5 +296,61 @@ func TestBatchesRunAtReadCommittedWhateverTheDatabasesDefault(t *testing.T) {
 	if readCommitted.Load() != n-alone || other.Load() != alone {
 		t.Fatalf("%d statements ran at read committed and %d at the default, with %d sent alone; want every batched one at read committed",
 			readCommitted.Load(), other.Load(), alone)
+	}
+}
+
+// A batch on a server that stopped answering ends with its callers' deadlines: it
+// held every caller (an execution waiting for its write while its heartbeat renewed
+// its lease) until the driver gave up, minutes later.
+func TestABatchToAServerThatDoesNotAnswerEndsAtItsCallersDeadlines(t *testing.T) {
+	t.Parallel()
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // accepted, never answered
+		}
+	}()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+silent.Addr().String()+"/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	c := committer.New(pool, 64)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go c.Run(ctx, 1)
+	// Keep the committer busy so that the requests below go out as a batch.
+	var wg sync.WaitGroup
+	errs := make(chan error, 8)
+	for i := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rctx, rcancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer rcancel()
+			var n int
+			errs <- c.QueryRow(rctx, `SELECT $1::int`, i).Scan(&n)
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("requests with 300 ms deadlines to a server that does not answer had not returned after a minute")
+	}
+	close(errs)
+	for err := range errs {
+		if err == nil {
+			t.Fatal("a request to a server that does not answer succeeded")
+		}
 	}
 }
