@@ -51,7 +51,8 @@ BEGIN
 	RETURN NEW;
 END $$;
 CREATE TRIGGER record_claim AFTER UPDATE OF lease_epoch ON kagzi.runs FOR EACH ROW
-	WHEN (NEW.lease_epoch <> OLD.lease_epoch AND NEW.status = 'RUNNING') EXECUTE FUNCTION record_claim();`
+	WHEN (NEW.lease_epoch <> OLD.lease_epoch AND NEW.status = 'RUNNING' AND NEW.available_at > now())
+	EXECUTE FUNCTION record_claim();` // a claim leases the run; a reap moves the epoch and ends the lease
 
 // ledgeredWorkflow defines a workflow type whose bodies record their intervals.
 func ledgeredWorkflow(pool *pgxpool.Pool, name string) *kagzi.Workflow[flowInput, int] {
