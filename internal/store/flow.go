@@ -115,12 +115,13 @@ WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type AND l.concur
 
 // transactionsUnderWay lists the virtual transaction ids of the database's other
 // transactions now, leaving out those idle in their transaction for over a second
-// (a session's forgotten BEGIN is no claim in flight).
+// (a session's forgotten BEGIN is no claim in flight). A session of another role
+// shows no state to an unprivileged one (NULL): it is waited for.
 const transactionsUnderWay = `
 SELECT coalesce(array_agg(l.virtualxid), '{}') FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'virtualxid' AND l.granted AND l.pid <> pg_backend_pid()
   AND a.datname = current_database()
-  AND NOT (a.state = 'idle in transaction' AND a.state_change < statement_timestamp() - interval '1 second')`
+  AND NOT coalesce(a.state = 'idle in transaction' AND a.state_change < statement_timestamp() - interval '1 second', false)`
 
 // MarkLateTypeHolders waits for the transactions under way when it is called to end
 // (for at most wait) and then marks the type's executing runs that hold no slot of its

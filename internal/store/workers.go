@@ -65,8 +65,8 @@ func scanWorker(row pgx.Row) (WorkerRow, error) {
 // RegisterWorker records a starting worker (ONLINE). A row of the same id (a worker
 // restarted with a fixed id) is taken over and reset, and the runs it still held
 // (RUNNING, locked by that id: a starting worker holds none, so they are its previous
-// process's, which died) are made claimable now, as the look for dead workers would,
-// and their types' workers told: the liveness key that look goes by is the new
+// process's, which died) are made claimable now and fenced (their epoch moves on), as
+// the look for dead workers does, and their types' workers told: the liveness key that look goes by is the new
 // process's from now on.
 //
 // held are the runs the registering worker holds itself (one that registers late, at
@@ -91,9 +91,9 @@ func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow, held [][16]byte) 
 			started_at = now(), last_heartbeat_at = now(), stopped_at = NULL
 		RETURNING 1
 		), freed AS (
-			UPDATE kagzi.runs r SET available_at = now(), updated_at = now()
+			UPDATE kagzi.runs r SET available_at = now(), updated_at = now(), lease_epoch = r.lease_epoch + 1
 			WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = $2 AND r.available_at > now()
-			  AND r.run_id <> ALL ($11::uuid[])
+			  AND r.run_id <> ALL (coalesce($11::uuid[], '{}'))
 			RETURNING r.workflow_type
 		)
 		SELECT (SELECT count(*) FROM reg) + (SELECT count(pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':'
@@ -154,7 +154,7 @@ WITH me AS (
 	WHERE (w.namespace, w.worker_id) IN (
 		SELECT namespace, worker_id FROM kagzi.workers
 		WHERE namespace = $3 AND status <> 'OFFLINE' AND worker_id <> $4
-		  AND last_heartbeat_at < now() - 3 * heartbeat_interval_ms * interval '1 millisecond'
+		  AND last_heartbeat_at < now() - greatest(3 * heartbeat_interval_ms, 5000) * interval '1 millisecond' -- workerSilenceSQL
 		FOR UPDATE SKIP LOCKED)
 	RETURNING 1
 ), pruned AS (

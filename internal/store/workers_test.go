@@ -170,3 +170,24 @@ func TestAReapFencesTheRunsItFreesSoTheirWorkerIfAliveCanNeitherWriteNorRenewThe
 		t.Fatalf("the reaped run is claimable: %t (%v)", claimable, err)
 	}
 }
+
+// A worker registering under the id of an earlier process frees that process's runs
+// as a reap does, fenced: were that process still alive (a paused VM, two processes
+// given one fixed id), its heartbeat must not renew them.
+func TestRegisteringUnderAnEarlierProcesssIDFencesTheRunsItFrees(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	run := runningRun(t, pool, 1, false) // locked by w, epoch 1
+	if err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: "w", WorkflowTypes: []string{"wf"},
+		WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil); err != nil {
+		t.Fatal(err)
+	}
+	res, err := Heartbeat(ctx, pool, WorkerBeat{Namespace: "default", WorkerID: "w"}, []Fence{{RunID: run, Epoch: 1}}, time.Hour)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res) != 0 {
+		t.Fatalf("the earlier process's heartbeat still holds its run: %+v", res)
+	}
+}
