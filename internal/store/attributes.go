@@ -33,7 +33,7 @@ WITH cur AS (
 	SELECT run_id, (coalesce(attributes, '{}'::jsonb) - @remove::text[]) || @set::jsonb AS merged
 	FROM kagzi.runs
 	WHERE run_id = @run_id AND lease_epoch = @epoch AND lease_token IS NOT DISTINCT FROM @token AND status = 'RUNNING'
-	  AND NOT (holds_type_slot AND available_at <= now()) -- see lapsedSlotSQL
+	  AND `+slotHeldSQL+`
 	FOR NO KEY UPDATE
 ), upd AS (
 	UPDATE kagzi.runs r SET attributes = nullif(c.merged, '{}'::jsonb), updated_at = now()

@@ -103,7 +103,7 @@ WITH upd AS (
 	UPDATE kagzi.runs r SET `+releaseSQL("SLEEPING", "CASE WHEN r.wake_pending THEN now() ELSE @wake_at END")+`,
 		waiting_signal = @signal, wake_pending = false
 	WHERE r.run_id = @run_id AND r.lease_epoch = @epoch AND r.lease_token IS NOT DISTINCT FROM @token AND r.status = 'RUNNING'
-	  AND NOT (r.holds_type_slot AND r.available_at <= now()) -- see lapsedSlotSQL
+	  AND `+slotHeldRSQL+`
 	RETURNING `+releasedColumns+`
 )
 SELECT status, (`+notifyRunSQL+`)::text FROM upd`,

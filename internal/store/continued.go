@@ -36,7 +36,7 @@ WITH upd AS (
 		output = NULL, error = NULL, finished_at = now(), locked_by = NULL, updated_at = now(),
 		continued_as_run_id = CASE WHEN r.cancel_requested THEN NULL ELSE @next::uuid END
 	WHERE r.run_id = @run_id AND r.lease_epoch = @epoch AND r.lease_token IS NOT DISTINCT FROM @token AND r.status = 'RUNNING'
-	  AND NOT (r.holds_type_slot AND r.available_at <= now()) -- see lapsedSlotSQL
+	  AND `+slotHeldRSQL+`
 	RETURNING r.run_id, r.status, r.namespace, r.workflow_id, r.workflow_type, r.deadline_at, r.priority,
 		r.flow_key, r.attributes, r.id_reuse_never, r.parent_run_id, r.parent_step_key, r.trace_carrier
 )

@@ -54,7 +54,7 @@ upd AS (
 	FROM i
 	WHERE r.run_id = i.run_id AND r.lease_epoch = i.epoch AND r.lease_token IS NOT DISTINCT FROM i.token
 		AND coalesce(r.status, '') = 'RUNNING' -- see KeyedPlansSQL
-		AND NOT (r.holds_type_slot AND r.available_at <= now()) -- see lapsedSlotSQL
+		AND ` + slotHeldRSQL + `
 	RETURNING i.ord, i.client_id, r.run_id, r.namespace, r.workflow_type, r.status, i.held_slot, r.flow_key
 ), freed AS (
 	-- The types whose concurrency slots or keys' places these ends freed: their

@@ -50,17 +50,21 @@ func fenceArgs[W interface{ fence() Fence }]() []param[W] {
 
 func (f Fence) fence() Fence { return f }
 
-// lapsedSlotSQL: a fenced write also fails for a run that holds a slot of its type's
-// concurrency limit and whose lease passed (holds_type_slot AND available_at <=
-// now()), even when no claim took it over yet. The limit counts a holder only while its
-// lease lasts, so that a dead worker's runs give their slots back; a claim may have
-// admitted another run of the type in that slot meanwhile, and a worker frozen past its
-// lease that renewed it and went on recording (as a run of a type without a limit may)
-// would put a second run in one slot. Such a run is lost to its worker, as after a
-// takeover: it records nothing more, stops at its next heartbeat, and the run is
-// claimed again when the limit has room. Every fenced write, the lease renewal and the
-// heartbeat carry the condition (the predicate in each says "see lapsedSlotSQL").
-const lapsedSlotSQL = `NOT (holds_type_slot AND available_at <= now())`
+// slotHeldSQL (slotHeldRSQL: of the run aliased r) is a fenced write's condition
+// besides its epoch and token: a run that holds a slot of its type's concurrency limit
+// and whose lease passed (holds_type_slot AND available_at <= now()) is lost to its
+// worker, even when no claim took it over yet. The limit counts a holder only while
+// its lease lasts, so that a dead worker's runs give their slots back; a claim may
+// have admitted another run of the type in that slot meanwhile, and a worker frozen
+// past its lease that renewed it and went on recording (as a run of a type without a
+// limit may) would put a second run in one slot. Such a run records nothing more,
+// stops at its next heartbeat, and is claimed again when the limit has room. Every
+// fenced write, the lease renewal and the heartbeat carry it; a hand-back, which
+// records nothing, does not.
+const (
+	slotHeldSQL  = `NOT (holds_type_slot AND available_at <= now())`
+	slotHeldRSQL = `NOT (r.holds_type_slot AND r.available_at <= now())`
+)
 
 // ownerSQL is the fence of a single-run write that adds rows beside its run (a
 // step, a signal taken, an event): "owner" holds the run only while it is RUNNING
@@ -70,7 +74,7 @@ const lapsedSlotSQL = `NOT (holds_type_slot AND available_at <= now())`
 const ownerSQL = `owner AS (
 	SELECT run_id FROM kagzi.runs
 	WHERE run_id = @run_id AND lease_epoch = @epoch AND lease_token IS NOT DISTINCT FROM @token AND status = 'RUNNING'
-	  AND NOT (holds_type_slot AND available_at <= now()) -- see lapsedSlotSQL
+	  AND ` + slotHeldSQL + `
 	FOR KEY SHARE
 )`
 

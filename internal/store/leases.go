@@ -15,7 +15,7 @@ import (
 var renewLease = named(`
 UPDATE kagzi.runs SET available_at = now() + @lease_ms * interval '1 millisecond'
 WHERE run_id = @run_id AND lease_epoch = @epoch AND lease_token IS NOT DISTINCT FROM @token AND status = 'RUNNING'
-  AND NOT (holds_type_slot AND available_at <= now()) -- see lapsedSlotSQL
+  AND `+slotHeldSQL+`
 RETURNING cancel_requested`,
 	append(fenceArgs[leaseRenewal](),
 		arg("lease_ms", "bigint", func(r leaseRenewal) int64 { return r.lease.Milliseconds() }))...)

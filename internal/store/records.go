@@ -53,7 +53,7 @@ func recordStepsSQL(release bool) string {
 owner AS (
 	SELECT run_id, lease_epoch, lease_token FROM kagzi.runs
 	WHERE run_id IN (SELECT run_id FROM i) AND coalesce(status, '') = 'RUNNING' -- see KeyedPlansSQL
-	  AND NOT (holds_type_slot AND available_at <= now()) -- see lapsedSlotSQL
+	  AND ` + slotHeldSQL + `
 	FOR KEY SHARE
 ), step AS (
 	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, error, attempts, position,
@@ -185,7 +185,7 @@ var recordSleeps = newSetWrite[*SleepWrite]("record sleeps", `
 owner AS (
 	SELECT run_id, lease_epoch, lease_token FROM kagzi.runs
 	WHERE run_id IN (SELECT run_id FROM i) AND coalesce(status, '') = 'RUNNING' -- see KeyedPlansSQL
-	  AND NOT (holds_type_slot AND available_at <= now()) -- see lapsedSlotSQL
+	  AND `+slotHeldSQL+`
 	FOR KEY SHARE
 ), step AS (
 	INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, wake_at, position)
@@ -225,7 +225,7 @@ owner AS (
 	FROM kagzi.runs r JOIN i ON r.run_id = i.run_id AND r.lease_epoch = i.epoch
 		AND r.lease_token IS NOT DISTINCT FROM i.token
 	WHERE coalesce(r.status, '') = 'RUNNING' -- see KeyedPlansSQL
-	  AND NOT (r.holds_type_slot AND r.available_at <= now()) -- see lapsedSlotSQL
+	  AND `+slotHeldRSQL+`
 	FOR UPDATE OF r
 ), step AS (
 	INSERT INTO kagzi.steps (run_id, step_key, name, kind, status, wake_at, position)
@@ -260,7 +260,7 @@ WITH upd AS (
 	UPDATE kagzi.runs r SET attempt = r.attempt + 1, error = @error,
 		`+releaseSQL("PENDING", "now() + @delay_ms * interval '1 millisecond'")+`
 	WHERE r.run_id = @run_id AND r.lease_epoch = @epoch AND r.lease_token IS NOT DISTINCT FROM @token AND r.status = 'RUNNING'
-	  AND NOT (r.holds_type_slot AND r.available_at <= now()) -- see lapsedSlotSQL
+	  AND `+slotHeldRSQL+`
 	RETURNING `+releasedColumns+`
 )
 SELECT (`+notifyRunSQL+`)::text FROM upd`,

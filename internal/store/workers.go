@@ -172,7 +172,7 @@ WITH me AS (
 	-- picks: for a few thousand held runs it hashed every row of runs (a scan of the
 	-- whole table per beat).
 	WHERE r.run_id = ANY ($1::uuid[]) AND coalesce(r.status, '') = 'RUNNING' -- see KeyedPlansSQL
-	  AND NOT (r.holds_type_slot AND r.available_at <= now()) -- see lapsedSlotSQL
+	  AND ` + slotHeldRSQL + `
 ), free AS (
 	SELECT r.run_id FROM kagzi.runs r JOIN mine m ON r.run_id = m.run_id
 	WHERE r.lease_epoch = m.lease_epoch AND r.lease_token IS NOT DISTINCT FROM m.lease_token
