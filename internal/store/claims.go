@@ -158,10 +158,11 @@ WITH lims AS MATERIALIZED (
 ), room AS MATERIALIZED (
 	SELECT lm.workflow_type, lm.concurrency IS NOT NULL AS holds,
 		CASE WHEN lm.concurrency IS NULL THEN greatest($7, 0) ELSE greatest(least($7, lm.concurrency - (
-			-- A holder whose lease passed (its worker died) no longer counts.
+			-- A holder whose lease passed (its worker died) no longer counts, after a
+			-- grace for a renewal in flight (slotGraceSQL).
 			SELECT count(*) FROM kagzi.runs r
 			WHERE r.namespace = $1 AND r.workflow_type = lm.workflow_type AND r.holds_type_slot
-			  AND r.status = 'RUNNING' AND r.available_at > now()
+			  AND r.status = 'RUNNING' AND r.available_at > now() - ` + slotGraceSQL + `
 			  AND (r.run_id NOT IN (SELECT unnest($8::uuid[])) OR r.locked_by IS DISTINCT FROM $5::text))), 0) END AS allow
 	FROM lims lm
 	WHERE $7 > 0 AND NOT (SELECT flow FROM gate)

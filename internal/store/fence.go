@@ -61,9 +61,22 @@ func (f Fence) fence() Fence { return f }
 // stops at its next heartbeat, and is claimed again when the limit has room. Every
 // fenced write, the lease renewal and the heartbeat carry it; a hand-back, which
 // records nothing, does not.
+//
+// The fence reads the lease's end in the write's snapshot; a claim, counting holders
+// without locking them, reads the row as it stood before a renewal in flight. A
+// renewal that checked the lease just before it ended and commits just after would
+// then keep the run while a claim in between gave its slot to another. So a claim (and
+// an eager start) counts a slot holder for slotGraceSQL past its lease end: a write would have to take longer than the grace between its check
+// and its commit to put two runs in one slot, and a lapsed holder's slot is given to
+// another run that much later (a reaped run, fenced by the reap, at once).
+// TestARenewalInFlightAtALeasesEndKeepsTheSlotFromAClaim. Migration 00021 has the same
+// grace in kagzi.claim.
 const (
 	slotHeldSQL  = `NOT (holds_type_slot AND available_at <= now())`
 	slotHeldRSQL = `NOT (r.holds_type_slot AND r.available_at <= now())`
+	// slotGraceSQL: a claim counts a RUNNING run holding a type slot among the type's
+	// holders while its available_at (the lease's end) > now() - slotGraceSQL.
+	slotGraceSQL = `interval '2 seconds'`
 )
 
 // ownerSQL is the fence of a single-run write that adds rows beside its run (a

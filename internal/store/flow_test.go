@@ -382,3 +382,92 @@ func TestAFinishingRunThatAnotherWorkerTookOverStillCountsAmongTheHolders(t *tes
 		t.Fatalf("a keyed claim whose finishing run another worker took over got %d runs (%v), want none", len(next), err)
 	}
 }
+
+// A renewal that checked a slot holder's lease just before it ended and commits after
+// it keeps the slot: a claim in between, which reads the row as it was (the lease
+// passed, the renewal not committed), still counts the holder for a grace past its
+// lease end (slotGraceSQL), so the limit is not exceeded once the renewal commits.
+// Checked for the lease renewal and the heartbeat, through kagzi.claim and the short
+// way of a known limited type, and for an eager start.
+func TestARenewalInFlightAtALeasesEndKeepsTheSlotFromAClaim(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency) VALUES ('default', 'wf', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]uuid.UUID, 6)
+	inputs := make([][]byte, len(ids))
+	for i := range ids {
+		ids[i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
+	}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, inputs, make([][]byte, len(ids)), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	renewals := map[string]func(tx pgx.Tx, f Fence) error{
+		"renewal": func(tx pgx.Tx, f Fence) error {
+			_, err := RenewLease(ctx, tx, f, time.Minute)
+			return err
+		},
+		"heartbeat": func(tx pgx.Tx, f Fence) error {
+			res, err := Heartbeat(ctx, tx, WorkerBeat{Namespace: "default", WorkerID: "w"}, []Fence{f}, time.Minute)
+			if err == nil && (len(res) != 1 || !res[0].Extended) {
+				err = fmt.Errorf("the heartbeat extended %v", res)
+			}
+			return err
+		},
+	}
+	for _, how := range []string{"renewal", "heartbeat"} {
+		for _, short := range []bool{false, true} {
+			c := testClaimer("wf")
+			c.Floors, c.KeyFloors = NewFloors(), NewFloors()
+			first, _, err := ClaimRuns(ctx, pool, c, 10)
+			if err != nil || len(first) != 1 {
+				t.Fatalf("%s, short %t: the first claim got %d runs (%v), want the limit's 1", how, short, len(first), err)
+			}
+			holder := first[0].Fence
+			// The lease ends in 300 ms; the renewal checks it now and commits after it.
+			if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET available_at = now() + interval '300 milliseconds' WHERE run_id = $1`,
+				uuid.UUID(holder.RunID)); err != nil {
+				t.Fatal(err)
+			}
+			tx, err := pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := renewals[how](tx, holder); err != nil {
+				t.Fatalf("%s, short %t: the %s before the lease's end: %v", how, short, how, err)
+			}
+			time.Sleep(500 * time.Millisecond)
+			other := testClaimer("wf")
+			other.WorkerID = "other"
+			other.Floors, other.KeyFloors = NewFloors(), NewFloors()
+			if short {
+				other.Limited = map[string]bool{"wf": true}
+			}
+			got, _, err := ClaimRuns(ctx, pool, other, 10)
+			if err != nil || len(got) != 0 {
+				t.Errorf("%s, short %t: a claim while the %s was in flight got %d runs (%v), want none", how, short, how, len(got), err)
+			}
+			n := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowType: "wf", Input: []byte(`1`),
+				Eager: &Eager{WorkerID: "other", Lease: time.Minute, Version: "v1", Limited: true}}
+			n.WorkflowID = n.RunID.String()
+			n.Version = &n.Eager.Version
+			if run, _, err := InsertRunChecked(ctx, pool, n); err != nil || run.Status != "PENDING" {
+				t.Errorf("%s, short %t: an eager start while the %s was in flight: %s (%v), want PENDING", how, short, how, run.Status, err)
+			}
+			if err := tx.Commit(ctx); err != nil {
+				t.Fatal(err)
+			}
+			var holders int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE holds_type_slot AND status = 'RUNNING'
+				AND available_at > now()`).Scan(&holders); err != nil || holders != 1 {
+				t.Fatalf("%s, short %t: %d runs hold the slot of a limit of 1 (%v)", how, short, holders, err)
+			}
+			if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'COMPLETED', finished_at = now(), holds_type_slot = false
+				WHERE status = 'RUNNING'`); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}

@@ -156,7 +156,7 @@ func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
 		SELECT l.rate IS NULL AND l.key_rate IS NULL
 			AND (l.concurrency IS NULL OR (SELECT count(*) FROM kagzi.runs h
 				WHERE h.namespace = @namespace AND h.workflow_type = @workflow_type AND h.holds_type_slot
-				  AND h.status = 'RUNNING' AND h.available_at > now()) < l.concurrency)
+				  AND h.status = 'RUNNING' AND h.available_at > now() - ` + slotGraceSQL + `) < l.concurrency)
 			AND (@flow_key::text = '' OR l.key_concurrency IS NULL OR (SELECT count(*) FROM kagzi.runs h
 				WHERE h.namespace = @namespace AND h.workflow_type = @workflow_type AND h.flow_key = @flow_key::text
 				  AND h.flow_key IS NOT NULL AND h.started_at IS NOT NULL

@@ -140,11 +140,13 @@ BEGIN
         nk_last := nk_last || NULL::timestamptz;
         rate_held := rate_held || false;
         IF lims[i].concurrency IS NOT NULL THEN
-            -- A holder whose lease passed (its worker died) no longer counts: its slot
-            -- is free, and the claim that takes the run over holds it again.
+            -- A holder whose lease passed (its worker died) no longer counts, two
+            -- seconds after its lease's end (a renewal that checked the lease just
+            -- before it ended may still commit): its slot is free, and the claim that
+            -- takes the run over holds it again.
             SELECT count(*) INTO held FROM kagzi.runs r
             WHERE r.namespace = p_ns AND r.workflow_type = p_types[i] AND r.holds_type_slot AND r.status = 'RUNNING'
-              AND r.available_at > now()
+              AND r.available_at > now() - interval '2 seconds'
               AND (r.run_id NOT IN (SELECT unnest(fin)) OR r.locked_by IS DISTINCT FROM p_worker);
             allow[i] := greatest(least(allow[i], lims[i].concurrency - held), 0);
         END IF;
