@@ -228,7 +228,7 @@ func RunHold(ctx context.Context, db DBTX, namespace string, r Run) (*FlowHold, 
 			WHEN l.concurrency IS NOT NULL AND (
 				SELECT count(*) FROM kagzi.runs h
 				WHERE h.namespace = $1 AND h.workflow_type = $2 AND h.holds_type_slot AND h.status = 'RUNNING'
-				  AND h.available_at > now() - ` + slotGraceSQL + `)
+				  AND h.available_at > now() - `+slotGraceSQL+`)
 				>= l.concurrency THEN 'concurrency'
 			WHEN l.rate IS NOT NULL AND kagzi.flow_rate_next($1, $2, '', l.rate, l.rate_period_ms) > now() THEN 'rate'
 			WHEN l.key_rate IS NOT NULL AND $3::text IS NOT NULL
