@@ -16,40 +16,82 @@ import (
 // so counts are capped (the caller shows them as "at least") instead of counting a
 // whole table.
 
+// The unfinished runs that have an available_at lie in two partial indexes, whose
+// predicates a query must imply to be read through them (else PostgreSQL reads the
+// whole table, finished runs included): runs_claimable holds every one but the runs
+// of a concurrency key not started yet, which runs_key_due holds (its priority >= 0
+// is always true). Both are (namespace, workflow_type, available_at). The run is
+// aliased r.
+const (
+	inRunsClaimableSQL = `r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at IS NOT NULL
+	  AND (r.flow_key IS NULL OR r.started_at IS NOT NULL)`
+	inRunsKeyDueSQL = `r.flow_key IS NOT NULL AND r.started_at IS NULL AND r.status = 'PENDING' AND r.priority >= 0
+	  AND r.available_at IS NOT NULL`
+)
+
+// unfinishedOfTypeSQL is the SELECT of columns of the unfinished runs (with an
+// available_at) of one workflow type (the namespace and type are the SQL expressions
+// ns and typ; the runs also match cond when it is not empty), in available_at order,
+// the first limit of them: a merge of the two partial indexes' ranges.
+func unfinishedOfTypeSQL(columns, ns, typ, cond, limit string) string {
+	if cond != "" {
+		cond = " AND " + cond
+	}
+	part := func(in string) string {
+		return `(SELECT ` + columns + ` FROM kagzi.runs r
+		WHERE r.namespace = ` + ns + ` AND r.workflow_type = ` + typ + ` AND ` + in + cond + `
+		ORDER BY r.available_at LIMIT ` + limit + `)`
+	}
+	return `
+	SELECT * FROM (` + part(inRunsClaimableSQL) + `
+		UNION ALL ` + part(inRunsKeyDueSQL) + `) u
+	ORDER BY u.available_at LIMIT ` + limit
+}
+
 // activeRunsOfType is the active runs of one workflow type ($1: namespace, t.workflow_type
-// from the enclosing query) in runs_claimable's order, the first $3 of them: the runs
+// from the enclosing query) in available_at order, the first $3 of them: the runs
 // claimable now come first (available_at in the past), then those waiting.
-const activeRunsOfType = `
-	SELECT r.run_id, r.workflow_id, r.workflow_type, r.status, r.available_at, r.created_at, r.locked_by, r.lease_epoch, r.takeovers
-	FROM kagzi.runs r
-	WHERE r.namespace = $1 AND r.workflow_type = t.workflow_type
-	  AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at IS NOT NULL
-	ORDER BY r.available_at
-	LIMIT $3`
+var activeRunsOfType = unfinishedOfTypeSQL(
+	`r.run_id, r.workflow_id, r.workflow_type, r.status, r.available_at, r.created_at, r.locked_by, r.lease_epoch, r.takeovers`,
+	"$1", "t.workflow_type", "", "$3")
+
+// unfinishedTypesSQL lists the namespace's ($1) workflow types with unfinished runs
+// (with an available_at), in order: a skip scan of the two partial indexes, one probe
+// of each per type.
+const unfinishedTypesSQL = `
+	WITH RECURSIVE active(workflow_type) AS (
+		SELECT least(
+			(SELECT r.workflow_type FROM kagzi.runs r WHERE r.namespace = $1 AND ` + inRunsClaimableSQL + `
+			 ORDER BY r.workflow_type LIMIT 1),
+			(SELECT r.workflow_type FROM kagzi.runs r WHERE r.namespace = $1 AND ` + inRunsKeyDueSQL + `
+			 ORDER BY r.workflow_type LIMIT 1))
+		UNION ALL
+		SELECT least(
+			(SELECT r.workflow_type FROM kagzi.runs r WHERE r.namespace = $1 AND ` + inRunsClaimableSQL + `
+			   AND r.workflow_type > a.workflow_type ORDER BY r.workflow_type LIMIT 1),
+			(SELECT r.workflow_type FROM kagzi.runs r WHERE r.namespace = $1 AND ` + inRunsKeyDueSQL + `
+			   AND r.workflow_type > a.workflow_type ORDER BY r.workflow_type LIMIT 1))
+		FROM active a WHERE a.workflow_type IS NOT NULL
+	)
+	SELECT workflow_type FROM active WHERE workflow_type IS NOT NULL`
+
+// consoleTypesSQL is ConsoleTypes' statement.
+const consoleTypesSQL = `
+	WITH known AS (
+		(SELECT workflow_type FROM (` + unfinishedTypesSQL + `) a LIMIT $2)
+		UNION
+		(SELECT unnest(workflow_types) FROM kagzi.workers WHERE namespace = $1 LIMIT $2)
+		UNION
+		(SELECT workflow_type FROM kagzi.schedules WHERE namespace = $1 LIMIT $2)
+	)
+	SELECT workflow_type FROM known ORDER BY 1 LIMIT $2`
 
 // ConsoleTypes lists the namespace's workflow types the console knows of: those with
-// unfinished runs (a skip scan of runs_claimable: one probe per type), those live or
-// recent workers registered, and those of schedules, at most limit of them.
+// unfinished runs (a skip scan of runs_claimable and runs_key_due: a probe of each per
+// type), those live or recent workers registered, and those of schedules, at most
+// limit of them.
 func ConsoleTypes(ctx context.Context, db DBTX, namespace string, limit int) ([]string, error) {
-	rows, err := db.Query(ctx, `
-		WITH RECURSIVE active(workflow_type) AS (
-			(SELECT workflow_type FROM kagzi.runs
-			 WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
-			 ORDER BY workflow_type LIMIT 1)
-			UNION ALL
-			SELECT (SELECT r.workflow_type FROM kagzi.runs r
-				WHERE r.namespace = $1 AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at IS NOT NULL
-				  AND r.workflow_type > a.workflow_type
-				ORDER BY r.workflow_type LIMIT 1)
-			FROM active a WHERE a.workflow_type IS NOT NULL
-		), known AS (
-			(SELECT workflow_type FROM active WHERE workflow_type IS NOT NULL LIMIT $2)
-			UNION
-			(SELECT unnest(workflow_types) FROM kagzi.workers WHERE namespace = $1 LIMIT $2)
-			UNION
-			(SELECT workflow_type FROM kagzi.schedules WHERE namespace = $1 LIMIT $2)
-		)
-		SELECT workflow_type FROM known ORDER BY 1 LIMIT $2`, namespace, limit)
+	rows, err := db.Query(ctx, consoleTypesSQL, namespace, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -57,7 +99,7 @@ func ConsoleTypes(ctx context.Context, db DBTX, namespace string, limit int) ([]
 }
 
 // TypeActivity is the state of one workflow type's unfinished runs, from the first
-// Scanned of them in runs_claimable's order.
+// Scanned of them in available_at order.
 type TypeActivity struct {
 	WorkflowType string
 	// Ready counts runs claimable now: PENDING or SLEEPING runs whose time came, and
@@ -83,10 +125,8 @@ type TypeActivity struct {
 	OldestReady *time.Time
 }
 
-// ActivityByType reads the state of the unfinished runs of each type, reading at
-// most perType runs of each (runs_claimable).
-func ActivityByType(ctx context.Context, db DBTX, namespace string, types []string, perType int) ([]TypeActivity, error) {
-	rows, err := db.Query(ctx, `
+// activityByTypeSQL is ActivityByType's statement.
+var activityByTypeSQL = `
 		SELECT t.workflow_type,
 			count(*) FILTER (WHERE a.available_at <= now()),
 			count(*) FILTER (WHERE a.status = 'RUNNING' AND a.available_at <= now()),
@@ -97,8 +137,13 @@ func ActivityByType(ctx context.Context, db DBTX, namespace string, types []stri
 			count(a.run_id),
 			min(greatest(a.available_at, a.created_at)) FILTER (WHERE a.available_at <= now())
 		FROM unnest($2::text[]) AS t(workflow_type)
-		LEFT JOIN LATERAL (`+activeRunsOfType+`) a ON true
-		GROUP BY t.workflow_type ORDER BY t.workflow_type`, namespace, types, perType)
+		LEFT JOIN LATERAL (` + activeRunsOfType + `) a ON true
+		GROUP BY t.workflow_type ORDER BY t.workflow_type`
+
+// ActivityByType reads the state of the unfinished runs of each type, reading at
+// most perType runs of each (activeRunsOfType).
+func ActivityByType(ctx context.Context, db DBTX, namespace string, types []string, perType int) ([]TypeActivity, error) {
+	rows, err := db.Query(ctx, activityByTypeSQL, namespace, types, perType)
 	if err != nil {
 		return nil, err
 	}
@@ -122,16 +167,19 @@ type StuckRun struct {
 	Takeovers    int
 }
 
-// StuckRuns lists up to limit runs RUNNING past their lease or taken over at least
-// once, among the first perType unfinished runs of each type (runs_claimable).
-func StuckRuns(ctx context.Context, db DBTX, namespace string, types []string, perType, limit int) ([]StuckRun, error) {
-	rows, err := db.Query(ctx, `
+// stuckRunsSQL is StuckRuns' statement.
+var stuckRunsSQL = `
 		SELECT a.run_id, a.workflow_id, a.workflow_type, a.status, a.available_at, a.locked_by, a.lease_epoch, a.takeovers
 		FROM unnest($2::text[]) AS t(workflow_type)
-		CROSS JOIN LATERAL (`+activeRunsOfType+`) a
+		CROSS JOIN LATERAL (` + activeRunsOfType + `) a
 		WHERE (a.status = 'RUNNING' AND a.available_at <= now()) OR a.takeovers > 0
 		ORDER BY a.available_at
-		LIMIT $4`, namespace, types, perType, limit)
+		LIMIT $4`
+
+// StuckRuns lists up to limit runs RUNNING past their lease or taken over at least
+// once, among the first perType unfinished runs of each type (activeRunsOfType).
+func StuckRuns(ctx context.Context, db DBTX, namespace string, types []string, perType, limit int) ([]StuckRun, error) {
+	rows, err := db.Query(ctx, stuckRunsSQL, namespace, types, perType, limit)
 	if err != nil {
 		return nil, err
 	}

@@ -22,18 +22,23 @@ type QueueStat struct {
 	OldestReady time.Duration
 }
 
-// queueStatsSQL reads the unfinished runs of the namespace through the partial index
-// runs_claimable (it holds unfinished runs only), one row per workflow type. A ready
-// run has been claimable since its available_at, or since its creation when that is
-// later (a priority, or a start time already past, sets available_at before it).
+// queueStatsSQL reads the unfinished runs of the namespace through the partial indexes
+// that hold them (inRunsClaimableSQL, inRunsKeyDueSQL), one row per workflow type. A
+// ready run has been claimable since its available_at, or since its creation when that
+// is later (a priority, or a start time already past, sets available_at before it).
 const queueStatsSQL = `
 SELECT workflow_type,
 	count(*) FILTER (WHERE available_at <= now()),
 	count(*) FILTER (WHERE status = 'RUNNING' AND available_at > now()),
 	count(*) FILTER (WHERE status <> 'RUNNING' AND available_at > now()),
 	coalesce((extract(epoch FROM now() - min(greatest(available_at, created_at)) FILTER (WHERE available_at <= now())) * 1000000)::bigint, 0)
-FROM kagzi.runs
-WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
+FROM (
+	SELECT r.workflow_type, r.status, r.available_at, r.created_at FROM kagzi.runs r
+	WHERE r.namespace = $1 AND ` + inRunsClaimableSQL + `
+	UNION ALL
+	SELECT r.workflow_type, r.status, r.available_at, r.created_at FROM kagzi.runs r
+	WHERE r.namespace = $1 AND ` + inRunsKeyDueSQL + `
+) r
 GROUP BY workflow_type
 ORDER BY workflow_type`
 

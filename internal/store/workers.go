@@ -258,20 +258,29 @@ func ListWorkers(ctx context.Context, db DBTX, p ListWorkersParams) ([]WorkerRow
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (WorkerRow, error) { return scanWorker(row) })
 }
 
+// pendingTypesWithoutWorkerSQL is PendingTypesWithoutWorker's statement: for each type
+// with unfinished runs (a skip scan), its first 5,000 ready runs in available_at order
+// against the live workers of the type (and version).
+var pendingTypesWithoutWorkerSQL = `
+		SELECT t.workflow_type FROM (` + unfinishedTypesSQL + `) t
+		WHERE EXISTS (
+			SELECT 1 FROM (` + unfinishedOfTypeSQL("r.version, r.available_at", "$1", "t.workflow_type",
+	"r.available_at <= now()", "5000") + `) x
+			WHERE NOT EXISTS (
+				SELECT 1 FROM kagzi.workers w
+				WHERE w.namespace = $1 AND ` + workerLiveSQL + ` AND t.workflow_type = ANY(w.workflow_types)
+				  AND (x.version IS NULL
+				       OR w.workflow_versions[array_position(w.workflow_types, t.workflow_type)] = x.version)))
+		ORDER BY 1`
+
 // PendingTypesWithoutWorker lists the workflow types that have runs ready now (PENDING
 // and due, SLEEPING past their wake time, RUNNING past their lease) but no live (see
 // workerLiveSQL) worker registered for them in the namespace, with the run's version
 // when it has one (a run pinned to a version only a worker of that version claims).
+// It looks at each type's 5,000 runs ready longest: the runs no worker claims stay
+// at the head of the type's ready runs, the others are claimed.
 func PendingTypesWithoutWorker(ctx context.Context, db DBTX, namespace string) ([]string, error) {
-	rows, err := db.Query(ctx, `
-		SELECT DISTINCT r.workflow_type FROM kagzi.runs r
-		WHERE r.namespace = $1 AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND r.available_at <= now()
-		  AND NOT EXISTS (
-			SELECT 1 FROM kagzi.workers w
-			WHERE w.namespace = $1 AND `+workerLiveSQL+` AND r.workflow_type = ANY(w.workflow_types)
-			  AND (r.version IS NULL
-			       OR w.workflow_versions[array_position(w.workflow_types, r.workflow_type)] = r.version))
-		ORDER BY 1`, namespace)
+	rows, err := db.Query(ctx, pendingTypesWithoutWorkerSQL, namespace)
 	if err != nil {
 		return nil, err
 	}
