@@ -43,10 +43,10 @@ func TestTheConsoleAndHealthReadUnfinishedRunsThroughTheirIndexesKeyedOnesInclud
 		sql  string
 		args []any
 	}{
-		"ConsoleTypes":               {consoleTypesSQL, []any{"default", 10}},
-		"ActivityByType":             {activityByTypeSQL, []any{"default", types, 5000}},
-		"StuckRuns":                  {stuckRunsSQL, []any{"default", types, 5000, 10}},
-		"QueueStats":                 {queueStatsSQL, []any{"default"}},
+		"ConsoleTypes":              {consoleTypesSQL, []any{"default", 10}},
+		"ActivityByType":            {activityByTypeSQL, []any{"default", types, 5000}},
+		"StuckRuns":                 {stuckRunsSQL, []any{"default", types, 5000, 10}},
+		"QueueStats":                {queueStatsSQL, []any{"default"}},
 		"PendingTypesWithoutWorker": {pendingTypesWithoutWorkerSQL, []any{"default"}},
 	} {
 		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
