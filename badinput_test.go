@@ -305,3 +305,46 @@ func TestAStepOutputWithANULCharacterFailsTheStepItselfWithInvalidOutput(t *test
 		t.Fatalf("attributes after a refused SetAttributes: %v, %v", info.Attributes, err)
 	}
 }
+
+// A start option PostgreSQL cannot store (a start time or deadline past its
+// timestamps' range) is refused before anything is sent: inside the caller's
+// transaction, a statement the database refused would abort it and lose the caller's
+// own writes (found from outside: StartTx with WithStartAt in year 295000).
+func TestAStartTimeOrDeadlinePastTheDatabasesRangeLeavesTheCallersTransactionUsable(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("echo-in-tx", func(ctx *kagzi.Context, s string) (string, error) { return s, nil })
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE orders (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	far := time.Date(295000, 1, 1, 0, 0, 0, 0, time.UTC)
+	for name, opt := range map[string]kagzi.StartOption{
+		"WithStartAt": kagzi.WithStartAt(far), "WithDeadline": kagzi.WithDeadline(far),
+		"WithStartAt in year 10000": kagzi.WithStartAt(time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)),
+		"WithStartAt before year 1": kagzi.WithStartAt(time.Date(-5000, 1, 1, 0, 0, 0, 0, time.UTC)),
+	} {
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES (1)`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kagzi.StartTx(ctx, tx, e.client, wf, "x", opt); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES (2)`); err != nil {
+			t.Errorf("%s: the caller's transaction after the refused start: %v", name, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Errorf("%s: commit: %v", name, err)
+		}
+	}
+	var orders, runs int
+	if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM kagzi.runs)`).Scan(&orders, &runs); err != nil {
+		t.Fatal(err)
+	}
+	if orders != 8 || runs != 0 {
+		t.Fatalf("%d of the caller's rows and %d runs committed, want 8 and none", orders, runs)
+	}
+}

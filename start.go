@@ -74,12 +74,14 @@ func RequireWorker() StartOption { return func(o *startOptions) { o.requireWorke
 // WithDelay makes the run claimable only after d has passed (the database's clock).
 func WithDelay(d time.Duration) StartOption { return func(o *startOptions) { o.delay = d } }
 
-// WithStartAt makes the run claimable only from t on.
+// WithStartAt makes the run claimable only from t on (a time already past: at once).
+// A time before year 1 or after 9999 is ErrInvalidArgument.
 func WithStartAt(t time.Time) StartOption { return func(o *startOptions) { o.startAt = t } }
 
 // WithDeadline ends the run FAILED with a deadline-exceeded error (CodeDeadlineExceeded)
 // if it has not finished by t, whatever it is doing: running (its context is
-// cancelled), sleeping, waiting for a retry or not yet started.
+// cancelled), sleeping, waiting for a retry or not yet started. A time already past,
+// or after year 9999, is ErrInvalidArgument.
 func WithDeadline(t time.Time) StartOption { return func(o *startOptions) { o.deadline = t } }
 
 // WithRunTimeout is WithDeadline(the start time + d): the clock starts at Start.
@@ -132,7 +134,13 @@ func Start[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], i
 
 // StartTx is Start inside the caller's transaction: the run exists, and workers hear
 // of it, only if tx commits. Use it to start a workflow atomically with the
-// application's own writes.
+// application's own writes. Invalid options and inputs are refused before anything
+// is sent, so the transaction stays usable. In a REPEATABLE READ or SERIALIZABLE
+// transaction, a start whose WithID another transaction took after tx's snapshot was
+// taken fails with PostgreSQL's serialization failure (a *pgconn.PgError, SQLSTATE
+// 40001), as any write there that meets a row it cannot see: roll back and retry the
+// transaction. Under READ COMMITTED (PostgreSQL's default) the start returns that run
+// with AlreadyExists instead.
 func StartTx[In, Out any](ctx context.Context, tx pgx.Tx, c *Client, wf *Workflow[In, Out], input In, opts ...StartOption) (*Run[Out], error) {
 	if tx == nil {
 		return nil, invalidArgument("nil transaction")
@@ -214,6 +222,10 @@ func (o *startOptions) times(now time.Time) (startAt time.Time, deadline *time.T
 		return startAt, nil, invalidArgument("negative run timeout %v", o.timeout)
 	case o.timeout > 0 && !o.deadline.IsZero():
 		return startAt, nil, invalidArgument("both WithRunTimeout and WithDeadline given")
+	case !o.startAt.IsZero() && !inTimeRange(o.startAt):
+		return startAt, nil, invalidArgument("start time %v is not within years 1..9999", o.startAt)
+	case !o.deadline.IsZero() && !inTimeRange(o.deadline):
+		return startAt, nil, invalidArgument("deadline %v is not within years 1..9999", o.deadline)
 	}
 	startAt = o.startAt
 	if o.delay > 0 {
@@ -230,6 +242,14 @@ func (o *startOptions) times(now time.Time) (startAt time.Time, deadline *time.T
 		deadline = &o.deadline
 	}
 	return startAt, deadline, nil
+}
+
+// inTimeRange tells whether t is a time a start may take: from year 1 to the end of
+// year 9999 (maxWakeTime). PostgreSQL's timestamps end in year 294276 and begin in
+// 4713 BC; a start time or deadline beyond those would fail in the database, and,
+// under StartTx, abort the caller's transaction.
+func inTimeRange(t time.Time) bool {
+	return t.Year() >= 1 && !t.After(maxWakeTime)
 }
 
 // startRun validates the options and inserts the run; link, when set, adds what only
