@@ -38,6 +38,16 @@ func (s *svg) text(x, y float64, anchor, class, text string) {
 		x, y, anchor, html.EscapeString(class), html.EscapeString(text))
 }
 
+// textTitled is text with a title (a tooltip) when the title says more than it.
+func (s *svg) textTitled(x, y float64, anchor, class, text, title string) {
+	if title == text {
+		s.text(x, y, anchor, class, text)
+		return
+	}
+	fmt.Fprintf(&s.b, `<text x="%.1f" y="%.1f" text-anchor="%s" class="%s"><title>%s</title>%s</text>`,
+		x, y, anchor, html.EscapeString(class), html.EscapeString(title), html.EscapeString(text))
+}
+
 func (s *svg) line(x1, y1, x2, y2 float64, class string) {
 	fmt.Fprintf(&s.b, `<line x1="%.1f" y1="%.1f" x2="%.1f" y2="%.1f" class="%s"/>`, x1, y1, x2, y2, html.EscapeString(class))
 }

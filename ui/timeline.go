@@ -25,14 +25,35 @@ type lane struct {
 	bars  []bar
 }
 
+// The timeline's geometry, in pixels: the image's width, the labels' column on the
+// left and the height of a lane.
+const (
+	timelineWidth = 960.0
+	labelW        = 190.0
+	laneH         = 22.0
+)
+
+// The most characters of a lane's label and note the timeline shows (a longer one is
+// cut, with its whole text in a title), and the width a character takes at most, on
+// average, in the timeline's 11 px fonts (DejaVu Sans, Chromium's default on Debian,
+// takes 7 px a digit): the labels' column holds maxLabelChars of it and the notes'
+// column is sized with it, so that no text is cut off at the image's edge.
+const (
+	maxLabelChars = 24
+	maxNoteChars  = 24
+	charW         = 7.5
+)
+
 // timeline draws a run's lanes as SVG bars on one time axis, from the run's
-// creation to its end (or now).
+// creation to its end (or now). A finished run's timeline is the same whenever it
+// is drawn: its waits end with it (see stepLane).
 func timeline(run *kagzi.RunInfo, steps []kagzi.StepInfo, children []kagzi.RunInfo, base string, now time.Time) template.HTML {
 	lanes := runLanes(run, steps, children, base, now)
 	t0, t1 := run.CreatedAt, now
 	if run.FinishedAt != nil {
 		t1 = *run.FinishedAt
 	}
+	longestNote := 0
 	for _, l := range lanes {
 		for _, b := range l.bars {
 			if b.end.After(t1) {
@@ -42,9 +63,11 @@ func timeline(run *kagzi.RunInfo, steps []kagzi.StepInfo, children []kagzi.RunIn
 				t0 = b.start
 			}
 		}
+		longestNote = max(longestNote, len([]rune(clip(l.note, maxNoteChars))))
 	}
 	span := max(t1.Sub(t0), time.Millisecond)
-	const w, labelW, noteW, laneH, top = 960.0, 190.0, 110.0, 22.0, 24.0
+	const w, top = timelineWidth, 24.0
+	noteW := 16 + charW*float64(max(longestNote, 6))
 	plotW := w - labelW - noteW
 	h := top + laneH*float64(len(lanes)) + 8
 	s := newSVG(w, h, "timeline", "timeline of the run's steps, attempts, sleeps, signal waits and children")
@@ -56,7 +79,7 @@ func timeline(run *kagzi.RunInfo, steps []kagzi.StepInfo, children []kagzi.RunIn
 	}
 	for i, l := range lanes {
 		y := top + laneH*float64(i)
-		s.text(labelW-8, y+15, "end", "lane", clip(l.label, 28))
+		s.textTitled(labelW-8, y+15, "end", "lane", clip(l.label, maxLabelChars), l.label)
 		for _, b := range l.bars {
 			draw := func() { s.rect(x(b.start), y+4, x(b.end)-x(b.start), laneH-8, "bar "+b.class, b.title) }
 			if b.href != "" {
@@ -65,11 +88,12 @@ func timeline(run *kagzi.RunInfo, steps []kagzi.StepInfo, children []kagzi.RunIn
 				draw()
 			}
 		}
-		s.text(w-noteW+8, y+15, "start", "note", l.note)
+		s.textTitled(w-noteW+8, y+15, "start", "note", clip(l.note, maxNoteChars), l.note)
 	}
 	return s.html()
 }
 
+// clip cuts s to n characters at most, the last of them "…" when it was cut.
 func clip(s string, n int) string {
 	if len([]rune(s)) <= n {
 		return s
@@ -93,7 +117,7 @@ func runLanes(run *kagzi.RunInfo, steps []kagzi.StepInfo, children []kagzi.RunIn
 		byStep[ch.ParentStepKey] = append(byStep[ch.ParentStepKey], ch)
 	}
 	for _, st := range steps {
-		lanes = append(lanes, stepLane(st, now))
+		lanes = append(lanes, stepLane(st, run, now))
 		for _, ch := range byStep[st.Key] {
 			lanes = append(lanes, childLane(ch, base, now))
 		}
@@ -116,7 +140,9 @@ func spanText(a, b time.Time, open bool) string {
 
 // stepLane draws a step by kind: every attempt of a step, a sleep until its wake
 // time, a signal wait until it was received (or timed out), a mark for the others.
-func stepLane(st kagzi.StepInfo, now time.Time) lane {
+// A sleep or signal wait of a finished run that was still open when the run ended
+// (cancelled, failed past its deadline) ends there, and its note says so.
+func stepLane(st kagzi.StepInfo, run *kagzi.RunInfo, now time.Time) lane {
 	l := lane{label: st.Key}
 	switch st.Kind {
 	case kagzi.KindSleep:
@@ -124,24 +150,34 @@ func stepLane(st kagzi.StepInfo, now time.Time) lane {
 		if st.WakeAt != nil {
 			wake = *st.WakeAt
 		}
-		open := wake.After(now)
-		l.bars = []bar{{start: st.CreatedAt, end: minTime(wake, now), class: "sleep",
-			title: fmt.Sprintf("sleep %s until %s", st.Key, ts(wake))}}
+		b := bar{start: st.CreatedAt, end: minTime(wake, now), class: "sleep",
+			title: fmt.Sprintf("sleep %s until %s", st.Key, ts(wake))}
 		l.note = dur(wake.Sub(st.CreatedAt))
-		if open {
+		switch {
+		case run.FinishedAt != nil && wake.After(*run.FinishedAt):
+			b.end = maxTime(st.CreatedAt, *run.FinishedAt)
+			b.title += endedWith(run, b)
+			l.note = endedNote
+		case wake.After(now):
 			l.note = "wakes in " + dur(wake.Sub(now))
 		}
+		l.bars = []bar{b}
 	case kagzi.KindSignal:
-		end, open := st.UpdatedAt, st.Status == kagzi.StepWaiting
-		if open {
-			end = now
-		}
-		l.bars = []bar{{start: st.CreatedAt, end: end, class: "signal " + strings.ToLower(string(st.Status)),
-			title: fmt.Sprintf("signal wait %s: %s, %s", st.Name, st.Status, spanText(st.CreatedAt, end, open))}}
-		l.note = spanText(st.CreatedAt, end, open)
-		if open {
+		b := bar{start: st.CreatedAt, end: st.UpdatedAt, class: "signal " + strings.ToLower(string(st.Status))}
+		switch {
+		case st.Status == kagzi.StepWaiting && run.FinishedAt != nil:
+			b.end = maxTime(st.CreatedAt, *run.FinishedAt)
+			b.title = fmt.Sprintf("signal wait %s: not received", st.Name) + endedWith(run, b)
+			l.note = endedNote
+		case st.Status == kagzi.StepWaiting:
+			b.end = now
+			b.title = fmt.Sprintf("signal wait %s: %s, %s", st.Name, st.Status, spanText(b.start, b.end, true))
 			l.note = "waiting"
+		default:
+			b.title = fmt.Sprintf("signal wait %s: %s, %s", st.Name, st.Status, spanText(b.start, b.end, false))
+			l.note = spanText(b.start, b.end, false)
 		}
+		l.bars = []bar{b}
 	case kagzi.KindStep:
 		l.bars, l.note = attemptBars(st)
 	default: // child starts and results, events, patches: a mark
@@ -150,6 +186,14 @@ func stepLane(st kagzi.StepInfo, now time.Time) lane {
 		l.note = strings.ToLower(string(st.Kind))
 	}
 	return l
+}
+
+// endedNote is the note of a wait that was still open when its run ended.
+const endedNote = "ended with the run"
+
+// endedWith says, in a wait's title, that its run ended during it, and when.
+func endedWith(run *kagzi.RunInfo, b bar) string {
+	return fmt.Sprintf(": the run ended %s at %s, %s into the wait", run.Status, ts(b.end), dur(b.end.Sub(b.start)))
 }
 
 func attemptBars(st kagzi.StepInfo) ([]bar, string) {
@@ -187,6 +231,13 @@ func childLane(ch kagzi.RunInfo, base string, now time.Time) lane {
 
 func minTime(a, b time.Time) time.Time {
 	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
 		return a
 	}
 	return b
