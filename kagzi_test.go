@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi"
@@ -261,6 +262,41 @@ func TestStartTxCommittedRunsWithTheCallersWrites(t *testing.T) {
 	out, err := run.Wait(ctx)
 	if err != nil || out.Greeting != "hello tx" {
 		t.Fatalf("got %+v, %v", out, err)
+	}
+}
+
+// StartTx of a workflow id another transaction started after the caller's snapshot:
+// under READ COMMITTED the run, AlreadyExists; under REPEATABLE READ the serialization
+// failure StartTx documents, which the caller retries.
+func TestStartTxOfAnIDTakenMeanwhileIsTheRunUnderReadCommittedAndASerializationFailureUnderRepeatableRead(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	for _, iso := range []pgx.TxIsoLevel{pgx.ReadCommitted, pgx.RepeatableRead} {
+		id := "taken-" + string(iso)
+		tx, err := e.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: iso})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT 1`); err != nil { // the snapshot
+			t.Fatal(err)
+		}
+		first, err := kagzi.Start(ctx, e.client, greet, greetIn{Name: "first"}, kagzi.WithID(id))
+		if err != nil {
+			t.Fatal(err)
+		}
+		run, err := kagzi.StartTx(ctx, tx, e.client, greet, greetIn{Name: "second"}, kagzi.WithID(id))
+		var pgErr *pgconn.PgError
+		switch iso {
+		case pgx.ReadCommitted:
+			if err != nil || !run.AlreadyExists || run.RunID != first.RunID {
+				t.Errorf("read committed: %+v, %v; want the first run, AlreadyExists", run, err)
+			}
+		default:
+			if !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+				t.Errorf("repeatable read: %v, want a serialization failure (40001)", err)
+			}
+		}
+		tx.Rollback(ctx)
 	}
 }
 
