@@ -200,7 +200,7 @@ func TestABulkCancelShowsTheCountFirstThenCancelsEveryMatchAndRecordsIt(t *testi
 	if s := statusOf(t, e.client, ids[0]); s != kagzi.StatusPending {
 		t.Fatalf("the confirmation page changed a run: %s", s)
 	}
-	status, done := b.postFollow("n/default/bulk", url.Values{"csrf": {csrf(t, confirm)}, "action": {"cancel"}, "type": {"idle"}})
+	status, done := b.postFollow("n/default/bulk", confirmForm(t, confirm))
 	if status != 200 || !strings.Contains(done, "<b>7</b> matched, <b>7</b> cancelled") {
 		t.Fatalf("POST bulk: %d\n%s", status, done)
 	}

@@ -149,8 +149,7 @@ func TestRepeatedWorkflowTypesSelectRunsOfEveryTypeOnTheBulkPageInTheActionAndIn
 	if !strings.Contains(confirm, "<b>5</b> runs in namespace <b>default</b> match: runs with workflow type idle or spare") {
 		t.Fatalf("the confirmation of two types:\n%s", confirm)
 	}
-	status, done := b.postFollow("n/default/bulk", url.Values{"csrf": {csrf(t, confirm)}, "action": {"cancel"},
-		"type": {"idle", "spare"}})
+	status, done := b.postFollow("n/default/bulk", confirmForm(t, confirm))
 	if status != http.StatusOK || !strings.Contains(done, "<b>5</b> matched, <b>5</b> cancelled") {
 		t.Fatalf("POST bulk of two types: %d\n%s", status, done)
 	}
@@ -355,7 +354,7 @@ func TestReloadingABulkActionsResultShowsItAgainAndDoesNothingMore(t *testing.T)
 	startIdle(t, e.client, 2)
 	b := serve(t, ui.Handler(e.client, ui.Options{Actions: true, Authorize: allowAll, Logger: quiet()}))
 	_, confirm := b.get("n/default/bulk?action=cancel&type=idle")
-	status, loc, _ := b.post("n/default/bulk", url.Values{"csrf": {csrf(t, confirm)}, "action": {"cancel"}, "type": {"idle"}})
+	status, loc, _ := b.post("n/default/bulk", confirmForm(t, confirm))
 	if status != http.StatusSeeOther || !strings.Contains(loc, "bulk/done?") {
 		t.Fatalf("POST bulk: %d to %q, want a redirect to its result", status, loc)
 	}
@@ -427,8 +426,7 @@ func TestABulkActionsResultDescribesTheFilterItsAuditRecordHoldsNotItsAddress(t 
 	}
 	b := serve(t, ui.Handler(e.client, ui.Options{Actions: true, Authorize: allowAll, Logger: quiet()}))
 	_, confirm := b.get("n/default/bulk?action=cancel&type=idle&status=PENDING")
-	status, loc, _ := b.post("n/default/bulk", url.Values{"csrf": {csrf(t, confirm)}, "action": {"cancel"},
-		"type": {"idle"}, "status": {"PENDING"}})
+	status, loc, _ := b.post("n/default/bulk", confirmForm(t, confirm))
 	m := regexp.MustCompile(`bulk/done\?audit=(\d+)`).FindStringSubmatch(loc)
 	if status != http.StatusSeeOther || m == nil {
 		t.Fatalf("POST bulk: %d to %q, want a redirect to its result", status, loc)

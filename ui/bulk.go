@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kagzi/kagzi"
 	"github.com/kagzi/kagzi/internal/store"
@@ -15,15 +16,36 @@ import (
 // least": counting reads the matches a page of 1000 at a time.
 const bulkCountCap = 2000
 
+// countedAtField is the bulk confirmation's form field that carries when it counted
+// the matches (RFC 3339, to the microsecond, UTC): the action covers the runs the
+// filter matches that were created up to then, so that runs started while the
+// operator read the count are not cancelled or rerun with the runs counted.
+const countedAtField = "counted_at"
+
 type bulkData struct {
-	Action  string // "cancel" or "rerun"
-	Filter  runFilter
-	Matches capped
-	Error   string
+	Action    string // "cancel" or "rerun"
+	Filter    runFilter
+	Matches   capped
+	CountedAt time.Time // when the matches were counted: the action's cutoff
+	Error     string
 }
 
-// bulkConfirm shows how many runs a filter matches and asks to confirm a bulk
-// cancel or rerun of all of them.
+// CountedAtValue is CountedAt as the form carries it.
+func (d *bulkData) CountedAtValue() string { return d.CountedAt.Format(time.RFC3339Nano) }
+
+// createdUpTo narrows a filter to the runs created at or before t (runs' creation
+// times are microseconds): its own CreatedBefore stays when it is earlier.
+func createdUpTo(f kagzi.RunFilter, t time.Time) kagzi.RunFilter {
+	bound := t.Truncate(time.Microsecond).Add(time.Microsecond) // CreatedBefore is exclusive
+	if f.CreatedBefore.IsZero() || f.CreatedBefore.After(bound) {
+		f.CreatedBefore = bound
+	}
+	return f
+}
+
+// bulkConfirm shows how many runs a filter matches, created up to now, and asks to
+// confirm a bulk cancel or rerun of all of them: its form carries the time it
+// counted them (countedAtField).
 func (c *console) bulkConfirm(q *req) (string, any, error) {
 	action := q.r.FormValue("action")
 	a := Action("bulk-" + action)
@@ -37,8 +59,8 @@ func (c *console) bulkConfirm(q *req) (string, any, error) {
 	if err != nil {
 		return "", nil, err
 	}
-	d := &bulkData{Action: action, Filter: f}
-	if d.Matches, err = countMatches(q, f.RunFilter, bulkCountCap); err != nil {
+	d := &bulkData{Action: action, Filter: f, CountedAt: time.Now().UTC().Truncate(time.Microsecond)}
+	if d.Matches, err = countMatches(q, createdUpTo(f.RunFilter, d.CountedAt), bulkCountCap); err != nil {
 		if !isBadInput(err) {
 			return "", nil, err
 		}
@@ -69,13 +91,15 @@ func countMatches(q *req, f kagzi.RunFilter, limit int) (capped, error) {
 
 type bulkDoneData struct {
 	Action    string
-	Filter    runFilter // the recorded filter (empty when it no longer reads)
-	Described string    // the recorded filter in words
+	Filter    runFilter  // the recorded filter (empty when it no longer reads)
+	Described string     // the recorded filter in words
+	CountedAt *time.Time // the recorded cutoff: when the confirmation counted the matches
 	Result    kagzi.BulkResult
 	Error     string
 }
 
-// bulkAction cancels or reruns every run the posted filter matches, records it, and
+// bulkAction cancels or reruns every run the posted filter matches among those
+// created up to when the confirmation counted them (countedAtField), records it, and
 // sends the browser to what it did (bulkDone, read from the audit log): a reload or
 // the back button shows the result again and does not post the action again.
 func (c *console) bulkAction(q *req, a Action) (string, error) {
@@ -88,14 +112,26 @@ func (c *console) bulkAction(q *req, a Action) (string, error) {
 	if err := f.RunFilter.Err(); err != nil {
 		return "", err
 	}
+	// Without the confirmation's time the action would match the runs started since
+	// the count as well: it was not posted by the confirmation's button.
+	countedAt, err := time.Parse(time.RFC3339Nano, q.r.PostFormValue(countedAtField))
+	if err != nil {
+		return "", badRequest("a bulk %s needs the time its confirmation counted the runs (%s): confirm it on its page",
+			strings.TrimPrefix(string(a), "bulk-"), countedAtField)
+	}
+	// A time to come (a page of another console process whose clock runs ahead, or one
+	// made up) covers no run that does not exist now.
+	countedAt = minTime(countedAt, time.Now())
+	matching := createdUpTo(f.RunFilter, countedAt)
 	var res kagzi.BulkResult
-	detail := map[string]any{"filter": f.Values, "confirmed_count": q.r.PostFormValue("count")}
+	detail := map[string]any{"filter": f.Values, "confirmed_count": q.r.PostFormValue("count"),
+		countedAtField: countedAt.UTC().Format(time.RFC3339Nano)}
 	err = c.audited(q, a, f.Describe(), nil, detail, func() ([]string, int64, map[string]any, error) {
 		var err error
 		if a == ActionBulkCancel {
-			res, err = q.client.CancelRuns(q.r.Context(), f.RunFilter)
+			res, err = q.client.CancelRuns(q.r.Context(), matching)
 		} else {
-			res, err = q.client.RerunRuns(q.r.Context(), f.RunFilter)
+			res, err = q.client.RerunRuns(q.r.Context(), matching)
 		}
 		ids := res.ChangedRunIDs
 		if ids == nil {
@@ -111,8 +147,8 @@ func (c *console) bulkAction(q *req, a Action) (string, error) {
 }
 
 // bulkDone shows what a bulk action did, from its record in the audit log (the
-// audit query parameter): its counts and the filter it was given, both as recorded.
-// A filter in the page's address is ignored: the record says what was done.
+// audit query parameter): its counts, the filter it was given and its cutoff, all as
+// recorded. A filter in the page's address is ignored: the record says what was done.
 func (c *console) bulkDone(q *req) (string, any, error) {
 	id, err := strconv.ParseInt(q.r.FormValue("audit"), 10, 64)
 	if err != nil || id <= 0 {
@@ -130,10 +166,11 @@ func (c *console) bulkDone(q *req) (string, any, error) {
 	e := entries[0]
 	d := &bulkDoneData{Action: strings.TrimPrefix(e.Action, "bulk-")}
 	var detail struct {
-		Filter  url.Values                   `json:"filter"`
-		Matched int                          `json:"matched"`
-		Changed int                          `json:"changed"`
-		Skipped map[kagzi.BulkSkipReason]int `json:"skipped"`
+		Filter    url.Values                   `json:"filter"`
+		CountedAt *time.Time                   `json:"counted_at"`
+		Matched   int                          `json:"matched"`
+		Changed   int                          `json:"changed"`
+		Skipped   map[kagzi.BulkSkipReason]int `json:"skipped"`
 	}
 	if err := json.Unmarshal(e.Detail, &detail); err != nil {
 		return "", nil, err
@@ -146,6 +183,7 @@ func (c *console) bulkDone(q *req) (string, any, error) {
 	} else {
 		d.Described = d.Filter.Describe()
 	}
+	d.CountedAt = detail.CountedAt
 	d.Result = kagzi.BulkResult{Matched: detail.Matched, Changed: detail.Changed, Skipped: detail.Skipped}
 	switch {
 	case e.Outcome == nil:

@@ -19,6 +19,7 @@ import (
 // in Go goes through qs.
 var funcs = template.FuncMap{
 	"ts":    ts,
+	"tsms":  tsMilli,
 	"tsp":   func(t *time.Time) string { return tsPtr(t) },
 	"ago":   ago,
 	"agop":  func(t *time.Time) string { return agoPtr(t) },
@@ -81,6 +82,10 @@ func ts(t time.Time) string {
 	}
 	return t.UTC().Format("2006-01-02 15:04:05Z")
 }
+
+// tsMilli formats a time in UTC to the millisecond: a bulk action's cutoff, between
+// runs created within one second.
+func tsMilli(t time.Time) string { return t.UTC().Format("2006-01-02 15:04:05.000Z") }
 
 func tsPtr(t *time.Time) string {
 	if t == nil {

@@ -2,6 +2,7 @@ package ui_test
 
 import (
 	"context"
+	"html"
 	"io"
 	"log/slog"
 	"net/http"
@@ -135,3 +136,22 @@ func csrf(t *testing.T, page string) string {
 
 // allowAll is an Authorize hook that allows everything as "tester".
 func allowAll(*http.Request, ui.Access) (string, bool) { return "tester", true }
+
+var (
+	bulkFormTag = regexp.MustCompile(`(?s)<form [^>]*id="bulk-form">(.*?)</form>`)
+	hiddenField = regexp.MustCompile(`<input type="hidden" name="([^"]+)" value="([^"]*)">`)
+)
+
+// confirmForm returns the fields the bulk confirmation page's button posts.
+func confirmForm(t *testing.T, page string) url.Values {
+	t.Helper()
+	f := bulkFormTag.FindStringSubmatch(page)
+	if f == nil {
+		t.Fatalf("no bulk form on the page:\n%s", page)
+	}
+	form := url.Values{}
+	for _, m := range hiddenField.FindAllStringSubmatch(f[1], -1) {
+		form.Add(html.UnescapeString(m[1]), html.UnescapeString(m[2]))
+	}
+	return form
+}
