@@ -123,6 +123,63 @@ func TestSignalsNotYetTakenMoveToTheRunThatContinues(t *testing.T) {
 	}
 }
 
+// summingInbox takes three signals a run, then continues as new with their sum so
+// far, until it has received want of them.
+var summingInbox = kagzi.Define("summing-inbox", func(ctx *kagzi.Context, in [2]int) (int, error) {
+	total, want := in[0], in[1]
+	for range 3 {
+		if total == want {
+			return total, nil
+		}
+		v, err := kagzi.WaitSignal[int](ctx, "inc", 0)
+		if err != nil {
+			return 0, err
+		}
+		total += v
+	}
+	return 0, kagzi.ContinueAsNew(ctx, [2]int{total, want})
+})
+
+// Signals sent to a workflow id while its runs keep continuing as new all arrive, and
+// none is refused: a signal sent while a run continued waited for the continue and went
+// on to the next run (found from outside: some stranded on finished runs, the sender
+// told nil; others refused with ErrRunFinished although the id always had an active
+// run).
+func TestSignalsSentToAWorkflowIDWhileItsRunsContinueAsNewAllArriveAndNoneIsRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	const senders, each = 4, 40
+	run, err := kagzi.Start(ctx, e.client, summingInbox, [2]int{0, senders * each}, kagzi.WithID("summing"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, e.client, fastWorker(), summingInbox)
+	var wg sync.WaitGroup
+	errs := make(chan error, senders*each)
+	for range senders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if err := e.client.SignalWorkflow(ctx, "summing", "inc", 1); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Errorf("a signal to the workflow id was refused: %v", err)
+	}
+	if out, err := run.Wait(ctx); err != nil || out != senders*each {
+		t.Fatalf("the chain's result: %d, %v; want every one of the %d signals", out, err, senders*each)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.signals WHERE consumed_by IS NULL`); n != 0 {
+		t.Fatalf("%d signals never taken", n)
+	}
+}
+
 var continuingChild = kagzi.Define("continuing-child", func(ctx *kagzi.Context, n int) (int, error) {
 	if n < 3 {
 		return 0, kagzi.ContinueAsNew(ctx, n+1)

@@ -40,7 +40,7 @@ func SignalKey(key string) SignalOption {
 // wakes at once. Signalling a finished run returns ErrRunFinished and stores nothing
 // (unless SignalKey finds the signal already stored).
 func (c *Client) Signal(ctx context.Context, runID, name string, payload any, opts ...SignalOption) error {
-	return c.signal(ctx, c.pool, runID, name, payload, opts)
+	return c.signal(ctx, c.pool, runID, name, payload, opts, false)
 }
 
 // SignalTx is Signal inside the caller's transaction: the signal exists only if tx commits.
@@ -48,10 +48,13 @@ func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, runID, name string, pa
 	if tx == nil {
 		return invalidArgument("nil transaction")
 	}
-	return c.signal(ctx, tx, runID, name, payload, opts)
+	return c.signal(ctx, tx, runID, name, payload, opts, false)
 }
 
 // SignalWorkflow is Signal to the run of a workflow id (its active run, else its newest).
+// A run that continued as new (ContinueAsNew) before the signal was stored passes it
+// on to the run that took over the workflow id: a workflow id that always has an
+// active run never gives ErrRunFinished.
 func (c *Client) SignalWorkflow(ctx context.Context, workflowID, name string, payload any, opts ...SignalOption) error {
 	if err := validName("workflow id", workflowID); err != nil {
 		return err
@@ -60,10 +63,12 @@ func (c *Client) SignalWorkflow(ctx context.Context, workflowID, name string, pa
 	if err != nil {
 		return wrapStoreErr("kagzi: signal workflow id "+workflowID, err)
 	}
-	return c.signal(ctx, c.pool, id.String(), name, payload, opts)
+	return c.signal(ctx, c.pool, id.String(), name, payload, opts, true)
 }
 
-func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, payload any, opts []SignalOption) error {
+// signal sends a signal to a run; with follow, a run that continued as new passes it
+// on to the next run of its workflow id (and that one to its next, and so on).
+func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, payload any, opts []SignalOption, follow bool) error {
 	id, err := parseRunID(runID)
 	if err != nil {
 		return err
@@ -98,10 +103,13 @@ func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, 
 		return err
 	}
 	began := time.Now()
-	status, duplicate, err := store.SendSignal(ctx, db, store.SignalSend{Namespace: c.ns, RunID: id, Name: name,
-		Payload: b, Key: key})
-	if err == nil && !duplicate && status.Terminal() {
-		err = fmt.Errorf("%w: run %s is %s", ErrRunFinished, runID, status)
+	sent, err := store.SendSignal(ctx, db, store.SignalSend{Namespace: c.ns, RunID: id, Name: name, Payload: b, Key: key})
+	for err == nil && follow && !sent.Duplicate && sent.Status.Terminal() && sent.ContinuedAs != nil {
+		id = *sent.ContinuedAs
+		sent, err = store.SendSignal(ctx, db, store.SignalSend{Namespace: c.ns, RunID: id, Name: name, Payload: b, Key: key})
+	}
+	if err == nil && !sent.Duplicate && sent.Status.Terminal() {
+		err = fmt.Errorf("%w: run %s is %s", ErrRunFinished, id, sent.Status)
 		c.hookSignalSent(ctx, id, name, began, err) // refused: nothing stored
 		return err
 	}

@@ -141,10 +141,24 @@ type SignalSend struct {
 
 // sendSignal stores a signal for an active run of the namespace, unless the run
 // already has a signal of its key, and wakes the run if it sleeps waiting for that
-// signal. It returns the run's status and whether the key was there already.
+// signal. It returns the run's status, whether the key was there already, and the run
+// it continued as, if it did.
+//
+// The run's row is locked (FOR NO KEY UPDATE, the lock its wake's update takes: a
+// weaker one, upgraded there, deadlocked concurrent senders) before anything is
+// stored, and stays locked until the signal commits: an end of the run, or its continue-as-new (whose move of
+// the untaken signals to the next run could not see a signal not yet committed), waits
+// for the signal; a signal that waited for them reads the run as they left it, and
+// stores nothing on a finished run.
 var sendSignal = named(`
-WITH target AS (
-	SELECT run_id, status FROM kagzi.runs_all WHERE namespace = @namespace AND run_id = @run_id
+WITH live AS MATERIALIZED (
+	SELECT run_id, status, continued_as_run_id FROM kagzi.runs WHERE namespace = @namespace AND run_id = @run_id
+	FOR NO KEY UPDATE
+), target AS MATERIALIZED (
+	SELECT run_id, status, continued_as_run_id FROM live
+	UNION ALL
+	SELECT run_id, status, continued_as_run_id FROM kagzi.runs_all
+	WHERE namespace = @namespace AND run_id = @run_id AND NOT EXISTS (SELECT 1 FROM live)
 ), dup AS (
 	SELECT 1 FROM kagzi.signals_all s, target t WHERE s.run_id = t.run_id AND s.key = @key::text
 ), ins AS (
@@ -166,6 +180,7 @@ WITH target AS (
 )
 SELECT t.status, EXISTS (SELECT 1 FROM dup) OR (@key::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM ins)
 		AND t.status IN ('PENDING', 'RUNNING', 'SLEEPING')),
+	t.continued_as_run_id,
 	(SELECT (`+notifyRunSQL+`)::text FROM wake WHERE woken)
 FROM target t`,
 	arg("namespace", "text", func(s *SignalSend) string { return s.Namespace }),
@@ -174,16 +189,28 @@ FROM target t`,
 	arg("payload", "jsonb", func(s *SignalSend) []byte { return s.Payload }),
 	arg("key", "text", func(s *SignalSend) *string { return s.Key }))
 
-// SendSignal stores a signal for an active run; see sendSignal. It returns the run's
-// status (a terminal status, unless duplicate, means nothing was stored), whether
-// the signal's key was stored before (nothing stored now), or ErrNotFound.
-func SendSignal(ctx context.Context, db DBTX, s SignalSend) (status vocab.RunStatus, duplicate bool, err error) {
+// SignalSent is what SendSignal learned of the run.
+type SignalSent struct {
+	// Status is the run's status: a terminal one, unless Duplicate, means nothing
+	// was stored.
+	Status vocab.RunStatus
+	// Duplicate: the signal's key was stored before; nothing stored now.
+	Duplicate bool
+	// ContinuedAs is the run the run continued as (continue-as-new), if it did.
+	ContinuedAs *uuid.UUID
+}
+
+// SendSignal stores a signal for an active run; see sendSignal. It returns
+// ErrNotFound for an unknown run.
+func SendSignal(ctx context.Context, db DBTX, s SignalSend) (SignalSent, error) {
+	var sent SignalSent
 	var ignored *string
-	err = db.QueryRow(ctx, sendSignal.sql, sendSignal.args(&s)...).Scan(&status, &duplicate, &ignored)
+	err := db.QueryRow(ctx, sendSignal.sql, sendSignal.args(&s)...).Scan(&sent.Status, &sent.Duplicate,
+		&sent.ContinuedAs, &ignored)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", false, ErrNotFound
+		return sent, ErrNotFound
 	}
-	return status, duplicate, err
+	return sent, err
 }
 
 // ActiveRunID returns the active run of a workflow id, or ErrNotFound.
