@@ -25,8 +25,9 @@ import (
 // names it in ContinuedFromRunID; both happen in one transaction, so there is never a
 // moment without a run of the workflow id, nor two. The new run starts with an empty
 // history and keeps the workflow id, type, deadline, priority, concurrency key,
-// attributes, id reuse policy and parent (a child that continues as new is still its
-// parent's child: ChildRun.Get returns the last run's result); it takes the newest
+// attributes, id reuse policy, parent (a child that continues as new is still its
+// parent's child: ChildRun.Get returns the last run's result) and schedule and tick
+// (a schedule's overlap policy counts the chain as its tick's run until it ends); it takes the newest
 // version an ONLINE worker registered, the one that came last (see
 // docs/evolving-workflows.md: continue-as-new is where a long-lived workflow moves to
 // new code). Signals the run had not taken yet go to the new run; children it

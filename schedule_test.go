@@ -747,3 +747,80 @@ func TestWorkerWithDisableSchedulerFiresNothing(t *testing.T) {
 		t.Fatalf("a worker without a scheduler fired %d runs", n)
 	}
 }
+
+// schedChain waits for a signal "next": "continue" continues it as new, anything else
+// ends it.
+var schedChain = kagzi.Define("sched-chain", func(ctx *kagzi.Context, gen int) (int, error) {
+	v, err := kagzi.WaitSignal[string](ctx, "next", 0)
+	if err != nil {
+		return 0, err
+	}
+	if v == "continue" {
+		return 0, kagzi.ContinueAsNew(ctx, gen+1)
+	}
+	return gen, nil
+})
+
+// A run a schedule fired that continues as new is still the tick's: the next run
+// keeps the schedule and the tick, so the overlap policy holds the schedule back until
+// the chain ends, and the schedule's runs list it (found from outside: under
+// OverlapSkip, three chains of continued runs active at once).
+func TestAScheduledRunThatContinuesAsNewHoldsTheScheduleBackUntilItsChainEnds(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	skip, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "chain-skip", WorkflowType: "sched-chain",
+		Cron: "* * * * *", Overlap: kagzi.OverlapSkip, Input: 0})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "chain-buffer", WorkflowType: "sched-chain",
+		Cron: "* * * * *", Overlap: kagzi.OverlapBufferOne, Input: 0}); err != nil {
+		t.Fatal(err)
+	}
+	first := *skip.NextFireAt
+	clock := newTestClock(first)
+	cfg := fastWorker()
+	cfg.Clock = clock.Now
+	runWorker(t, e.client, cfg, schedChain)
+	advanceTo(t, e.client, clock, first, "chain-skip", "chain-buffer")
+	for _, id := range []string{"chain-skip", "chain-buffer"} {
+		runs := scheduleRuns(t, e.client, id)
+		if len(runs) != 1 {
+			t.Fatalf("%s: %d runs after the first tick, want 1", id, len(runs))
+		}
+		// The fired run continues as new (the signal waits in the run until it is taken).
+		if err := e.client.Signal(ctx, runs[0].RunID, "next", "continue"); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, id+"'s run to continue as new", func() bool {
+			return len(scheduleRuns(t, e.client, id)) == 2
+		})
+		runs = scheduleRuns(t, e.client, id)
+		if !runs[1].ScheduleTick.Equal(first) || runs[1].WorkflowID != runs[0].WorkflowID {
+			t.Fatalf("%s: the continued run's tick %v and workflow id %q, want %v and %q", id, runs[1].ScheduleTick,
+				runs[1].WorkflowID, first, runs[0].WorkflowID)
+		}
+	}
+	// The next tick comes while the continued runs are active: skipped, or buffered.
+	advanceTo(t, e.client, clock, first.Add(time.Minute), "chain-skip", "chain-buffer")
+	if s := getSchedule(t, e.client, "chain-skip"); s.OverlapSkipped != 1 || len(scheduleRuns(t, e.client, "chain-skip")) != 2 {
+		t.Fatalf("chain-skip: skipped %d, %d runs; want the tick skipped while the chain is active", s.OverlapSkipped,
+			len(scheduleRuns(t, e.client, "chain-skip")))
+	}
+	if s := getSchedule(t, e.client, "chain-buffer"); s.BufferedTick == nil || len(scheduleRuns(t, e.client, "chain-buffer")) != 2 {
+		t.Fatalf("chain-buffer: buffered %v, %d runs; want the tick held back while the chain is active", s.BufferedTick,
+			len(scheduleRuns(t, e.client, "chain-buffer")))
+	}
+	// The chains end: the buffered tick fires (the clock stands still).
+	for _, id := range []string{"chain-skip", "chain-buffer"} {
+		if err := e.client.SignalWorkflow(ctx, scheduleRuns(t, e.client, id)[0].WorkflowID, "next", "done"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the buffered tick to fire once the chain ended", func() bool {
+		return len(scheduleRuns(t, e.client, "chain-buffer")) == 3
+	})
+	if got := ticksOf(scheduleRuns(t, e.client, "chain-buffer")); !got[2].Equal(first.Add(time.Minute)) {
+		t.Fatalf("chain-buffer fired %v, want the held tick %v third", got, first.Add(time.Minute))
+	}
+}

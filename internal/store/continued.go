@@ -38,10 +38,11 @@ WITH upd AS (
 	WHERE r.run_id = @run_id AND r.lease_epoch = @epoch AND r.lease_token IS NOT DISTINCT FROM @token AND r.status = 'RUNNING'
 	  AND `+slotHeldRSQL+`
 	RETURNING r.run_id, r.status, r.namespace, r.workflow_id, r.workflow_type, r.deadline_at, r.priority,
-		r.flow_key, r.attributes, r.id_reuse_never, r.parent_run_id, r.parent_step_key, r.trace_carrier
+		r.flow_key, r.attributes, r.id_reuse_never, r.parent_run_id, r.parent_step_key, r.trace_carrier,
+		r.schedule_id, r.schedule_tick
 )
 SELECT status, namespace, workflow_id, workflow_type, deadline_at, priority, flow_key, attributes, id_reuse_never,
-	parent_run_id, parent_step_key, trace_carrier,
+	parent_run_id, parent_step_key, trace_carrier, schedule_id, schedule_tick,
 	coalesce(CASE WHEN `+remoteWaitersSQL("upd.namespace", "@client_id::uuid")+`
 		THEN pg_notify('`+Channel+`', 'd|' || run_id || '|' || status)::text END, '')
 FROM upd`,
@@ -62,6 +63,8 @@ type continued struct {
 	ParentRunID                         *uuid.UUID
 	ParentStepKey                       *string
 	Carrier                             []byte
+	ScheduleID                          *string
+	ScheduleTick                        *time.Time
 	Input                               []byte
 	Version                             *string
 	Next, From                          uuid.UUID
@@ -69,7 +72,9 @@ type continued struct {
 
 // continueStart inserts the next run: PENDING at once (ordered by its priority), with
 // the workflow id, type, deadline, priority, concurrency key, attributes, id reuse
-// policy and parent link of the run it continues, and notifies the type's workers. A
+// policy, parent link and schedule (and tick) of the run it continues, and notifies
+// the type's workers. (A schedule's overlap policy counts its runs that are active:
+// a run it fired that continued as new is still that tick's.) A
 // run of a concurrency key takes over the place the run it continues held (started_at
 // set: a holder of the key, claimed without queueing again), in the transaction that
 // ends that run, so no other run of the key slips in between.
@@ -77,12 +82,12 @@ var continueStart = named(`
 WITH ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, available_at,
 		id_reuse_never, deadline_at, version, priority, flow_key, attributes, parent_run_id, parent_step_key,
-		trace_carrier, continued_from_run_id, started_at)
+		trace_carrier, continued_from_run_id, started_at, schedule_id, schedule_tick)
 	SELECT @next, @namespace, @workflow_id, @workflow_type, 'PENDING', @input,
 		least(now() - @priority * interval '1 second', @deadline), @reuse_never, @deadline,
 		coalesce(@version::text, (`+newestVersionSQL+`)), @priority, @flow_key, @attributes::jsonb,
 		@parent_run_id::uuid, @parent_step_key::text, @carrier::jsonb, @from,
-		CASE WHEN @flow_key::text IS NOT NULL THEN now() END
+		CASE WHEN @flow_key::text IS NOT NULL THEN now() END, @schedule_id::text, @schedule_tick::timestamptz
 	RETURNING namespace, created_at, run_id, workflow_type, available_at, deadline_at
 ), listed AS (
 	`+runsCreatedSQL+` FROM ins
@@ -108,7 +113,9 @@ FROM ins`,
 	arg("parent_run_id", "uuid", func(c *continued) *uuid.UUID { return c.ParentRunID }),
 	arg("parent_step_key", "text", func(c *continued) *string { return c.ParentStepKey }),
 	arg("carrier", "jsonb", func(c *continued) []byte { return c.Carrier }),
-	arg("from", "uuid", func(c *continued) uuid.UUID { return c.From }))
+	arg("from", "uuid", func(c *continued) uuid.UUID { return c.From }),
+	arg("schedule_id", "text", func(c *continued) *string { return c.ScheduleID }),
+	arg("schedule_tick", "timestamptz", func(c *continued) *time.Time { return c.ScheduleTick }))
 
 // ContinueRun ends a run its worker holds and starts the next run of its workflow id
 // in one transaction (see continueEnd and continueStart): both commit, or neither. A
@@ -123,7 +130,7 @@ func ContinueRun(ctx context.Context, db Beginner, idle time.Duration, w Continu
 		var notified string
 		err := tx.QueryRow(ctx, continueEnd.sql, continueEnd.args(&w)...).Scan(&status, &c.Namespace, &c.WorkflowID,
 			&c.WorkflowType, &c.Deadline, &c.Priority, &c.FlowKey, &c.Attributes, &c.ReuseNever, &c.ParentRunID,
-			&c.ParentStepKey, &c.Carrier, &notified)
+			&c.ParentStepKey, &c.Carrier, &c.ScheduleID, &c.ScheduleTick, &notified)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return ErrLeaseLost
 		}
