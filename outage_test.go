@@ -377,3 +377,60 @@ func TestAWorkerRegisteringLateKeepsTheRunsItExecutes(t *testing.T) {
 			calls.Load(), info.Takeovers, holder)
 	}
 }
+
+// A Wait whose looks at its run meet a database that is down or restarting goes on
+// looking until the run ends (found from outside: 21 of 40 Waits returned ErrUnavailable
+// during a restart while their runs went on); a Wait whose context ends while the
+// database is down says both.
+func TestAWaitRidesOutADatabaseRestartAndReturnsTheRunsResult(t *testing.T) {
+	t.Parallel()
+	pg := newCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, pg.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := kagzi.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, pool, "")
+	defer c.Close()
+	run, err := kagzi.Start(ctx, c, greet, greetIn{Name: "through"}) // no worker yet: it waits PENDING
+	if err != nil {
+		t.Fatal(err)
+	}
+	type result struct {
+		out greetOut
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		out, err := run.Wait(ctx)
+		done <- result{out, err}
+	}()
+	short, cancelShort := context.WithTimeout(ctx, 2*time.Second)
+	defer cancelShort()
+	shortDone := make(chan error, 1)
+	go func() {
+		_, err := run.Wait(short)
+		shortDone <- err
+	}()
+	time.Sleep(100 * time.Millisecond)
+	pg.Crash()
+	if err := <-shortDone; !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, kagzi.ErrUnavailable) {
+		t.Errorf("a Wait whose deadline passed while the database was down: %v, want DeadlineExceeded and ErrUnavailable", err)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("the Wait returned while the database was down: %v, %v", r.out, r.err)
+	case <-time.After(2 * time.Second):
+	}
+	pg.Start()
+	runWorker(t, c, fastWorker(), greet)
+	r := <-done
+	if r.err != nil || r.out.Greeting != "hello through" {
+		t.Fatalf("the Wait across the restart: %+v, %v; want the run's result", r.out, r.err)
+	}
+}

@@ -470,7 +470,10 @@ func (c *Client) warnNoWorker(workflowType string, version *string) {
 // for the run's completion notification (told in process, with the run's result, when
 // a worker of the same client ends the run: nothing is read back; else sent by the
 // run's end, because the client registers as a waiter), and looks at the run every few
-// seconds in case a notification was missed.
+// seconds in case a notification was missed. A database that is unavailable for a
+// while (restarting, failing over, unreachable) does not end the wait: Wait looks
+// again on the same schedule until the run ends or ctx is done (its error then
+// wraps both ctx's and the last ErrUnavailable).
 func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 	var zero Out
 	if r == nil || r.client == nil {
@@ -485,6 +488,7 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 	defer func() { sub.Close() }() // the subscription of the run waited for last
 	poll := c.waitPoll
 	var ended *runEnd // told by a worker of this client with its notification
+	var down error    // the last look's ErrUnavailable, while the database is
 	for {
 		var run store.Run
 		if ended != nil {
@@ -494,7 +498,13 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 		} else {
 			c.awaitEnds(ctx) // before each look: an end after it notifies this client
 			if run, err = store.GetRun(ctx, c.pool, c.ns, id); err != nil {
-				return zero, wrapStoreErr("kagzi: wait for run "+r.RunID, err)
+				err = wrapStoreErr("kagzi: wait for run "+r.RunID, err)
+				if !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
+					return zero, err
+				}
+				down = err // look again later
+			} else {
+				down = nil
 			}
 		}
 		if run.Status == StatusCompleted && run.ContinuedAsRunID != nil {
@@ -521,6 +531,9 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 		select {
 		case <-ctx.Done():
 			timer.Stop()
+			if down != nil {
+				return zero, fmt.Errorf("%w (the database was unavailable at the last look: %w)", ctx.Err(), down)
+			}
 			return zero, ctx.Err()
 		case n := <-sub.C:
 			ended, _ = n.Value.(*runEnd)
