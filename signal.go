@@ -29,7 +29,10 @@ type signalOptions struct {
 // again, and the send returns nil, even once the run finished. Retrying a Signal
 // whose outcome is unknown (a timeout, a lost connection) with the same key is then
 // safe. The key is 1 to 255 bytes of UTF-8 without control characters; it is kept
-// with the run's signals (pruned with the run).
+// with the run's signals (pruned with the run). Keys are a run's: a signal not yet
+// taken moves, with its key, to the run a continue-as-new starts, but the keys of the
+// signals the run took stay with it, so a retry sent after the run continued as new
+// is stored again for the next run.
 func SignalKey(key string) SignalOption {
 	return func(o *signalOptions) { o.key, o.keySet = key, true }
 }
