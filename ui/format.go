@@ -35,7 +35,11 @@ var funcs = template.FuncMap{
 	"sizeOf":   func(b []byte) string { return size(len(b)) },
 	"jsonStr":  func(v any) string { b, _ := json.Marshal(v); return string(b) },
 	"took":     took,
-	"qs":       qs,
+	// errCell and errBox: an error message's excerpt, in a table's cell and in a
+	// run's error box (see excerpt, and the errcell and errfull templates).
+	"errCell": func(s string) excerpt { return cut(s, cellErrChars, cellErrLines) },
+	"errBox":  func(s string) excerpt { return cut(s, boxErrChars, boxErrLines) },
+	"qs":      qs,
 	"deref": func(s *string) string {
 		if s == nil {
 			return ""
@@ -212,4 +216,37 @@ func (c *console) payload(b []byte) payload {
 		p.Text = p.Text[:maxShownPayload] + "\n… (cut: " + p.Size + " in all)"
 	}
 	return p
+}
+
+// The most of an error message a page shows at first: in a table's cell (the runs
+// list, a step's attempts and error) and in a run's error box. Messages are not
+// bounded (an application's error may carry a response body or a whole stack); a
+// longer one shows its beginning, with the whole message one click away.
+const (
+	cellErrChars, cellErrLines = 240, 3
+	boxErrChars, boxErrLines   = 1000, 12
+)
+
+// excerpt is a long text as a page shows it: its beginning (Short), and, when that is
+// not all of it (Cut), the whole text and its size.
+type excerpt struct {
+	Short, Full, Size string
+	Cut               bool
+}
+
+// cut is the excerpt of s made of its first chars characters and lines lines at most.
+func cut(s string, chars, lines int) excerpt {
+	e := excerpt{Short: s, Full: s}
+	n, nl := 0, 0
+	for i, r := range s {
+		if n == chars || (r == '\n' && nl+1 == lines) {
+			e.Short, e.Cut, e.Size = strings.TrimRight(s[:i], " \t\r\n")+" …", true, size(len(s))
+			break
+		}
+		n++
+		if r == '\n' {
+			nl++
+		}
+	}
+	return e
 }

@@ -44,6 +44,10 @@ const (
 	charW         = 7.5
 )
 
+// timelineErrChars is the most of an attempt's error its bar's title (a tooltip)
+// holds: the step table has the whole message.
+const timelineErrChars = 300
+
 // timeline draws a run's lanes as SVG bars on one time axis, from the run's
 // creation to its end (or now). A finished run's timeline is the same whenever it
 // is drawn: its waits end with it (see stepLane).
@@ -206,7 +210,7 @@ func attemptBars(st kagzi.StepInfo) ([]bar, string) {
 	for _, a := range st.Attempts {
 		title := fmt.Sprintf("%s attempt %d: %s, %s", st.Key, a.Number, a.Status, dur(a.FinishedAt.Sub(a.StartedAt)))
 		if a.Error != nil {
-			title += " — " + a.Error.String()
+			title += " — " + clip(a.Error.String(), timelineErrChars)
 		}
 		bars = append(bars, bar{start: a.StartedAt, end: a.FinishedAt, class: "attempt " + strings.ToLower(string(a.Status)), title: title})
 		total += a.FinishedAt.Sub(a.StartedAt)
