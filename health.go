@@ -14,6 +14,10 @@ type HealthReport struct {
 	// DatabaseOK reports that the database answered; DatabaseError says why not.
 	DatabaseOK    bool   `json:"database_ok"`
 	DatabaseError string `json:"database_error,omitempty"`
+	// ReadPoolError, when Config.ReadPool is set and does not answer, says why: the
+	// listings it serves fail meanwhile. It leaves Healthy true: starts, workers and
+	// fresh reads use the pool.
+	ReadPoolError string `json:"read_pool_error,omitempty"`
 	// SchemaVersion is the applied migration version (0 for a database never
 	// migrated); LatestSchemaVersion the newest this build knows. SchemaCurrent is
 	// true when they are equal.
@@ -56,8 +60,8 @@ func (h *HealthReport) Healthy() bool {
 	return h.DatabaseOK && h.SchemaCurrent
 }
 
-// Health checks the database, the schema version, this process's workers and the
-// namespace's pending work that no live worker can take. Use it for readiness and
+// Health checks the database (and Config.ReadPool, if set), the schema version, this
+// process's workers and the namespace's pending work that no live worker can take. Use it for readiness and
 // liveness probes. It takes no lock: the schema version is read with a plain query
 // of goose's version table (none: version 0), so a migration in progress elsewhere
 // does not hold it up, and it creates nothing.
@@ -81,6 +85,11 @@ func (c *Client) Health(ctx context.Context) *HealthReport {
 	}
 	c.mu.Unlock()
 
+	if c.read != c.pool {
+		if err := c.read.Ping(ctx); err != nil {
+			h.ReadPoolError = dbError("kagzi: health of the read pool", err).Error()
+		}
+	}
 	if err := c.pool.Ping(ctx); err != nil {
 		h.DatabaseError = dbError("kagzi: health", err).Error()
 		return h

@@ -89,6 +89,14 @@ func TestListingsReadFromTheReadPoolReplicaWhileWritesAndFreshReadsStayOnThePrim
 	if len(page.Runs) != 1 || page.Runs[0].RunID != first.RunID {
 		t.Fatalf("ListRuns while the replica's replay is paused lists %d runs, want only the replicated one", len(page.Runs))
 	}
+	// The worker goes on beating on the primary: the replica, its replay paused for
+	// longer than the registry's silence threshold (5 s), judges the heartbeats it has
+	// as of its data, and lists the worker ONLINE (found from outside: OFFLINE).
+	time.Sleep(6 * time.Second)
+	if workers, err := client.ListWorkers(ctx, kagzi.WorkerFilter{}); err != nil || len(workers.Workers) != 1 ||
+		workers.Workers[0].Status != kagzi.WorkerOnline {
+		t.Fatalf("ListWorkers from the paused replica = %+v, %v; want the live worker ONLINE", workers, err)
+	}
 	res, err := client.CancelRuns(ctx, kagzi.RunFilter{Statuses: []kagzi.RunStatus{kagzi.StatusPending}})
 	if err != nil || res.Changed != 1 {
 		t.Fatalf("CancelRuns of the pending runs = %+v, %v; want the new run cancelled (listed on the primary)", res, err)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -249,6 +250,24 @@ func TestHealthReportsDatabaseSchemaLocalWorkersAndPendingTypesWithoutWorker(t *
 	closed.Close()
 	if h := c.Health(ctx); h.Healthy() || h.DatabaseOK || h.DatabaseError == "" {
 		t.Fatalf("health over a closed pool: %+v", h)
+	}
+
+	// A read pool that does not answer is reported, and leaves the process healthy.
+	deadRead, err := pgxpool.New(ctx, fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?connect_timeout=2", freePort(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer deadRead.Close()
+	withRead, err := kagzi.NewClient(e.pool, kagzi.Config{ReadPool: deadRead, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer withRead.Close()
+	if h := withRead.Health(ctx); !h.Healthy() || !strings.Contains(h.ReadPoolError, "unavailable") {
+		t.Fatalf("health with a read pool that does not answer: %+v, want healthy with the read pool's error", h)
+	}
+	if h := e.client.Health(ctx); h.ReadPoolError != "" {
+		t.Fatalf("health of a client without a read pool reports %q", h.ReadPoolError)
 	}
 }
 

@@ -35,12 +35,18 @@ type WorkerRow struct {
 // (workerSilenceSQL). A worker's heartbeat marks the silent workers of its
 // namespace OFFLINE, but when every worker of a namespace died none is left to do it:
 // whoever reads the registry judges silence itself.
-const workerLiveSQL = `(w.status <> 'OFFLINE' AND w.last_heartbeat_at >= now() - ` + workerSilenceSQL + `)`
+const workerLiveSQL = `(w.status <> 'OFFLINE' AND w.last_heartbeat_at >= ` + registryNowSQL + ` - ` + workerSilenceSQL + `)`
 
 // workerStatusSQL is a worker's status as readers see it: OFFLINE once it is silent
 // for three heartbeat intervals, whether or not a heartbeat marked it so yet.
-const workerStatusSQL = `CASE WHEN w.status <> 'OFFLINE' AND w.last_heartbeat_at < now() - ` + workerSilenceSQL + `
+const workerStatusSQL = `CASE WHEN w.status <> 'OFFLINE' AND w.last_heartbeat_at < ` + registryNowSQL + ` - ` + workerSilenceSQL + `
 	THEN 'OFFLINE' ELSE w.status END`
+
+// registryNowSQL is the time a reader judges the workers' silence at: now(), but on a
+// hot standby (a Config.ReadPool replica) the commit time of the last transaction it
+// replayed, so that a replica whose replay lags reads the heartbeats as of its data
+// instead of taking every worker for silent.
+const registryNowSQL = `(CASE WHEN pg_is_in_recovery() THEN coalesce(pg_last_xact_replay_timestamp(), now()) ELSE now() END)`
 
 // workerSilenceSQL is how long a worker row w must go without a heartbeat for readers
 // to take it for dead: three of its intervals, and at least five seconds, so that a
