@@ -32,7 +32,8 @@ func SetLivenessKey(ctx context.Context, db DBTX, namespace, workerID string, ke
 
 // reapDeadWorkersSQL finds the namespace's workers that record a liveness key whose
 // lock no session holds any more (their process died, or lost its connection), marks
-// them OFFLINE, makes their RUNNING runs claimable now, and notifies those runs' types.
+// them OFFLINE, makes their RUNNING runs claimable now (giving their type slots back),
+// and notifies those runs' types.
 // It fences the runs it frees (their lease epoch moves on): a worker taken for dead may
 // be alive (its sessions were terminated), and its writes and heartbeats for those runs
 // must fail from now on, not renew a lease that no limit counts any more.
@@ -52,7 +53,8 @@ WITH held AS (
 	  AND NOT EXISTS (SELECT 1 FROM held h WHERE h.key = w.liveness_key)
 	RETURNING w.worker_id
 ), freed AS (
-	UPDATE kagzi.runs r SET available_at = now(), updated_at = now(), lease_epoch = r.lease_epoch + 1
+	UPDATE kagzi.runs r SET available_at = now(), updated_at = now(), lease_epoch = r.lease_epoch + 1,
+		holds_type_slot = false -- fenced: its slot is free at once (see slotGraceSQL)
 	FROM dead d
 	WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = d.worker_id AND r.available_at > now()
 	  AND EXISTS (SELECT 1 FROM dead) -- read no run when no worker died, whichever side the plan joins first

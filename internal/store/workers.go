@@ -97,7 +97,8 @@ func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow, held [][16]byte) 
 			started_at = now(), last_heartbeat_at = now(), stopped_at = NULL
 		RETURNING 1
 		), freed AS (
-			UPDATE kagzi.runs r SET available_at = now(), updated_at = now(), lease_epoch = r.lease_epoch + 1
+			UPDATE kagzi.runs r SET available_at = now(), updated_at = now(), lease_epoch = r.lease_epoch + 1,
+				holds_type_slot = false -- fenced: its slot is free at once (see slotGraceSQL)
 			WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = $2 AND r.available_at > now()
 			  AND r.run_id <> ALL (coalesce($11::uuid[], '{}'))
 			RETURNING r.workflow_type

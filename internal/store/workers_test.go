@@ -191,3 +191,57 @@ func TestRegisteringUnderAnEarlierProcesssIDFencesTheRunsItFrees(t *testing.T) {
 		t.Fatalf("the earlier process's heartbeat still holds its run: %+v", res)
 	}
 }
+
+// A run freed by a reap (its worker's sessions ended) or by a registration under its
+// worker's id gives its type slot back at once: the free fences it (no renewal of it
+// can be in flight), so the claims' grace past a lapsed holder's lease end
+// (slotGraceSQL) is not for it; the claim that takes it over holds the slot again.
+func TestARunFreedByAReapOrARegistrationGivesItsTypeSlotBackAtOnce(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency) VALUES ('default', 'wf', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, how := range []string{"reap", "registration"} {
+		if _, err := pool.Exec(ctx, `DELETE FROM kagzi.workers; DELETE FROM kagzi.runs;
+			INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version,
+			workflow_types, max_concurrent, heartbeat_interval_ms, status, active_runs, liveness_key)
+			VALUES ('default', 'w', 'h', 1, 'v', '{wf}', 10, 1000, 'ONLINE', 1, 4242)`); err != nil {
+			t.Fatal(err)
+		}
+		run := runningRun(t, pool, 1, false) // locked by w, epoch 1
+		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET holds_type_slot = true WHERE run_id = $1`, run); err != nil {
+			t.Fatal(err)
+		}
+		switch how {
+		case "reap":
+			if r, err := ReapDeadWorkers(ctx, pool, "default", "me", 1); err != nil || r.Runs != 1 {
+				t.Fatalf("reap: %+v, %v", r, err)
+			}
+		default:
+			if err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: "w", WorkflowTypes: []string{"wf"},
+				WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+		for _, short := range []bool{false, true} {
+			c := testClaimer("wf")
+			c.Versions = []string{""}
+			c.WorkerID = "other"
+			c.Floors, c.KeyFloors = NewFloors(), NewFloors()
+			if short {
+				c.Limited = map[string]bool{"wf": true}
+			}
+			got, _, err := ClaimRuns(ctx, pool, c, 10)
+			if err != nil || len(got) != 1 || got[0].RunID != run || !got[0].HoldsSlot {
+				t.Fatalf("%s, short %t: a claim right after the free got %+v (%v), want the freed run, holding the slot",
+					how, short, got, err)
+			}
+			if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET available_at = now(), lease_epoch = lease_epoch + 1,
+				holds_type_slot = false WHERE run_id = $1`, run); err != nil { // freed again, for the short way
+				t.Fatal(err)
+			}
+		}
+	}
+}
