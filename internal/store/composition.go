@@ -141,48 +141,46 @@ type SignalSend struct {
 
 // sendSignal stores a signal for an active run of the namespace, unless the run
 // already has a signal of its key, and wakes the run if it sleeps waiting for that
-// signal. It returns the run's status, whether the key was there already, and the run
-// it continued as, if it did.
+// signal. It returns the run's status, whether the key was there already, the run it
+// continued as, if it did, and whether it raced with the run's end (see below).
 //
-// The run's row is locked (FOR NO KEY UPDATE, the lock its wake's update takes: a
-// weaker one, upgraded there, deadlocked concurrent senders) before anything is
-// stored, and stays locked until the signal commits: an end of the run, or its continue-as-new (whose move of
-// the untaken signals to the next run could not see a signal not yet committed), waits
-// for the signal; a signal that waited for them reads the run as they left it, and
-// stores nothing on a finished run.
+// The run's row is updated (its wake_pending set) before the signal is inserted, and
+// only while the run is active, so that the signal commits with the row locked: an end
+// of the run, or its continue-as-new (whose move of the untaken signals to the next run
+// could not see a signal not yet committed), waits for the signal; a signal that waited
+// for them finds the run no longer active and stores nothing. (A SELECT ... FOR NO KEY
+// UPDATE of the row before the update, in the same statement, deadlocked two senders
+// to one run now and then.) When the update found the run ended while the statement's
+// snapshot still has it active, raced is true and nothing was stored: the caller sends
+// again, and the next statement sees the end.
 var sendSignal = named(`
-WITH live AS MATERIALIZED (
-	SELECT run_id, status, continued_as_run_id FROM kagzi.runs WHERE namespace = @namespace AND run_id = @run_id
-	FOR NO KEY UPDATE
-), target AS MATERIALIZED (
-	SELECT run_id, status, continued_as_run_id FROM live
-	UNION ALL
-	SELECT run_id, status, continued_as_run_id FROM kagzi.runs_all
-	WHERE namespace = @namespace AND run_id = @run_id AND NOT EXISTS (SELECT 1 FROM live)
-), dup AS (
-	SELECT 1 FROM kagzi.signals_all s, target t WHERE s.run_id = t.run_id AND s.key = @key::text
-), ins AS (
-	INSERT INTO kagzi.signals (run_id, name, payload, key)
-	SELECT run_id, @name, @payload, @key::text FROM target
-	WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') AND NOT EXISTS (SELECT 1 FROM dup)
-	ON CONFLICT (run_id, key) WHERE key IS NOT NULL DO NOTHING
-	RETURNING run_id
+WITH dup AS (
+	SELECT 1 FROM kagzi.signals_all s WHERE s.run_id = @run_id AND s.key = @key::text
 ), wake AS (
 	-- Always touch the run row: a run about to wait reads wake_pending under the
 	-- same row lock (see SuspendForWait).
 	UPDATE kagzi.runs r SET wake_pending = true,
 		available_at = CASE WHEN r.status = 'SLEEPING' AND r.waiting_signal = @name THEN now()
 			ELSE r.available_at END
-	FROM ins
-	WHERE r.run_id = ins.run_id
+	WHERE r.namespace = @namespace AND r.run_id = @run_id AND r.status IN ('PENDING', 'RUNNING', 'SLEEPING')
+	  AND NOT EXISTS (SELECT 1 FROM dup)
 	RETURNING r.run_id, r.namespace, r.workflow_type, r.status, r.available_at,
 		r.status = 'SLEEPING' AND r.available_at <= now() AS woken
+), ins AS (
+	INSERT INTO kagzi.signals (run_id, name, payload, key)
+	SELECT run_id, @name, @payload, @key::text FROM wake
+	ON CONFLICT (run_id, key) WHERE key IS NOT NULL DO NOTHING
+	RETURNING run_id
+), seen AS (
+	SELECT status, continued_as_run_id FROM kagzi.runs_all WHERE namespace = @namespace AND run_id = @run_id
 )
-SELECT t.status, EXISTS (SELECT 1 FROM dup) OR (@key::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM ins)
-		AND t.status IN ('PENDING', 'RUNNING', 'SLEEPING')),
+SELECT coalesce((SELECT status FROM wake), t.status),
+	EXISTS (SELECT 1 FROM dup) OR (@key::text IS NOT NULL AND NOT EXISTS (SELECT 1 FROM ins)
+		AND EXISTS (SELECT 1 FROM wake)),
 	t.continued_as_run_id,
+	NOT EXISTS (SELECT 1 FROM wake) AND NOT EXISTS (SELECT 1 FROM dup) AND t.status IN ('PENDING', 'RUNNING', 'SLEEPING'),
 	(SELECT (`+notifyRunSQL+`)::text FROM wake WHERE woken)
-FROM target t`,
+FROM seen t`,
 	arg("namespace", "text", func(s *SignalSend) string { return s.Namespace }),
 	arg("run_id", "uuid", func(s *SignalSend) uuid.UUID { return s.RunID }),
 	arg("name", "text", func(s *SignalSend) string { return s.Name }),
@@ -203,14 +201,20 @@ type SignalSent struct {
 // SendSignal stores a signal for an active run; see sendSignal. It returns
 // ErrNotFound for an unknown run.
 func SendSignal(ctx context.Context, db DBTX, s SignalSend) (SignalSent, error) {
-	var sent SignalSent
-	var ignored *string
-	err := db.QueryRow(ctx, sendSignal.sql, sendSignal.args(&s)...).Scan(&sent.Status, &sent.Duplicate,
-		&sent.ContinuedAs, &ignored)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return sent, ErrNotFound
+	for {
+		var sent SignalSent
+		var raced bool
+		var ignored *string
+		err := db.QueryRow(ctx, sendSignal.sql, sendSignal.args(&s)...).Scan(&sent.Status, &sent.Duplicate,
+			&sent.ContinuedAs, &raced, &ignored)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return sent, ErrNotFound
+		}
+		if err != nil || !raced {
+			return sent, err
+		}
+		// The run ended (or continued as new) while the statement ran: look again.
 	}
-	return sent, err
 }
 
 // ActiveRunID returns the active run of a workflow id, or ErrNotFound.
