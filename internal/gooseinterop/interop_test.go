@@ -418,4 +418,20 @@ func TestKagziMigratesAndReadsTheSchemaTheBareGooseCommandMigrated(t *testing.T)
 	if h := c.Health(ctx); !h.SchemaCurrent {
 		t.Fatalf("health after the bare command and Migrate: %+v; want the schema current", h)
 	}
+
+	// The documents' other form of the command, `-table kagzi.goose_db_version status`,
+	// creates that table, empty: the bare command's table still records the schema
+	// (found from outside: every later Migrate re-ran the baseline and failed).
+	if _, _, err := d.provider(t).GetVersions(ctx); err != nil {
+		t.Fatalf("goose status with -table: %v", err)
+	}
+	if err := d.pool.QueryRow(ctx, `SELECT to_regclass('kagzi.goose_db_version') IS NOT NULL`).Scan(&own); err != nil || !own {
+		t.Fatalf("goose status with -table made no table (%v, %v): the case is not reproduced", own, err)
+	}
+	if err := kagzi.Migrate(ctx, d.pool); err != nil {
+		t.Fatalf("kagzi.Migrate after goose created an empty kagzi.goose_db_version: %v", err)
+	}
+	if current, _, err := schema.Version(ctx, d.pool); err != nil || current != latest {
+		t.Fatalf("schema version with an empty kagzi.goose_db_version: %d, %v; want %d", current, err, latest)
+	}
 }

@@ -371,11 +371,13 @@ func versionTable() string {
 
 // resolveVersionTable returns the version table that records Kagzi's migrations,
 // quoted for SQL, and whether it exists: migrations.VersionTable, the one Migrate
-// creates (and goose's CLI given -table kagzi.goose_db_version uses), unless it does
-// not exist while Kagzi's schema does and goose's default table (goose_db_version in
-// the search path) exists: then the goose CLI applied the migrations without -table
+// creates (and goose's CLI given -table kagzi.goose_db_version uses), unless it records
+// no migration while Kagzi's schema exists and goose's default table (goose_db_version
+// in the search path) exists: then the goose CLI applied the migrations without -table
 // (as `goose -dir migrations postgres "$DSN" up`), and that table records them, for
-// Migrate and Version as for goose.
+// Migrate and Version as for goose. (Records no migration: missing, or empty, or with
+// goose's version 0 only, as `goose -table kagzi.goose_db_version status` leaves it when
+// it creates it.)
 func resolveVersionTable(ctx context.Context, db interface {
 	QueryRow(context.Context, string, ...any) pgx.Row
 }) (table string, found bool, err error) {
@@ -383,14 +385,22 @@ func resolveVersionTable(ctx context.Context, db interface {
 	var cli *string
 	err = db.QueryRow(ctx, `
 		SELECT to_regclass($1) IS NOT NULL,
-			CASE WHEN to_regclass($1) IS NULL AND to_regclass($2) IS NOT NULL THEN
+			CASE WHEN to_regclass($2) IS NOT NULL THEN
 				(SELECT quote_ident(n.nspname) || '.' || quote_ident(c.relname)
 				 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-				 WHERE c.oid = to_regclass('goose_db_version'))
+				 WHERE c.oid = to_regclass('goose_db_version') AND c.oid IS DISTINCT FROM to_regclass($1))
 			END`, versionTable(), pgx.Identifier{migrations.Schema, "runs"}.Sanitize()).Scan(&own, &cli)
-	switch {
-	case err != nil:
+	if err != nil {
 		return "", false, fmt.Errorf("look for %s: %w", migrations.VersionTable, err)
+	}
+	if own && cli != nil {
+		var records bool
+		if err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM `+versionTable()+` WHERE version_id > 0)`).Scan(&records); err != nil {
+			return "", false, fmt.Errorf("read %s: %w", migrations.VersionTable, err)
+		}
+		own = records
+	}
+	switch {
 	case own:
 		return versionTable(), true, nil
 	case cli != nil:
