@@ -12,6 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -90,13 +91,34 @@ func up(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS) (err error) {
 		}
 		apply[m.version] = p
 	}
-	for {
+	for wait := lockRetry; ; {
 		done, err := applyNext(ctx, pool, vt, fsys, files, apply)
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available: see migrationLockTimeout
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%w (waiting for a lock another transaction holds: %w)", ctx.Err(), err)
+			case <-time.After(wait + rand.N(wait)):
+			}
+			wait = min(2*wait, 8*lockRetry)
+			continue
+		}
 		if err != nil || done {
 			return err
 		}
 	}
 }
+
+// migrationLockTimeout is the lock_timeout of a migration's statements. A migration
+// that alters a table waits for the transactions that read it to end, and every other
+// statement on the table queues behind its request meanwhile: behind a long
+// transaction (a forgotten BEGIN), every start and claim would wait as long. Its waits
+// time out instead, the migration's transaction rolls back, and it is tried again after
+// lockRetry (doubling, with jitter, to 8 times that) until the caller's context ends.
+const (
+	migrationLockTimeout = "1s"
+	lockRetry            = 500 * time.Millisecond
+)
 
 // parseFile reads and parses the migration m of fsys.
 func parseFile(fsys fs.FS, m migration) (parsed, error) {
@@ -126,6 +148,9 @@ func applyNext(ctx context.Context, pool *pgxpool.Pool, vt string, fsys fs.FS, f
 	err = pgx.BeginTxFunc(ctx, pool, readCommitted, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, LockID); err != nil {
 			return fmt.Errorf("take the migration lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT set_config('lock_timeout', '`+migrationLockTimeout+`', true)`); err != nil {
+			return err
 		}
 		pending, err := pendingMigrations(ctx, tx, vt, files)
 		if err != nil || len(pending) == 0 {

@@ -353,3 +353,55 @@ func emptyPoolURL(t *testing.T, url string) *pgxpool.Pool {
 	t.Cleanup(pool.Close)
 	return pool
 }
+
+// A migration that needs a lock a long transaction holds (an ALTER TABLE behind a
+// forgotten BEGIN that read the table) does not queue every other session's statement on
+// that table behind its request until the transaction ends: its lock waits time out
+// (lock_timeout), and it tries again, so other statements go on meanwhile, and it
+// applies once the transaction ends (found from outside: a Migrate at a rolling deploy
+// froze every start for as long as an open transaction lasted).
+func TestAMigrationWaitingForATableLockLetsOtherStatementsThroughAndAppliesLater(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := emptyPool(t)
+	files := fstest.MapFS{
+		"00001_table.sql": {Data: []byte("-- +goose Up\nCREATE TABLE kagzi.things (id int);\n")},
+	}
+	if err := schema.UpFS(ctx, pool, files); err != nil {
+		t.Fatal(err)
+	}
+	blocker, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer blocker.Rollback(ctx)
+	if _, err := blocker.Exec(ctx, `SELECT count(*) FROM kagzi.things`); err != nil {
+		t.Fatal(err)
+	}
+	files["00002_alter.sql"] = &fstest.MapFile{Data: []byte("-- +goose Up\nALTER TABLE kagzi.things ADD COLUMN name text;\n")}
+	done := make(chan error, 1)
+	go func() { done <- schema.UpFS(ctx, pool, files) }()
+	time.Sleep(500 * time.Millisecond) // the migration most likely waits for its lock by now
+	for i := range 3 {
+		read, cancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err := pool.Exec(read, `SELECT count(*) FROM kagzi.things`)
+		cancel()
+		if err != nil {
+			t.Fatalf("read %d of the table while the migration waits for its lock: %v", i+1, err)
+		}
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the migration ended (%v) while the transaction holding its lock is open", err)
+	default:
+	}
+	if err := blocker.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("the migration after the transaction ended: %v", err)
+	}
+	if _, err := pool.Exec(ctx, `SELECT name FROM kagzi.things`); err != nil {
+		t.Fatalf("the migration was not applied: %v", err)
+	}
+}
