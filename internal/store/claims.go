@@ -540,6 +540,13 @@ SELECT least(
 		        AND (l.concurrency IS NOT NULL OR l.rate IS NOT NULL)))
 		ORDER BY r.available_at
 		LIMIT 1) x),
+	-- The end of a lapsed type slot holder's grace (slotGraceSQL): the claims count it
+	-- until then, and its slot is free after, which nothing announces.
+	(SELECT min(h.available_at) + ` + slotGraceSQL + ` FROM unnest($2::text[]) AS t(workflow_type), LATERAL (
+		SELECT h.available_at FROM kagzi.runs h
+		WHERE h.namespace = $1 AND h.workflow_type = t.workflow_type AND h.holds_type_slot AND h.status = 'RUNNING'
+		  AND h.available_at > now() - ` + slotGraceSQL + ` AND h.available_at <= now()
+		ORDER BY h.available_at LIMIT 1) h),
 	-- The first future start in the concurrency keys' queues (runs_key_due).
 	(SELECT min(d.available_at) FROM unnest($2::text[]) AS t(workflow_type), LATERAL (
 		SELECT q.available_at FROM kagzi.runs q

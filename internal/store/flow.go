@@ -43,7 +43,10 @@ func scanFlowLimits(row pgx.Row) (FlowLimits, error) {
 // a raised limit may admit runs at once. A concurrency limit counts the runs that
 // hold its slots (holds_type_slot), which claims mark only while the type has one: the
 // type's runs executing when it is set, claimed without it, are marked too (mark), so
-// that they count as they would had the limit been there when they were claimed.
+// that they count as they would had the limit been there when they were claimed. Those
+// whose lease passed are marked too: a worker frozen past its lease may still be
+// executing one, and, marked, it is fenced (slotHeldSQL) instead of renewing it and
+// recording beside the run a claim admits in its place.
 var setFlowLimits = named(`
 WITH upsert AS (
 	INSERT INTO kagzi.flow_limits AS l (namespace, workflow_type, concurrency, key_concurrency,
@@ -60,7 +63,7 @@ WITH upsert AS (
 	UPDATE kagzi.runs r SET holds_type_slot = true
 	FROM upsert u
 	WHERE u.concurrency IS NOT NULL AND r.namespace = u.namespace AND r.workflow_type = u.workflow_type
-	  AND r.status = 'RUNNING' AND NOT r.holds_type_slot AND r.available_at > now()
+	  AND r.status = 'RUNNING' AND NOT r.holds_type_slot
 )
 SELECT upsert.*, pg_notify('`+Channel+`', 'w|' || octet_length(namespace) || ':' || namespace || '|' || workflow_type
 	|| '|' || (extract(epoch FROM now()) * 1000)::bigint)::text FROM upsert`,
@@ -108,7 +111,7 @@ UPDATE kagzi.runs r SET holds_type_slot = true
 FROM kagzi.flow_limits l
 WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type AND l.concurrency IS NOT NULL
   AND r.namespace = l.namespace AND r.workflow_type = l.workflow_type
-  AND r.status = 'RUNNING' AND NOT r.holds_type_slot AND r.available_at > now()`,
+  AND r.status = 'RUNNING' AND NOT r.holds_type_slot`,
 	arg("namespace", "text", func(l *FlowLimits) string { return l.Namespace }),
 	arg("workflow_type", "text", func(l *FlowLimits) string { return l.WorkflowType }),
 )

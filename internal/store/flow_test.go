@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -469,5 +470,58 @@ func TestARenewalInFlightAtALeasesEndKeepsTheSlotFromAClaim(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
+	}
+}
+
+// A concurrency limit set on a type counts its RUNNING runs whose lease passed too (a
+// worker frozen past its lease, whose run nobody took over yet): they are marked as
+// slot holders, so that their worker, waking, can neither renew nor record them while
+// a claim admits another run in their place (found from outside: a frozen worker's run
+// recorded beside the run a limit of 1 admitted).
+func TestALimitSetWhileARunsLeaseHasPassedFencesThatRun(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	run := runningRun(t, pool, 1, false)
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET available_at = now() - interval '1 second' WHERE run_id = $1`, run); err != nil {
+		t.Fatal(err)
+	}
+	one := 1
+	if _, err := SetFlowLimits(ctx, pool, FlowLimits{Namespace: "default", WorkflowType: "wf", Concurrency: &one}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := RenewLease(ctx, pool, Fence{RunID: run, Epoch: 1}, time.Minute); !errors.Is(err, ErrLeaseLost) {
+		t.Fatalf("the renewal of a run whose lease passed before the limit was set: %v, want ErrLeaseLost", err)
+	}
+}
+
+// A lapsed holder of a type slot counts for slotGraceSQL past its lease's end, and then
+// its slot is free, which nothing announces: NextWake gives that time to the workers of
+// the type (found from outside: a frozen worker's slot went to another run 5 s after
+// its lease's end, at the next poll, instead of 2).
+func TestNextWakeIsWhenALapsedSlotHoldersGraceEnds(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency) VALUES ('default', 'wf', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	run := runningRun(t, pool, 1, false)
+	var leaseEnd time.Time
+	if err := pool.QueryRow(ctx, `UPDATE kagzi.runs SET holds_type_slot = true, available_at = now() - interval '500 milliseconds'
+		WHERE run_id = $1 RETURNING available_at`, run).Scan(&leaseEnd); err != nil {
+		t.Fatal(err)
+	}
+	ids := []uuid.UUID{uuid.Must(uuid.NewV7())}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, [][]byte{[]byte(`1`)}, make([][]byte, 1), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := testClaimer("wf")
+	c.Versions = []string{""}
+	c.WorkerID = "other"
+	c.Floors, c.KeyFloors = NewFloors(), NewFloors()
+	next, err := NextWake(ctx, pool, c)
+	if err != nil || next == nil || !next.Equal(leaseEnd.Add(2*time.Second)) {
+		t.Fatalf("NextWake = %v, %v; want the lapsed holder's lease end + 2 s, %v", next, err, leaseEnd.Add(2*time.Second))
 	}
 }
