@@ -141,6 +141,12 @@ func (l *claimLoop) claimed(ctx context.Context, full bool, report store.ClaimRe
 			w.logger.Error("kagzi: the pool was closed; the worker stops", "error", err)
 			return err
 		}
+		if errors.Is(err, ErrSchemaNotMigrated) {
+			// No claim can succeed until someone migrates (or deploys the version that
+			// did): the worker stops, visibly, instead of retrying for ever.
+			w.logger.Error("kagzi: the worker stops: its claims do not match the database's schema", "error", err)
+			return err
+		}
 		l.more, l.forgot = true, true
 		w.logger.Warn("kagzi: claim failed; retrying", "error", err, "retry_in", l.backoff)
 		l.wakeAt = time.Time{}

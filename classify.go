@@ -17,8 +17,8 @@ import (
 // an execution stopped, and which driver errors are Kagzi's typed errors or worth
 // another try.
 
-// dbError turns driver errors Kagzi knows into its own: a missing schema becomes
-// ErrSchemaNotMigrated, a data exception (a value the database cannot hold)
+// dbError turns driver errors Kagzi knows into its own: a missing schema (or one of
+// another version, whose functions or columns differ) becomes ErrSchemaNotMigrated, a data exception (a value the database cannot hold)
 // ErrInvalidArgument, a closed pool ErrClosed, and a database that cannot be reached
 // (see unavailable) an *UnavailableError. Others are wrapped as they are.
 func dbError(op string, err error) error {
@@ -30,6 +30,9 @@ func dbError(op string, err error) error {
 		switch pgErr.Code {
 		case "42P01", "3F000": // undefined_table, invalid_schema_name
 			return fmt.Errorf("%s: %w: %v", op, ErrSchemaNotMigrated, err)
+		case "42883", "42703": // undefined_function, undefined_column: another version's schema
+			return fmt.Errorf("%s: %w (the database's schema does not match this version of the library: "+
+				"migrate it with this version, or run the version that migrated it): %v", op, ErrSchemaNotMigrated, err)
 		}
 		if strings.HasPrefix(pgErr.Code, "22") {
 			// A data exception: a value the database cannot hold (a NUL character in

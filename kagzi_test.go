@@ -699,6 +699,42 @@ func TestUnmigratedSchemaIsATypedError(t *testing.T) {
 	mustErrorIs(t, w.Run(ctx), kagzi.ErrSchemaNotMigrated)
 }
 
+// A worker refuses to start on a schema older than its library's (migrations not
+// applied yet), and stops, with ErrSchemaNotMigrated, when its claims meet a schema
+// whose functions differ from what it calls (another version of Kagzi migrated it):
+// found from outside, such workers ran on, claiming nothing, with a warning a claim.
+func TestAWorkerOnAnotherVersionsSchemaStopsWithErrSchemaNotMigrated(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	newest := countRows(t, e.pool, `SELECT max(version_id) FROM kagzi.goose_db_version`)
+	if _, err := e.pool.Exec(ctx, `DELETE FROM kagzi.goose_db_version WHERE version_id = $1`, newest); err != nil {
+		t.Fatal(err)
+	}
+	w, err := kagzi.NewWorker(e.client, fastWorker(), greet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(ctx); !errors.Is(err, kagzi.ErrSchemaNotMigrated) || !strings.Contains(err.Error(), "version") {
+		t.Fatalf("Run on a schema one migration behind: %v, want ErrSchemaNotMigrated naming the versions", err)
+	}
+	if _, err := e.pool.Exec(ctx, `INSERT INTO kagzi.goose_db_version (version_id, is_applied) VALUES ($1, true)`, newest); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `DROP FUNCTION kagzi.claim_runs`); err != nil { // as a later version's migration might
+		t.Fatal(err)
+	}
+	if _, err := kagzi.Start(ctx, e.client, greet, greetIn{Name: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	w, err = kagzi.NewWorker(e.client, fastWorker(), greet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.Run(ctx); !errors.Is(err, kagzi.ErrSchemaNotMigrated) {
+		t.Fatalf("Run whose claims call a function the schema lacks: %v, want ErrSchemaNotMigrated", err)
+	}
+}
+
 func TestClosedPoolIsATypedError(t *testing.T) {
 	e := newEnv(t)
 	pool, err := pgxpool.New(context.Background(), e.url)

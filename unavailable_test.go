@@ -110,6 +110,8 @@ func TestDbErrorKeepsSchemaAndClosedPoolErrorsOutOfUnavailable(t *testing.T) {
 	}{
 		{&pgconn.PgError{Code: "42P01"}, ErrSchemaNotMigrated},
 		{&pgconn.PgError{Code: "3F000"}, ErrSchemaNotMigrated},
+		{&pgconn.PgError{Code: "42883"}, ErrSchemaNotMigrated}, // another version's functions
+		{&pgconn.PgError{Code: "42703"}, ErrSchemaNotMigrated}, // another version's columns
 		{errors.New("closed pool"), ErrClosed},
 	} {
 		err := dbError("kagzi: op", c.err)

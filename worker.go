@@ -17,6 +17,7 @@ import (
 
 	"github.com/kagzi/kagzi/internal/committer"
 	"github.com/kagzi/kagzi/internal/gopool"
+	"github.com/kagzi/kagzi/internal/schema"
 	"github.com/kagzi/kagzi/internal/store"
 )
 
@@ -359,6 +360,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	defer bg.stop()
 	bg.start(context.Background(), service{"step records committer", func(ctx context.Context) { w.db.Run(ctx, 1) }})
 	bg.start(context.Background(), service{"run ends committer", func(ctx context.Context) { w.ends.Run(ctx, 1) }})
+	if err := w.checkSchema(ctx); err != nil {
+		return err
+	}
 	// Registering tells a missing schema or a closed pool (returned) from a slow or
 	// unreachable database (logged; the heartbeat registers the worker later).
 	if err := w.register(ctx); err != nil {
@@ -449,6 +453,27 @@ func (w *Worker) runtime(goroutines *gopool.Pool) *runtime {
 // register records the worker in the registry, ONLINE. The runs the worker holds
 // (a worker that registers late, at a heartbeat, may hold some) are its own, and
 // stay so: only other runs locked by its id, a previous process's, are freed.
+// checkSchema compares the database's schema version with this library's before the
+// worker starts: a schema older than the library's (migrations not applied yet) is
+// ErrSchemaNotMigrated, as a missing one is; a newer one (a later Kagzi migrated it,
+// say during a rolling deploy) is logged, and the worker runs: should a migration have
+// changed what this library uses, its claims fail with ErrSchemaNotMigrated and Run
+// returns. A database that does not answer is left to the registration.
+func (w *Worker) checkSchema(ctx context.Context) error {
+	current, latest, err := schema.Version(ctx, w.client.pool)
+	switch {
+	case err != nil:
+		return nil
+	case current < latest:
+		return fmt.Errorf("kagzi: worker %s: %w (the database's schema is at version %d, this library's at %d)",
+			w.cfg.ID, ErrSchemaNotMigrated, current, latest)
+	case current > latest:
+		w.logger.Warn("kagzi: the database's schema is newer than this library's: a later version of Kagzi migrated it",
+			"schema_version", current, "library_schema_version", latest)
+	}
+	return nil
+}
+
 func (w *Worker) register(ctx context.Context) error {
 	host, _ := os.Hostname()
 	w.status.Store(WorkerOnline)
