@@ -52,7 +52,7 @@ func (f Fence) fence() Fence { return f }
 
 // slotHeldSQL (slotHeldRSQL: of the run aliased r) is a fenced write's condition
 // besides its epoch and token: a run that holds a slot of its type's concurrency limit
-// and whose lease passed (holds_type_slot AND available_at <= now()) is lost to its
+// and whose lease passed (holds_type_slot AND available_at <= clock_timestamp()) is lost to its
 // worker, even when no claim took it over yet. The limit counts a holder only while
 // its lease lasts, so that a dead worker's runs give their slots back; a claim may
 // have admitted another run of the type in that slot meanwhile, and a worker frozen
@@ -62,8 +62,11 @@ func (f Fence) fence() Fence { return f }
 // fenced write, the lease renewal and the heartbeat carry it; a hand-back, which
 // records nothing, does not.
 //
-// The fence reads the lease's end in the write's snapshot; a claim, counting holders
-// without locking them, reads the row as it stood before a renewal in flight. A
+// The lease's end is compared with clock_timestamp(), not now(): a write that waited
+// for the run's row lock (a caller's transaction that signalled the run holds it)
+// re-checks its conditions on the row when it gets it, and now() is still the time
+// it began. Even so, a claim, counting holders without locking them, reads the row as
+// it stood before a renewal in flight. A
 // renewal that checked the lease just before it ended and commits just after would
 // then keep the run while a claim in between gave its slot to another. So a claim (and
 // an eager start) counts a slot holder for slotGraceSQL past its lease end: a write would have to take longer than the grace between its check
@@ -72,8 +75,8 @@ func (f Fence) fence() Fence { return f }
 // TestARenewalInFlightAtALeasesEndKeepsTheSlotFromAClaim. Migration 00021 has the same
 // grace in kagzi.claim.
 const (
-	slotHeldSQL  = `NOT (holds_type_slot AND available_at <= now())`
-	slotHeldRSQL = `NOT (r.holds_type_slot AND r.available_at <= now())`
+	slotHeldSQL  = `NOT (holds_type_slot AND available_at <= clock_timestamp())`
+	slotHeldRSQL = `NOT (r.holds_type_slot AND r.available_at <= clock_timestamp())`
 	// slotGraceSQL: a claim counts a RUNNING run holding a type slot among the type's
 	// holders while its available_at (the lease's end) > now() - slotGraceSQL.
 	slotGraceSQL = `interval '2 seconds'`

@@ -525,3 +525,60 @@ func TestNextWakeIsWhenALapsedSlotHoldersGraceEnds(t *testing.T) {
 		t.Fatalf("NextWake = %v, %v; want the lapsed holder's lease end + 2 s, %v", next, err, leaseEnd.Add(2*time.Second))
 	}
 }
+
+// A renewal that waited for its run's row lock (a caller's transaction that signalled
+// the run holds it: a signal updates the run's row) checks the lease when it gets the
+// lock, not when it began: a check made before the lease ended, passed after the wait,
+// kept a run whose slot a claim had given to another past the grace (found by a review:
+// two runs in the slots of a limit of 1).
+func TestARenewalThatWaitedForItsRunsRowChecksTheLeaseWhenItGetsTheRow(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency) VALUES ('default', 'wf', 1)`); err != nil {
+		t.Fatal(err)
+	}
+	ids := []uuid.UUID{uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())}
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, ids, [][]byte{[]byte(`1`), []byte(`1`)}, make([][]byte, 2), time.Time{}, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := testClaimer("wf")
+	c.Floors, c.KeyFloors = NewFloors(), NewFloors()
+	first, _, err := ClaimRuns(ctx, pool, c, 10)
+	if err != nil || len(first) != 1 {
+		t.Fatalf("first claim: %d, %v", len(first), err)
+	}
+	holder := first[0].Fence
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET available_at = now() + interval '500 milliseconds' WHERE run_id = $1`,
+		uuid.UUID(holder.RunID)); err != nil {
+		t.Fatal(err)
+	}
+	user, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer user.Rollback(ctx)
+	if _, err := SendSignal(ctx, user, SignalSend{Namespace: "default", RunID: holder.RunID, Name: "s", Payload: []byte(`1`)}); err != nil {
+		t.Fatal(err)
+	}
+	renewed := make(chan error, 1)
+	go func() { _, err := RenewLease(ctx, pool, holder, time.Minute); renewed <- err }()
+	time.Sleep(3500 * time.Millisecond) // past the lease's end and the grace
+	other := testClaimer("wf")
+	other.WorkerID = "other"
+	other.Floors, other.KeyFloors = NewFloors(), NewFloors()
+	if got, _, err := ClaimRuns(ctx, pool, other, 10); err != nil || len(got) != 1 {
+		t.Fatalf("a claim past the holder's grace got %d runs (%v), want its slot", len(got), err)
+	}
+	if err := user.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-renewed; !errors.Is(err, ErrLeaseLost) {
+		t.Errorf("the renewal that waited past the lease's end: %v, want ErrLeaseLost", err)
+	}
+	var holders int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE holds_type_slot AND status = 'RUNNING'
+		AND available_at > now()`).Scan(&holders); err != nil || holders != 1 {
+		t.Fatalf("%d runs hold live slots of a limit of 1 (%v)", holders, err)
+	}
+}
