@@ -128,3 +128,49 @@ func TestListingsReadFromTheReadPoolReplicaWhileWritesAndFreshReadsStayOnThePrim
 		t.Fatal(err)
 	}
 }
+
+// A replica that replayed everything it received judges the workers' silence by the
+// clock: with every worker dead the primary commits nothing, the last replayed commit
+// stays behind, and judging by it kept a dead worker ONLINE on the replica for as long
+// as the primary stayed idle (found by a review).
+func TestACaughtUpReplicaListsAWorkerSilentPastTheThresholdOffline(t *testing.T) {
+	t.Parallel()
+	primary := newCluster(t, "wal_level=replica")
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pool, err := pgxpool.New(ctx, primary.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := kagzi.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	standby := primary.Replica()
+	replica, err := pgxpool.New(ctx, standby.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer replica.Close()
+	// The last heartbeat of a worker that then died (no stop recorded, no reaper).
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version,
+		workflow_types, max_concurrent, heartbeat_interval_ms, status, active_runs)
+		VALUES ('default', 'dead', 'h', 1, 'v', '{wf}', 10, 1000, 'ONLINE', 0)`); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the worker to be replicated", func() bool {
+		var n int
+		_ = replica.QueryRow(ctx, `SELECT count(*) FROM kagzi.workers`).Scan(&n)
+		return n == 1
+	})
+	client, err := kagzi.NewClient(pool, kagzi.Config{ReadPool: replica, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	time.Sleep(7 * time.Second) // past the 5 s silence threshold
+	page, err := client.ListWorkers(ctx, kagzi.WorkerFilter{})
+	if err != nil || len(page.Workers) != 1 || page.Workers[0].Status != kagzi.WorkerOffline {
+		t.Fatalf("ListWorkers from the caught-up replica: %+v, %v; want the silent worker OFFLINE", page, err)
+	}
+}

@@ -43,10 +43,15 @@ const workerStatusSQL = `CASE WHEN w.status <> 'OFFLINE' AND w.last_heartbeat_at
 	THEN 'OFFLINE' ELSE w.status END`
 
 // registryNowSQL is the time a reader judges the workers' silence at: now(), but on a
-// hot standby (a Config.ReadPool replica) the commit time of the last transaction it
-// replayed, so that a replica whose replay lags reads the heartbeats as of its data
-// instead of taking every worker for silent.
-const registryNowSQL = `(CASE WHEN pg_is_in_recovery() THEN coalesce(pg_last_xact_replay_timestamp(), now()) ELSE now() END)`
+// hot standby (a Config.ReadPool replica) whose replay is behind what it received (or
+// that receives nothing) the commit time of the last transaction it replayed, so that a
+// lagging replica reads the heartbeats as of its data instead of taking every worker
+// for silent. A replica that replayed all it received uses now(): with the primary
+// idle (every worker dead, no heartbeat committed) the last replayed commit stays
+// behind, and would keep the dead workers ONLINE.
+const registryNowSQL = `(CASE WHEN pg_is_in_recovery()
+		AND pg_last_wal_receive_lsn() IS DISTINCT FROM pg_last_wal_replay_lsn()
+	THEN coalesce(pg_last_xact_replay_timestamp(), now()) ELSE now() END)`
 
 // workerSilenceSQL is how long a worker row w must go without a heartbeat for readers
 // to take it for dead: three of its intervals, and at least five seconds, so that a
