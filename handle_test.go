@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"sync"
 	"testing"
 	"time"
@@ -196,21 +195,7 @@ func (r *recordedLogs) warnings() []string {
 // behind it past its own deadline.
 func TestAWaitReturnsAtItsDeadlineWhileAnotherWaitOfTheClientHangsOnADatabaseThatDoesNotAnswer(t *testing.T) {
 	t.Parallel()
-	silent, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer silent.Close()
-	go func() {
-		for {
-			c, err := silent.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // accepted, never answered
-		}
-	}()
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+silent.Addr().String()+"/postgres?sslmode=disable")
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@"+silentServer(t)+"/postgres?sslmode=disable")
 	if err != nil {
 		t.Fatal(err)
 	}

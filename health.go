@@ -60,7 +60,10 @@ func (h *HealthReport) Healthy() bool {
 	return h.DatabaseOK && h.SchemaCurrent
 }
 
-// Health checks the database (and Config.ReadPool, if set), the schema version, this
+// readPoolPingTimeout bounds Health's look at Config.ReadPool.
+const readPoolPingTimeout = time.Second
+
+// Health checks the database (and Config.ReadPool, if set, for at most a second), the schema version, this
 // process's workers and the namespace's pending work that no live worker can take. Use it for readiness and
 // liveness probes. It takes no lock: the schema version is read with a plain query
 // of goose's version table (none: version 0), so a migration in progress elsewhere
@@ -86,9 +89,17 @@ func (c *Client) Health(ctx context.Context) *HealthReport {
 	c.mu.Unlock()
 
 	if c.read != c.pool {
-		if err := c.read.Ping(ctx); err != nil {
-			h.ReadPoolError = dbError("kagzi: health of the read pool", err).Error()
-		}
+		// Beside the other checks, bounded on its own: a read pool that does not
+		// answer must not spend the deadline of the checks that decide Healthy.
+		readCtx, cancel := context.WithTimeout(ctx, readPoolPingTimeout)
+		defer cancel()
+		pinged := make(chan error, 1)
+		go func() { pinged <- c.read.Ping(readCtx) }()
+		defer func() {
+			if err := <-pinged; err != nil {
+				h.ReadPoolError = dbError("kagzi: health of the read pool", err).Error()
+			}
+		}()
 	}
 	if err := c.pool.Ping(ctx); err != nil {
 		h.DatabaseError = dbError("kagzi: health", err).Error()

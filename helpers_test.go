@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -332,4 +333,31 @@ func leaseTo(t *testing.T, e *env, runID, worker string) {
 		WHERE run_id = $1`, runID, worker); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// silentServer listens on a local port, accepts connections and never answers them (a
+// server behind a dropped route), until the test ends; it returns the address.
+func silentServer(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	go func() {
+		var conns []net.Conn
+		defer func() {
+			for _, c := range conns {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			conns = append(conns, c) // accepted, never answered
+		}
+	}()
+	return l.Addr().String()
 }

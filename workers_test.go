@@ -269,6 +269,24 @@ func TestHealthReportsDatabaseSchemaLocalWorkersAndPendingTypesWithoutWorker(t *
 	if h := e.client.Health(ctx); h.ReadPoolError != "" {
 		t.Fatalf("health of a client without a read pool reports %q", h.ReadPoolError)
 	}
+	// A read pool that accepts and never answers (a dropped route) spends at most its
+	// own second, not the probe's deadline: the primary is still checked (found by a
+	// review: the primary was reported down).
+	hungRead, err := pgxpool.New(ctx, "postgres://postgres@"+silentServer(t)+"/postgres?sslmode=disable")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hungRead.Close()
+	withHung, err := kagzi.NewClient(e.pool, kagzi.Config{ReadPool: hungRead, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer withHung.Close()
+	probe, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if h := withHung.Health(probe); !h.Healthy() || !h.DatabaseOK || h.ReadPoolError == "" {
+		t.Fatalf("health with a read pool that never answers: %+v, want healthy with the read pool's error", h)
+	}
 }
 
 func TestConcurrentHealthChecksAnswerWithinASecondWhileTheMigrationLockIsHeld(t *testing.T) {
