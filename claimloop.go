@@ -128,7 +128,8 @@ func (l *claimLoop) forget(t time.Time) {
 
 // claimed decides what follows a claim that got every run it asked for (full) or
 // fewer, with what the claim reported (keys passed over, a rate limit's hold), or
-// failed. It returns an error only when the loop must end (a closed pool).
+// failed. It returns an error only when the loop must end (a closed pool, or a schema
+// the worker's claims do not match).
 func (l *claimLoop) claimed(ctx context.Context, full bool, report store.ClaimReport, err error) error {
 	w := l.w
 	keysPassed := report.KeysPassed > 0

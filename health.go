@@ -30,7 +30,7 @@ type HealthReport struct {
 	// and due, SLEEPING past their wake time, RUNNING past their lease) but no live
 	// worker registered for them in the namespace (for a run pinned to a version, none
 	// registered with that version). A worker silent for three heartbeat intervals
-	// (at least 5 s) is not live.
+	// (at least 5 s) is not live. It looks at each type's 5,000 runs ready longest.
 	PendingTypesWithoutWorker []string `json:"pending_types_without_worker,omitempty"`
 }
 

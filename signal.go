@@ -47,6 +47,11 @@ func (c *Client) Signal(ctx context.Context, runID, name string, payload any, op
 }
 
 // SignalTx is Signal inside the caller's transaction: the signal exists only if tx commits.
+// The signal updates the run's row (it may wake the run), which stays locked until tx
+// ends: keep tx short, as the run's worker waits for it to write the run. In a
+// REPEATABLE READ or SERIALIZABLE transaction, a run whose row changed after tx's
+// snapshot (a heartbeat, a step's end) makes the signal fail with PostgreSQL's
+// serialization failure (SQLSTATE 40001): roll back and retry the transaction.
 func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, runID, name string, payload any, opts ...SignalOption) error {
 	if tx == nil {
 		return invalidArgument("nil transaction")

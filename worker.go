@@ -450,9 +450,6 @@ func (w *Worker) runtime(goroutines *gopool.Pool) *runtime {
 		abandoned: &w.abandoned, goroutines: goroutines}
 }
 
-// register records the worker in the registry, ONLINE. The runs the worker holds
-// (a worker that registers late, at a heartbeat, may hold some) are its own, and
-// stay so: only other runs locked by its id, a previous process's, are freed.
 // checkSchema compares the database's schema version with this library's before the
 // worker starts: a schema older than the library's (migrations not applied yet) is
 // ErrSchemaNotMigrated, as a missing one is; a newer one (a later Kagzi migrated it,
@@ -474,6 +471,9 @@ func (w *Worker) checkSchema(ctx context.Context) error {
 	return nil
 }
 
+// register records the worker in the registry, ONLINE. The runs the worker holds
+// (a worker that registers late, at a heartbeat, may hold some) are its own, and
+// stay so: only other runs locked by its id, a previous process's, are freed.
 func (w *Worker) register(ctx context.Context) error {
 	host, _ := os.Hostname()
 	w.status.Store(WorkerOnline)

@@ -289,8 +289,10 @@ var pendingTypesWithoutWorkerSQL = `
 // and due, SLEEPING past their wake time, RUNNING past their lease) but no live (see
 // workerLiveSQL) worker registered for them in the namespace, with the run's version
 // when it has one (a run pinned to a version only a worker of that version claims).
-// It looks at each type's 5,000 runs ready longest: the runs no worker claims stay
-// at the head of the type's ready runs, the others are claimed.
+// It looks at each type's 5,000 runs ready longest: runs no worker claims stay at the
+// head of the type's ready runs while the others are claimed, but a run pinned to a
+// version no live worker has, behind more than 5,000 older ready runs (a backlog, or
+// runs a limit holds back), is not seen until it is among them.
 func PendingTypesWithoutWorker(ctx context.Context, db DBTX, namespace string) ([]string, error) {
 	rows, err := db.Query(ctx, pendingTypesWithoutWorkerSQL, namespace)
 	if err != nil {
