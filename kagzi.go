@@ -330,8 +330,11 @@ func (c *Client) Namespace() string { return c.ns }
 // at once (an advisory lock serialises them, on the key goose's provider locks with
 // its Postgres session locker, taken per migration in the migration's transaction;
 // a caller waits for it as long as ctx allows) and does nothing when the schema is
-// current. It leaves no session state, so pool may go through PgBouncer in
-// transaction mode. Kagzi's tables
+// current. A migration whose table another transaction holds (a long transaction
+// that read it) does not queue every other statement on the table behind it: its
+// lock waits time out after a second and it is tried again, every few seconds, until
+// it applies or ctx ends (bound ctx to bound the wait). It leaves no session state, so
+// pool may go through PgBouncer in transaction mode. Kagzi's tables
 // live in the "kagzi" schema; goose's version table for them is
 // migrations.VersionTable, so it never clashes with the application's own.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
