@@ -179,6 +179,21 @@ func (c *cluster) Start() {
 	c.run("pg_ctl", "-D", c.data(), "-l", filepath.Join(c.dir, "postgres.log"), "-w", "-t", "60", "-o", opts, "start")
 }
 
+// MigratedPool opens a pool to the cluster, closed when the test ends, and migrates
+// the database.
+func (c *cluster) MigratedPool(ctx context.Context) *pgxpool.Pool {
+	c.t.Helper()
+	pool, err := pgxpool.New(ctx, c.URL)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(pool.Close)
+	if err := kagzi.Migrate(ctx, pool); err != nil {
+		c.t.Fatal(err)
+	}
+	return pool
+}
+
 // Log returns what the server logged so far.
 func (c *cluster) Log() string {
 	b, _ := os.ReadFile(filepath.Join(c.dir, "postgres.log"))
@@ -197,14 +212,7 @@ func TestStartDuringADatabaseOutageReturnsUnavailableAndTheSameWithIDWorksAfterw
 	pg := newCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, pg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if err := kagzi.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := pg.MigratedPool(ctx)
 	c := newClient(t, pool, "")
 	defer c.Close()
 	// A start before the outage leaves connections in the pool, which the outage cuts.
@@ -387,14 +395,7 @@ func TestAWaitRidesOutADatabaseRestartAndReturnsTheRunsResult(t *testing.T) {
 	pg := newCluster(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, pg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if err := kagzi.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := pg.MigratedPool(ctx)
 	c := newClient(t, pool, "")
 	defer c.Close()
 	run, err := kagzi.Start(ctx, c, greet, greetIn{Name: "through"}) // no worker yet: it waits PENDING

@@ -19,14 +19,7 @@ func TestListingsReadFromTheReadPoolReplicaWhileWritesAndFreshReadsStayOnThePrim
 	primary := newCluster(t, "wal_level=replica")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, primary.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if err := kagzi.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := primary.MigratedPool(ctx)
 	standby := primary.Replica()
 	replica, err := pgxpool.New(ctx, standby.URL)
 	if err != nil {
@@ -138,14 +131,7 @@ func TestACaughtUpReplicaListsAWorkerSilentPastTheThresholdOffline(t *testing.T)
 	primary := newCluster(t, "wal_level=replica")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	pool, err := pgxpool.New(ctx, primary.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	if err := kagzi.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
+	pool := primary.MigratedPool(ctx)
 	standby := primary.Replica()
 	replica, err := pgxpool.New(ctx, standby.URL)
 	if err != nil {
