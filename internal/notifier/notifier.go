@@ -325,8 +325,14 @@ func (n *Notifier) serve(ctx context.Context, conn *pgx.Conn) error {
 		if err != nil {
 			return err
 		}
-		wctx, cancel := context.WithCancel(ctx)
-		if !next.IsZero() {
+		// One context for the wait, cancelled below: a second one made over a first
+		// that was dropped uncancelled stayed among ctx's children, one per
+		// notification, for as long as the listener ran.
+		var wctx context.Context
+		var cancel context.CancelFunc
+		if next.IsZero() {
+			wctx, cancel = context.WithCancel(ctx)
+		} else {
 			wctx, cancel = context.WithDeadline(ctx, next)
 		}
 		n.mu.Lock()
