@@ -66,19 +66,29 @@ type RunOutcome struct {
 	Error  []byte
 }
 
-// GetRunOutcome reads a run's status and result: those of the last run of its chain
-// when it continued as new (see ContinueRun).
-func GetRunOutcome(ctx context.Context, db DBTX, runID uuid.UUID) (RunOutcome, error) {
-	var o RunOutcome
-	err := db.QueryRow(ctx, `
+// runOutcomeSQL reads a run's status and result: those of the last run of its chain
+// when it continued as new.
+const runOutcomeSQL = `
 		WITH RECURSIVE chain AS (
 			SELECT run_id, status, output, error, continued_as_run_id, 1 AS n FROM kagzi.runs_all WHERE run_id = $1
 			UNION ALL
 			SELECT r.run_id, r.status, r.output, r.error, r.continued_as_run_id, c.n + 1
 			FROM chain c JOIN kagzi.runs_all r ON r.run_id = c.continued_as_run_id
 		)
-		SELECT status, output, error FROM chain ORDER BY n DESC LIMIT 1`, runID).
-		Scan(&o.Status, &o.Output, &o.Error)
+		SELECT status, output, error FROM chain ORDER BY n DESC LIMIT 1`
+
+// outcomeSetupSQL is sent before runOutcomeSQL: its recursive walk over the live runs
+// and every history partition is estimated costly when a partition was never analyzed
+// (autovacuum off, or not yet), past jit_above_cost, and PostgreSQL compiled it: seconds
+// of compiling, under load, for a read of a few rows by primary key.
+const outcomeSetupSQL = `SELECT set_config('jit', 'off', true)`
+
+// GetRunOutcome reads a run's status and result: those of the last run of its chain
+// when it continued as new (see ContinueRun).
+func GetRunOutcome(ctx context.Context, db DBTX, runID uuid.UUID) (RunOutcome, error) {
+	var o RunOutcome
+	rows, err := queryAfter(ctx, db, outcomeSetupSQL, runOutcomeSQL, runID)
+	err = firstRow{rows: rows, err: err}.Scan(&o.Status, &o.Output, &o.Error)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return o, ErrNotFound
 	}

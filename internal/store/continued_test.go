@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -109,5 +110,49 @@ func TestASignalSentWhileItsRunContinuesAsNewIsNotStrandedOnTheFinishedRun(t *te
 	if sent, err := SendSignal(ctx, pool, SignalSend{Namespace: "default", RunID: next, Name: "go", Payload: []byte(`1`)}); err != nil ||
 		sent.Status != vocab.StatusPending {
 		t.Fatalf("the signal sent on to the next run: %+v, %v", sent, err)
+	}
+}
+
+// A parent's read of its child's outcome walks the child's continue-as-new chain with a
+// recursive statement over the live runs and the history; over a history partition
+// never analyzed, PostgreSQL estimated it costly enough to compile it (JIT): 7 s of
+// compiling for a 0.2 ms read, by every parent at once, in an outside soak. The read
+// turns JIT off for itself (outcomeSetupSQL, same round trip).
+func TestAChildsOutcomeIsReadWithoutCompilingItOverAnUnanalyzedHistory(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `
+		CREATE TABLE kagzi.runs_history_p20260101 (LIKE kagzi.runs_history INCLUDING DEFAULTS INCLUDING CONSTRAINTS);
+		ALTER TABLE kagzi.runs_history ATTACH PARTITION kagzi.runs_history_p20260101
+			FOR VALUES FROM ('2026-01-01T00:00:00Z') TO ('2026-01-02T00:00:00Z');
+		INSERT INTO kagzi.runs_history (run_id, namespace, workflow_id, workflow_type, status, input, output,
+			available_at, created_at, finished_at)
+		SELECT gen_random_uuid(), 'default', 'w' || g, 'wf', 'COMPLETED', '1', to_jsonb(g), now(), now(),
+			'2026-01-01T01:00:00Z'::timestamptz + g * interval '1 millisecond'
+		FROM generate_series(1, 140000) g`); err != nil {
+		t.Fatal(err)
+	}
+	var id uuid.UUID
+	if err := pool.QueryRow(ctx, `SELECT run_id FROM kagzi.runs_history WHERE workflow_id = 'w5000'`).Scan(&id); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	// The case: without the setup, the plan is compiled (where the server has JIT).
+	if plan := explainPlan(t, conn.Conn(), "SELECT set_config('jit', 'on', true)", "force_custom_plan", runOutcomeSQL, id); !strings.Contains(plan, "JIT") {
+		t.Logf("this server would not compile the read anyway (no JIT support?):\n%s", plan)
+	}
+	for _, mode := range []string{"force_custom_plan", "force_generic_plan"} {
+		if plan := explainPlan(t, conn.Conn(), outcomeSetupSQL, mode, runOutcomeSQL, id); strings.Contains(plan, "JIT") {
+			t.Errorf("the outcome's read after its setup (%s) is compiled:\n%s", mode, plan)
+		}
+	}
+	o, err := GetRunOutcome(ctx, pool, id)
+	if err != nil || o.Status != vocab.StatusCompleted || string(o.Output) != "5000" {
+		t.Fatalf("GetRunOutcome = %+v, %v; want COMPLETED with 5000", o, err)
 	}
 }
