@@ -18,9 +18,10 @@ import (
 // another try.
 
 // dbError turns driver errors Kagzi knows into its own: a missing schema (or one of
-// another version, whose functions or columns differ) becomes ErrSchemaNotMigrated, a data exception (a value the database cannot hold)
-// ErrInvalidArgument, a closed pool ErrClosed, and a database that cannot be reached
-// (see unavailable) an *UnavailableError. Others are wrapped as they are.
+// another version, whose functions or columns differ) becomes ErrSchemaNotMigrated, a
+// data exception (a value the database cannot hold) ErrInvalidArgument, a closed pool
+// ErrClosed, and a database that cannot be reached (see unavailable) an
+// *UnavailableError. Others are wrapped as they are.
 func dbError(op string, err error) error {
 	if err == nil {
 		return nil
