@@ -65,9 +65,9 @@ const readPoolPingTimeout = time.Second
 
 // Health checks the database (and Config.ReadPool, if set, for at most a second), the
 // schema version, this process's workers and the namespace's pending work that no live
-// worker can take. Use it for readiness and liveness probes. It takes no lock: the schema version is read with a plain query
-// of goose's version table (none: version 0), so a migration in progress elsewhere
-// does not hold it up, and it creates nothing.
+// worker can take. Use it for readiness and liveness probes. It takes no lock: the
+// schema version is read with a plain query of goose's version table (none: version
+// 0), so a migration in progress elsewhere does not hold it up, and it creates nothing.
 func (c *Client) Health(ctx context.Context) *HealthReport {
 	h := &HealthReport{}
 	c.mu.Lock()
