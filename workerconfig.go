@@ -1,0 +1,185 @@
+package kagzi
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/google/uuid"
+)
+
+// WorkerConfig configures a Worker. Zero fields take the defaults given.
+type WorkerConfig struct {
+	// ID names the worker in run leases (RunInfo.LockedBy). Default
+	// "hostname/pid/random", unique per Worker.
+	ID string
+	// MaxConcurrent is how many runs the worker executes at once, at most MaxLimit.
+	// Default 10.
+	MaxConcurrent int
+	// LeaseDuration is how long a claim holds a run without a heartbeat. A run whose
+	// worker died is claimed again once its lease passes. Default 10s; 100ms..24h.
+	LeaseDuration time.Duration
+	// HeartbeatInterval is how often the worker extends the leases of all its runs
+	// in one statement. Default LeaseDuration/3; it must be shorter than LeaseDuration,
+	// and 1ms or more.
+	HeartbeatInterval time.Duration
+	// PollInterval is how often an idle worker looks for work when no notification
+	// arrives (a fallback: new runs, wake times and leases normally wake it through
+	// LISTEN/NOTIFY and timers). Default 5s, or 1s when the client has no direct
+	// connection (Config.DisableDirectConn): polling is then how it learns of runs
+	// started or woken by other processes. 1ms or more.
+	PollInterval time.Duration
+	// DrainTimeout is how long Run waits, after its context is done, for running
+	// workflows to finish before handing their runs back. Default 10s.
+	DrainTimeout time.Duration
+	// MaxInProcessSleep is the longest sleep that waits in process, holding its slot;
+	// longer sleeps release the run until its wake time. Default 200ms.
+	MaxInProcessSleep time.Duration
+	// DisableScheduler keeps this worker out of firing cron schedules (see
+	// CreateSchedule). By default every worker takes part; the database makes sure
+	// each tick fires once however many do.
+	DisableScheduler bool
+	// Clock tells the scheduler the time. Default time.Now; tests inject their own
+	// (with an injected clock the scheduler looks for due ticks every 100ms).
+	Clock func() time.Time
+	// DisableEagerStart makes the worker decline eager starts. By default a Start in
+	// this worker's process, of a type it executes, when it has a free slot, inserts
+	// the run already claimed for it, and the worker executes it at once, without the
+	// notification and the claim in between (the run is leased and fenced as any other;
+	// see docs/workers-in-production.md). Declined, such runs wait PENDING for a claim
+	// by any worker, as they do when no slot is free.
+	DisableEagerStart bool
+	// DurableClaims makes the worker's claims wait until they are on disk before it
+	// executes their runs. By default a claim commits without waiting for its WAL
+	// flush (the claim loop of a busy worker waited for those flushes a sixth of its
+	// time): nothing written under a claim can outlive it, since every such write waits
+	// for its own flush, which puts the claim on disk first. What the default gives up:
+	// a claim made in the last moments before a crash of PostgreSQL may be lost, its
+	// runs claimed again after the restart while the lost claim's execution goes on
+	// until its next write (which records nothing, see docs/workers-in-production.md),
+	// so a step begun under it may run twice, as after a takeover.
+	DurableClaims bool
+	// ReapInterval is how often the worker looks for workers of its namespace whose
+	// process died (their liveness lock was released with their connection) and makes
+	// their runs claimable at once, instead of when their leases pass; the worker holds
+	// its own liveness lock on its client's direct connection, the one it LISTENs on,
+	// which all the client's workers share (see docs/workers-in-production.md).
+	// Default DefaultReapInterval; negative: no liveness lock and no reaping (leases
+	// alone govern). A client without a direct connection (Config.DisableDirectConn)
+	// holds no liveness locks, whatever ReapInterval says. While no other worker of the
+	// namespace reported runs in hand at its last heartbeat and this one has seen no
+	// work (no claimed run, no notification of one) for a HeartbeatInterval, it looks
+	// every IdleReapFactor × ReapInterval instead: an idle process's looks cost the
+	// database a quarter of the statements.
+	ReapInterval time.Duration
+	// DefaultRetry is the retry policy of the worker's steps and runs whose workflow
+	// and step name none. Default: the library's DefaultRetry.
+	DefaultRetry Retry
+	// PruneInterval is how often the worker prunes finished runs past the client's
+	// Retention (a few batches of 500 each time), moves those finished more than the
+	// client's ArchiveAfter ago into the history, and drops the history's partitions
+	// past the retention. Default 1 minute; 1ms or more.
+	PruneInterval time.Duration
+	// Labels are free-form facts about the worker (region, deployment, ...) recorded
+	// in the worker registry. Keys are names (1-255 bytes of UTF-8 without control
+	// characters); values are UTF-8 text without NUL characters.
+	Labels map[string]string
+	// Logger receives the worker's logs. Default: the client's logger.
+	Logger *slog.Logger
+	// MaxTakeovers is how many times a run may be taken over after its worker lost
+	// the lease (the process died, froze or lost its database; RunInfo.Takeovers
+	// counts them). The claim that would take it over once more fails it instead,
+	// without running it, with CodeRecoveryExhausted (errors.Is ErrRecoveryExhausted):
+	// a run whose step kills its process (os.Exit, an out-of-memory kill, a crash in
+	// cgo) would otherwise be taken over for ever. Hand-backs of a graceful shutdown
+	// are not takeovers. Default DefaultMaxTakeovers; negative: no limit.
+	MaxTakeovers int
+}
+
+// maxLease is the longest WorkerConfig.LeaseDuration.
+const maxLease = 24 * time.Hour
+
+// DefaultMaxTakeovers is WorkerConfig.MaxTakeovers when none is given.
+const DefaultMaxTakeovers = 5
+
+// resolve fills in the defaults of the zero fields and checks the configuration.
+func (cfg *WorkerConfig) resolve(client *Client) error {
+	if cfg.ID == "" {
+		host, _ := os.Hostname()
+		cfg.ID = host + "/" + strconv.Itoa(os.Getpid()) + "/" + uuid.NewString()[:8]
+	}
+	if err := validName("worker id", cfg.ID); err != nil {
+		return err
+	}
+	if cfg.MaxConcurrent == 0 {
+		cfg.MaxConcurrent = 10
+	}
+	if cfg.LeaseDuration == 0 {
+		cfg.LeaseDuration = 10 * time.Second
+	}
+	if cfg.HeartbeatInterval == 0 {
+		cfg.HeartbeatInterval = cfg.LeaseDuration / 3
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = 5 * time.Second
+		if !client.notifier.Connects() {
+			cfg.PollInterval = time.Second
+		}
+	}
+	if cfg.DrainTimeout == 0 {
+		cfg.DrainTimeout = 10 * time.Second
+	}
+	if cfg.MaxInProcessSleep == 0 {
+		cfg.MaxInProcessSleep = 200 * time.Millisecond
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = client.logger
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.PruneInterval == 0 {
+		cfg.PruneInterval = time.Minute
+	}
+	if cfg.MaxTakeovers == 0 {
+		cfg.MaxTakeovers = DefaultMaxTakeovers
+	}
+	if cfg.ReapInterval == 0 {
+		cfg.ReapInterval = DefaultReapInterval
+	}
+	for k, v := range cfg.Labels {
+		if err := validName("label key", k); err != nil {
+			return err
+		}
+		if !utf8.ValidString(v) || strings.ContainsRune(v, 0) {
+			return invalidArgument("label %q: its value is not UTF-8 text without NUL characters", k)
+		}
+	}
+	switch {
+	case cfg.ReapInterval > 0 && cfg.ReapInterval < 10*time.Millisecond:
+		return invalidArgument("ReapInterval %v is below 10ms", cfg.ReapInterval)
+	case cfg.MaxConcurrent < 0 || cfg.MaxConcurrent > MaxLimit:
+		return invalidArgument("MaxConcurrent %d is not within 0..%d", cfg.MaxConcurrent, MaxLimit)
+	case cfg.LeaseDuration < 100*time.Millisecond || cfg.LeaseDuration > maxLease:
+		// Above maxLease the claim's tcp_user_timeout (milliseconds, an int) overflows.
+		return invalidArgument("LeaseDuration %v is not within 100ms..%v", cfg.LeaseDuration, maxLease)
+	case (cfg.PollInterval > 0 && cfg.PollInterval < time.Millisecond) ||
+		(cfg.PruneInterval > 0 && cfg.PruneInterval < time.Millisecond) ||
+		(cfg.HeartbeatInterval > 0 && cfg.HeartbeatInterval < time.Millisecond):
+		// Each is a statement per interval: a nanosecond one is a busy loop.
+		return invalidArgument("PollInterval %v, PruneInterval %v and HeartbeatInterval %v must each be 1ms or more",
+			cfg.PollInterval, cfg.PruneInterval, cfg.HeartbeatInterval)
+	case cfg.HeartbeatInterval <= 0 || cfg.HeartbeatInterval >= cfg.LeaseDuration:
+		return invalidArgument("HeartbeatInterval %v must be positive and shorter than LeaseDuration %v",
+			cfg.HeartbeatInterval, cfg.LeaseDuration)
+	case cfg.PollInterval < 0 || cfg.DrainTimeout < 0 || cfg.MaxInProcessSleep < 0 || cfg.PruneInterval < 0:
+		return invalidArgument("negative PollInterval, DrainTimeout, MaxInProcessSleep or PruneInterval")
+	case cfg.DefaultRetry.Err() != nil:
+		return fmt.Errorf("DefaultRetry: %w", cfg.DefaultRetry.Err())
+	}
+	return nil
+}
