@@ -21,7 +21,8 @@ type WorkerConfig struct {
 	// Default 10.
 	MaxConcurrent int
 	// LeaseDuration is how long a claim holds a run without a heartbeat. A run whose
-	// worker died is claimed again once its lease passes. Default 10s; 100ms..24h.
+	// worker stalls (or whose process died without its liveness lock being seen: see
+	// ReapInterval) is claimed again once its lease passes. Default 10s; 100ms..24h.
 	LeaseDuration time.Duration
 	// HeartbeatInterval is how often the worker extends the leases of all its runs
 	// in one statement. Default LeaseDuration/3; it must be shorter than LeaseDuration,
