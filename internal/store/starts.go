@@ -400,7 +400,16 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, st Start
 		variant = 1
 	}
 	stmt := insertRuns[mode][variant]
-	for range 5 {
+	for try := 0; ; try++ {
+		if try > 0 {
+			// Each lost race means another start or end of the id committed between the
+			// insert's conflict and its look: under a hot id (runs started and ended
+			// back to back) that happens several times in a row. Look again at once,
+			// then after a short wait, until ctx ends.
+			if err := raceWait(ctx, try); err != nil {
+				return Run{}, Started{}, err
+			}
+		}
 		var notified string
 		var row pgx.Row
 		if mode == eagerLocked {
@@ -423,8 +432,37 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, st Start
 		}
 		return run, st, err
 	}
-	return Run{}, Started{}, errors.New("kagzi: could not start or find the run after concurrent starts of its workflow id")
 }
+
+// raceWait waits before the try-th look after a lost race with concurrent starts of
+// one workflow id: none for the first few, then a millisecond more each time, at most
+// 20 ms. It returns ctx's error (a raceError) when ctx ends first.
+func raceWait(ctx context.Context, try int) error {
+	if ctx.Err() != nil {
+		return raceError{ctx.Err()}
+	}
+	if try < 4 {
+		return nil
+	}
+	t := time.NewTimer(time.Duration(min(try-3, 20)) * time.Millisecond)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return raceError{ctx.Err()}
+	case <-t.C:
+		return nil
+	}
+}
+
+// raceError is the end of ctx while a start looked again after lost races with
+// concurrent starts of its workflow id.
+type raceError struct{ err error }
+
+func (e raceError) Error() string {
+	return "kagzi: gave up starting or finding the run of a workflow id under concurrent starts: " + e.err.Error()
+}
+
+func (e raceError) Unwrap() error { return e.err }
 
 // firstRow is the first row of rows as a pgx.Row (pgx.ErrNoRows when there is none;
 // err when the query failed). Scan closes rows, and reports an error of their
