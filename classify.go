@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime/debug"
 	"strings"
 	"syscall"
 
@@ -171,6 +172,14 @@ type panicError struct {
 }
 
 func (e *panicError) Error() string { return fmt.Sprintf("panic: %v", e.value) }
+
+// goexited is the failure of a workflow function, branch or step body that called
+// runtime.Goexit (testing's FailNow and SkipNow do; so does a durable call made with a
+// Context kept after its function returned): a panic, with where it happened.
+func goexited(where string) *panicError {
+	return &panicError{value: "runtime.Goexit called in " + where + " (testing's FailNow and SkipNow call it)",
+		stack: string(debug.Stack())}
+}
 
 // reasonFor maps the cause of the run context's cancellation to an exit reason.
 func reasonFor(cause error) exitReason {

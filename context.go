@@ -21,7 +21,7 @@ import (
 //
 // A Context belongs to one execution of one run: use it only from the goroutine it
 // was given to (the workflow function's, or a branch's, see Go), and do not keep it
-// after that function returns.
+// after that function returns: a durable call made with it then is ErrInvalidArgument.
 type Context struct {
 	context.Context
 	x  *execution
@@ -44,16 +44,23 @@ type scope struct {
 	// (nil: none). A durable call on the scope's Context meanwhile comes from inside
 	// that body, and is refused (see usable).
 	inStep atomic.Pointer[string]
+	// ended: the scope's function (the workflow function or the branch) returned or
+	// unwound; its Context is no longer usable.
+	ended atomic.Bool
 }
 
 // usable checks that call (Step, Sleep, ...) may be made with c: a Context the worker
-// gave to a workflow function or a branch, not nil or zero, and not used from inside
-// the body of one of its steps. A step's body gets a plain context.Context; a durable
+// gave to a workflow function or a branch, not nil or zero, whose function has not
+// returned, and not used from inside the body of one of its steps. A step's body gets a plain context.Context; a durable
 // call made from it with the workflow's Context would be recorded under keys that
 // depend on whether the body ran, so it is refused and records nothing.
 func (c *Context) usable(call, name string) error {
 	if c == nil || c.x == nil || c.sc == nil {
 		return invalidArgument("%s %q: nil or zero *kagzi.Context; use the one the workflow function (or branch) was given", call, name)
+	}
+	if c.sc.ended.Load() {
+		return invalidArgument("%s %q: the Context's workflow function (or branch) has returned; "+
+			"a Context must not be kept after it", call, name)
 	}
 	if step := c.sc.inStep.Load(); step != nil {
 		return fmt.Errorf("%w: %w: %s %q called with the workflow's Context from inside the body of step %s; "+

@@ -53,7 +53,8 @@ branch's, see [Go]), never inside a step's body ([ErrInsideStep]). When a run mu
 running on this worker (a long sleep, a cancel, a lost lease, a shutdown), Kagzi unwinds
 the workflow goroutine with runtime.Goexit from inside Step or Sleep: deferred calls run,
 but no code after that call does, so the workflow cannot swallow the suspension by
-mistake. A replay that asks for another step than the run's history holds fails the run
+mistake. (A runtime.Goexit of your own, from testing's FailNow say, fails the attempt as a
+panic does.) A replay that asks for another step than the run's history holds fails the run
 ([ErrNonDeterministic]); see Evolution below for changing code under runs in flight.
 
 # Workflows and steps

@@ -47,20 +47,28 @@ func (w *Worker) execute(x *execution) {
 }
 
 // runFunction calls the workflow function with the run's input and waits for it to
-// return or unwind. A panic is a failure of the function (CodePanic, with its stack).
+// return or unwind. A panic is a failure of the function (CodePanic, with its stack),
+// and so is a call of runtime.Goexit by the function or a step body on its goroutine.
 // A run cancelled, past its deadline or taken over too often before it started does
 // not run at all.
 func (x *execution) runFunction() result {
 	var res result
 	done := make(chan struct{})
+	wctx := &Context{Context: x.ctx, x: x, sc: &scope{counts: map[string]int{}}}
 	x.rt.goroutines.Go(func() {
 		defer close(done)
 		defer func() {
+			wctx.sc.ended.Store(true)
 			if r := recover(); r != nil {
 				res = result{returned: true, err: &panicError{value: r, stack: string(debug.Stack())}}
+			} else if !res.returned && x.exitReason() == exitNone {
+				// Unwound, and not by the engine (which records why first): the
+				// function, or a step body running on its goroutine, called
+				// runtime.Goexit. A failure, as a panic is; not a lost lease, after
+				// which the run would be taken over and unwound again, MaxTakeovers times.
+				res = result{returned: true, err: goexited(x.goexitWhere())}
 			}
 		}()
-		wctx := &Context{Context: x.ctx, x: x, sc: &scope{counts: map[string]int{}}}
 		wctx.checkAlive()
 		input, err := x.rt.payloads.decodePayload(x.run.Input)
 		if err != nil {

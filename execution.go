@@ -77,6 +77,9 @@ type execution struct {
 
 	mu   sync.Mutex
 	exit exitReason
+	// goexitStep is the key of the step whose body called runtime.Goexit on the
+	// function's goroutine ("": none seen).
+	goexitStep string
 	// nondeterminism is the detail of the failure when exit is exitNonDeterministic.
 	nondeterminism *ErrorDetail
 }
@@ -125,6 +128,19 @@ func (x *execution) exitReason() exitReason {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return x.exit
+}
+
+// goexitWhere tells where a goroutine of the function called runtime.Goexit: the
+// body of a step, if one was running, else the workflow function (or a branch).
+func (x *execution) goexitWhere() string {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	step := x.goexitStep
+	x.goexitStep = ""
+	if step != "" {
+		return "the body of step " + step
+	}
+	return "the workflow function or branch"
 }
 
 // stop ends the execution of the workflow function (or of this branch) here: it

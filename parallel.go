@@ -68,12 +68,19 @@ func (f *Future[T]) run(branch *Context, fn func(*Context) (T, error)) {
 			f.err, returned = &panicError{value: r, stack: string(debug.Stack())}, true
 		}
 		if !returned {
-			if branch.x.ctx.Err() == nil && branch.Err() != nil {
+			switch {
+			case branch.x.ctx.Err() == nil && branch.Err() != nil:
 				f.err = context.Cause(branch) // cancelled by a failed sibling: an error, not an unwind
-			} else {
+			case branch.x.ctx.Err() == nil && branch.x.exitReason() == exitNone:
+				// Unwound, and not by the engine (which records why first): the branch,
+				// or a step body on its goroutine, called runtime.Goexit. A failure
+				// of the branch, as a panic is.
+				f.err = goexited(branch.x.goexitWhere())
+			default:
 				f.unwound = true
 			}
 		}
+		branch.sc.ended.Store(true)
 		branch.sc.cancel(nil)
 		branch.x.branches.Add(-1)
 		close(f.done)
@@ -296,15 +303,19 @@ func Race[T any](ctx *Context, name string, fns []func(context.Context) (T, erro
 		results := make(chan result, len(fns))
 		for i, fn := range fns {
 			go func() {
+				sent := false
 				defer func() {
 					if r := recover(); r != nil {
 						results <- result{err: fmt.Errorf("racer %d: %w", i, &panicError{value: r, stack: string(debug.Stack())})}
+					} else if !sent {
+						results <- result{err: fmt.Errorf("racer %d: %w", i, goexited("a racer"))}
 					}
 				}()
 				out, err := fn(rctx)
 				if err != nil {
 					err = fmt.Errorf("racer %s: %w", strconv.Itoa(i), err)
 				}
+				sent = true
 				results <- result{out, err}
 			}()
 		}

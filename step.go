@@ -173,7 +173,20 @@ func runAttempt[T any](s *stepCall, fn func(context.Context) (T, error)) stepRes
 	c.ensureLease() // a frozen worker must not run a body another worker recorded
 	att := c.beginAttempt(s.key, s.name, s.attempts)
 	c.sc.inStep.Store(&s.key)
+	returned := false
+	defer func() {
+		if !returned {
+			// The body called runtime.Goexit on this goroutine (callStep recovers
+			// panics): the unwind goes on, and the function's or branch's end fails it.
+			c.sc.inStep.Store(nil)
+			x.mu.Lock()
+			x.goexitStep = s.key
+			x.mu.Unlock()
+			att.end(goexited("the body of step "+s.key), false)
+		}
+	}()
 	res := callStep(att.ctx, stepBody(att, fn), s.opts.timeout)
+	returned = true
 	c.sc.inStep.Store(nil)
 	att.end(res.err, res.timedOut)
 	if res.abandoned {
@@ -305,7 +318,9 @@ func decodeStepOutput[T any](x *execution, key string, b []byte) (T, error) {
 	return out, nil
 }
 
-// callStep runs fn, turning a panic into an error. With a timeout, fn runs in its own
+// callStep runs fn, turning a panic into an error (and, with a timeout, a call of
+// runtime.Goexit; without, fn runs on the caller's goroutine, which Goexit unwinds:
+// see runAttempt). With a timeout, fn runs in its own
 // goroutine with a context that ends at the deadline, and callStep returns at the
 // deadline even if fn ignores it (abandoned); fn's late result is then discarded.
 func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), timeout time.Duration) (res stepResult[T]) {
@@ -329,7 +344,14 @@ func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), t
 	}
 	done := make(chan result, 1)
 	go func() {
+		sent := false
+		defer func() {
+			if !sent { // fn called runtime.Goexit: a failed attempt, as a panic is
+				done <- result{err: goexited("a step body")}
+			}
+		}()
 		out, err := call(sctx)
+		sent = true
 		done <- result{out, err}
 	}()
 	select {
