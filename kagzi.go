@@ -142,13 +142,22 @@ type Client struct {
 	workers map[*Worker]struct{} // this process's running workers, for Health
 }
 
-func (c *Client) addWorker(w *Worker) {
+// addWorker adds a starting worker to the client's running workers; one whose id
+// another of them has is ErrAlreadyExists.
+func (c *Client) addWorker(w *Worker) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.workers == nil {
 		c.workers = map[*Worker]struct{}{}
 	}
+	for o := range c.workers {
+		if o.cfg.ID == w.cfg.ID {
+			return fmt.Errorf("kagzi: worker %s: %w: another running worker of this client has its id "+
+				"(worker ids must be unique among running workers)", w.cfg.ID, ErrAlreadyExists)
+		}
+	}
 	c.workers[w] = struct{}{}
+	return nil
 }
 
 func (c *Client) removeWorker(w *Worker) {

@@ -3,7 +3,6 @@ package kagzi
 import (
 	"context"
 	"errors"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -72,7 +71,7 @@ type liveness struct {
 // flight and makes the keeper record it no more, so that a short-lived worker whose
 // key was recorded late does not come back ONLINE after its stop.
 func (w *Worker) keepLiveness() (stop, release func()) {
-	l := &liveness{w: w, key: rand.Int64N(1<<62) + 1} // positive: see store.ReapDeadWorkers
+	l := &liveness{w: w, key: w.livenessKey}
 	return l.stop, w.client.notifier.Keep(l, w.cfg.ReapInterval)
 }
 

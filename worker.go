@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"sync"
 	"sync/atomic"
@@ -46,6 +47,8 @@ type Worker struct {
 	// registered: the worker's row is in the registry (a worker started while the
 	// database was unreachable registers at a later heartbeat).
 	registered atomic.Bool
+	// livenessKey is the key of the worker's liveness lock in this Run (0: none).
+	livenessKey int64
 	// sawWork is when (UnixNano) the worker last saw work in its namespace: a run it
 	// started, a notification of runs to claim, its own start. Its reaper looks for
 	// dead workers less often after a HeartbeatInterval without (see IdleReapFactor).
@@ -188,6 +191,14 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.checkSchema(ctx); err != nil {
 		return err
 	}
+	if err := w.client.addWorker(w); err != nil {
+		return err
+	}
+	defer w.client.removeWorker(w)
+	w.livenessKey = 0
+	if w.cfg.ReapInterval > 0 && w.client.notifier.Connects() {
+		w.livenessKey = rand.Int64N(1<<62) + 1 // positive: see store.ReapDeadWorkers
+	}
 	// Registering tells a missing schema or a closed pool (returned) from a slow or
 	// unreachable database (logged; the heartbeat registers the worker later).
 	if err := w.register(ctx); err != nil {
@@ -203,8 +214,6 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 		w.logger.Warn("kagzi: cannot register the worker yet", "error", err)
 	}
-	w.client.addWorker(w)
-	defer w.client.removeWorker(w)
 	stopHeartbeat := bg.start(context.Background(), service{"heartbeat", w.heartbeat})
 	bg.start(context.Background(), service{"prune", w.prune})
 	bg.start(context.Background(), service{"deadlines", w.failOverdue})
@@ -308,11 +317,19 @@ func (w *Worker) register(ctx context.Context) error {
 		held = append(held, x.run.RunID)
 	}
 	w.mu.Unlock()
-	err := dbError("kagzi: register worker "+w.cfg.ID, store.RegisterWorker(ctx, w.client.pool, store.WorkerRow{
+	live, err := store.RegisterWorker(ctx, w.client.pool, store.WorkerRow{
 		Namespace: w.client.ns, WorkerID: w.cfg.ID, Hostname: host, PID: os.Getpid(), Version: Version,
 		Labels: w.cfg.Labels, WorkflowTypes: w.types, WorkflowVersions: w.versions, MaxConcurrent: w.cfg.MaxConcurrent,
 		HeartbeatInterval: w.cfg.HeartbeatInterval,
-	}, held))
+	}, held, w.livenessKey)
+	err = dbError("kagzi: register worker "+w.cfg.ID, err)
+	if live {
+		// Not refused: a process restarted with its fixed id on another machine would
+		// be refused for as long as the dead one's session lingers (until TCP gives
+		// up on it), and the fencing keeps what the two record single.
+		w.logger.Warn("kagzi: another live process was running a worker of this id; its runs were taken from it " +
+			"(worker ids must be unique among running workers: set WorkerConfig.ID per process, or leave it empty)")
+	}
 	w.registered.Store(err == nil)
 	return err
 }

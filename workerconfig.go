@@ -15,7 +15,11 @@ import (
 // WorkerConfig configures a Worker. Zero fields take the defaults given.
 type WorkerConfig struct {
 	// ID names the worker in run leases (RunInfo.LockedBy). Default
-	// "hostname/pid/random", unique per Worker.
+	// "hostname/pid/random", unique per Worker. A fixed ID (a pod's name) must be
+	// unique among running workers: a second running worker of the same client with
+	// it is refused (Run returns ErrAlreadyExists); one in another process takes the
+	// first one's runs when it registers, as after that one's death, and logs a
+	// warning if that one was alive.
 	ID string
 	// MaxConcurrent is how many runs the worker executes at once, at most MaxLimit.
 	// Default 10.

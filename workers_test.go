@@ -447,3 +447,29 @@ func TestRunsCompleteWhileEveryDatabaseConnectionIsTerminatedRepeatedly(t *testi
 		t.Fatalf("%d recorded steps for %d runs of 3 steps: a step was recorded twice or lost", n, len(runs))
 	}
 }
+
+func TestASecondRunningWorkerWithTheIDOfAnotherOfItsClientIsRefused(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	cfg := fastWorker()
+	cfg.ID = "billing"
+	runWorker(t, e.client, cfg, greet)
+	eventually(t, "the first worker registered", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.workers WHERE worker_id = 'billing' AND status = 'ONLINE'`) == 1
+	})
+	second, err := kagzi.NewWorker(e.client, cfg, greet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	mustErrorIs(t, second.Run(rctx), kagzi.ErrAlreadyExists)
+	// The first goes on.
+	run, err := kagzi.Start(ctx, e.client, greet, greetIn{Name: "still"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -82,14 +82,25 @@ func scanWorker(row pgx.Row) (WorkerRow, error) {
 //
 // held are the runs the registering worker holds itself (one that registers late, at
 // a heartbeat, after its start found the database unreachable): they are not freed.
-func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow, held [][16]byte) error {
+//
+// liveBefore tells that the row's liveness key (other than ownKey, the registering
+// worker's) was locked by a live session: a worker of the same id runs in another
+// process (ids must be unique among live workers), and its runs were taken from it.
+func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow, held [][16]byte, ownKey int64) (liveBefore bool, err error) {
 	labels := w.Labels
 	if labels == nil {
 		labels = map[string]string{}
 	}
 	var freed int
-	err := db.QueryRow(ctx, `
-		WITH reg AS (
+	err = db.QueryRow(ctx, `
+		WITH live AS (
+			SELECT 1 FROM kagzi.workers w
+			WHERE w.namespace = $1 AND w.worker_id = $2 AND w.status <> 'OFFLINE'
+			  AND w.liveness_key IS NOT NULL AND w.liveness_key <> $12
+			  AND EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+				AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())
+				AND ((l.classid::bigint << 32) | l.objid::bigint) = w.liveness_key)
+		), reg AS (
 		INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version, labels, workflow_types,
 			max_concurrent, heartbeat_interval_ms, status, workflow_versions)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'ONLINE', $10)
@@ -110,10 +121,10 @@ func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow, held [][16]byte) 
 		)
 		SELECT (SELECT count(*) FROM reg) + (SELECT count(pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':'
 			|| $1 || '|' || t.workflow_type || '|' || (extract(epoch FROM now()) * 1000)::bigint))
-			FROM (SELECT DISTINCT workflow_type FROM freed) t)`,
+			FROM (SELECT DISTINCT workflow_type FROM freed) t), EXISTS (SELECT 1 FROM live)`,
 		w.Namespace, w.WorkerID, w.Hostname, w.PID, w.Version, labels, w.WorkflowTypes,
-		w.MaxConcurrent, w.HeartbeatInterval.Milliseconds(), w.WorkflowVersions, held).Scan(&freed)
-	return err
+		w.MaxConcurrent, w.HeartbeatInterval.Milliseconds(), w.WorkflowVersions, held, ownKey).Scan(&freed, &liveBefore)
+	return liveBefore, err
 }
 
 // SetWorkerStatus marks a worker DRAINING or OFFLINE (with its final counters).

@@ -102,8 +102,8 @@ func TestAHeartbeatDoesNotWaitForItsOwnRowThatAnotherBeatIsMarkingOffline(t *tes
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
 	for _, id := range []string{"a", "b"} {
-		if err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: id, WorkflowTypes: []string{"t"},
-			WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil); err != nil {
+		if _, err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: id, WorkflowTypes: []string{"t"},
+			WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil, 0); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -179,8 +179,8 @@ func TestRegisteringUnderAnEarlierProcesssIDFencesTheRunsItFrees(t *testing.T) {
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
 	run := runningRun(t, pool, 1, false) // locked by w, epoch 1
-	if err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: "w", WorkflowTypes: []string{"wf"},
-		WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil); err != nil {
+	if _, err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: "w", WorkflowTypes: []string{"wf"},
+		WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil, 0); err != nil {
 		t.Fatal(err)
 	}
 	res, err := Heartbeat(ctx, pool, WorkerBeat{Namespace: "default", WorkerID: "w"}, []Fence{{RunID: run, Epoch: 1}}, time.Hour)
@@ -220,8 +220,8 @@ func TestARunFreedByAReapOrARegistrationGivesItsTypeSlotBackAtOnce(t *testing.T)
 				t.Fatalf("reap: %+v, %v", r, err)
 			}
 		default:
-			if err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: "w", WorkflowTypes: []string{"wf"},
-				WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil); err != nil {
+			if _, err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: "w", WorkflowTypes: []string{"wf"},
+				WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil, 0); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -244,4 +244,51 @@ func TestARunFreedByAReapOrARegistrationGivesItsTypeSlotBackAtOnce(t *testing.T)
 			}
 		}
 	}
+}
+
+// A registration under the id of a worker whose liveness lock a live session holds
+// (two processes given one id) tells so, for the warning; one under the id of a dead
+// process, or of the registering worker's own key, does not.
+func TestRegisteringUnderALiveWorkersIDTellsThatItWasLive(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	row := WorkerRow{Namespace: "default", WorkerID: "w", WorkflowTypes: []string{"wf"},
+		WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}
+	if _, err := RegisterWorker(ctx, pool, row, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	pconn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := pconn.Hijack() // the other process's session
+	const key = 77
+	if ok, err := LockLiveness(ctx, conn, key); err != nil || !ok {
+		t.Fatalf("lock: %v %v", ok, err)
+	}
+	if err := SetLivenessKey(ctx, pool, "default", "w", key); err != nil {
+		t.Fatal(err)
+	}
+	if live, err := RegisterWorker(ctx, pool, row, nil, key); err != nil || live {
+		t.Fatalf("registering with its own key: live %v, %v (want false)", live, err)
+	}
+	if err := SetLivenessKey(ctx, pool, "default", "w", key); err != nil {
+		t.Fatal(err)
+	}
+	if live, err := RegisterWorker(ctx, pool, row, nil, 78); err != nil || !live {
+		t.Fatalf("registering under a live worker's id: live %v, %v (want true)", live, err)
+	}
+	if err := SetLivenessKey(ctx, pool, "default", "w", key); err != nil {
+		t.Fatal(err)
+	}
+	conn.Close(ctx) // its session, and the lock, end
+	eventuallyStore(t, "a registration after the session ended not told live", func() bool {
+		live, err := RegisterWorker(ctx, pool, row, nil, 79)
+		if err == nil && !live {
+			return true
+		}
+		_ = SetLivenessKey(ctx, pool, "default", "w", key)
+		return false
+	})
 }
