@@ -323,8 +323,8 @@ func (c *Client) connectDirect(ctx context.Context) (conn *pgx.Conn, err error) 
 	return pgx.ConnectConfig(ctx, cfg)
 }
 
-// Close closes the client's LISTEN connection, which otherwise stays open for
-// notifier.Linger (30s) after the last worker or Wait using it stopped. The pool is
+// Close closes the client's LISTEN connection, which otherwise stays open for 30
+// seconds after the last worker or Wait using it stopped. The pool is
 // the application's and stays open. A closed client may be used again: the
 // connection reopens when needed.
 func (c *Client) Close() { c.notifier.Close() }

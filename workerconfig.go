@@ -79,7 +79,7 @@ type WorkerConfig struct {
 	// namespace reported runs in hand at its last heartbeat and this one has seen no
 	// work (no claimed run, no notification of one) for a HeartbeatInterval, it looks
 	// every IdleReapFactor × ReapInterval instead: an idle process's looks cost the
-	// database a quarter of the statements.
+	// database a quarter of the statements. A positive ReapInterval is 10ms or more.
 	ReapInterval time.Duration
 	// DefaultRetry is the retry policy of the worker's steps and runs whose workflow
 	// and step name none. Default: the library's DefaultRetry.
