@@ -1,10 +1,12 @@
 package kagzi
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -135,14 +137,46 @@ func encodeAttributes(what string, attrs map[string]any) ([]byte, error) {
 	return b, nil
 }
 
-// decodeAttributes decodes a run's stored attributes (nil: none).
+// decodeAttributes decodes a run's stored attributes (nil: none). Numbers are float64,
+// as encoding/json gives them, except integers a float64 cannot hold exactly (beyond
+// ±2^53: an order id of 19 digits), which stay json.Number, so that they read back as
+// stored and select the run again as a RunFilter's attribute.
 func decodeAttributes(b []byte) map[string]any {
 	if len(b) == 0 {
 		return nil
 	}
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
 	var m map[string]any
-	if err := json.Unmarshal(b, &m); err != nil {
+	if err := d.Decode(&m); err != nil {
 		return map[string]any{"$undecodable": string(b)}
 	}
+	for k, v := range m {
+		m[k] = exactNumbers(v)
+	}
 	return m
+}
+
+// exactNumbers replaces the json.Numbers in v by float64s, except the integers beyond
+// ±2^53.
+func exactNumbers(v any) any {
+	switch v := v.(type) {
+	case json.Number:
+		if !strings.ContainsAny(string(v), ".eE") {
+			if i, err := v.Int64(); err != nil || i > 1<<53 || i < -(1<<53) {
+				return v // an integer a float64 would round
+			}
+		}
+		f, _ := v.Float64()
+		return f
+	case map[string]any:
+		for k, e := range v {
+			v[k] = exactNumbers(e)
+		}
+	case []any:
+		for i, e := range v {
+			v[i] = exactNumbers(e)
+		}
+	}
+	return v
 }

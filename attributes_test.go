@@ -192,3 +192,34 @@ func TestRunInfoJSONCarriesAttributesAndDeadline(t *testing.T) {
 		t.Fatalf("RunInfo's JSON: %s", b)
 	}
 }
+
+func TestAnIntegerAttributeBeyondAFloat64ReadsBackExactlyAndSelectsItsRun(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	const id = int64(1234567890123456789) // 19 digits: a float64 rounds it
+	run, err := e.client.StartByName(ctx, "held", 0, kagzi.WithAttributes(map[string]any{
+		"order_id": id, "count": 3, "ratio": 1.5, "nested": map[string]any{"id": id}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.client.GetRun(ctx, run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"order_id": json.Number("1234567890123456789"), "count": 3.0, "ratio": 1.5,
+		"nested": map[string]any{"id": json.Number("1234567890123456789")}}
+	if !reflect.DeepEqual(info.Attributes, want) {
+		t.Fatalf("attributes %#v, want %#v", info.Attributes, want)
+	}
+	// What GetRun gave selects the run again; the rounded value does not.
+	for filter, n := range map[string]int{"read back": 1, "rounded": 0} {
+		f := map[string]any{"order_id": info.Attributes["order_id"]}
+		if n == 0 {
+			f["order_id"] = float64(id)
+		}
+		page, err := e.client.ListRuns(ctx, kagzi.RunFilter{Attributes: f})
+		if err != nil || len(page.Runs) != n {
+			t.Fatalf("filter by the %s id: %d runs, %v (want %d)", filter, len(page.Runs), err, n)
+		}
+	}
+}

@@ -103,7 +103,8 @@ type RunInfo struct {
 	Deadline *time.Time `json:"deadline,omitempty"`
 	// Attributes are the run's searchable attributes (see WithAttributes and
 	// Context.SetAttributes); nil when it has none. Numbers are float64, as
-	// encoding/json decodes them into an any.
+	// encoding/json decodes them into an any, except integers beyond ±2^53, which a
+	// float64 cannot hold exactly: those are json.Number (their digits as stored).
 	Attributes map[string]any `json:"attributes,omitempty"`
 }
 

@@ -36,7 +36,7 @@ func TestRunsListSelectsByAttributesPrefixTypesErrorCodeAndOrder(t *testing.T) {
 	for i, attrs := range []map[string]any{
 		{"customer": "c-42", "priority": 1},
 		{"customer": "c-43", "priority": 2},
-		{"customer": "42"},
+		{"customer": "42", "order_id": int64(1234567890123456789)},
 	} {
 		id := fmt.Sprintf("order-%d", i+1)
 		if _, err := f.client.StartByName(ctx, "later", 0, kagzi.WithID(id), kagzi.WithAttributes(attrs),
@@ -51,6 +51,8 @@ func TestRunsListSelectsByAttributesPrefixTypesErrorCodeAndOrder(t *testing.T) {
 		{[]string{"--attr", "customer=c-42"}, "order-1"},
 		{[]string{"--attr", "customer=42"}, ""},          // 42 parses as JSON: a number
 		{[]string{"--attr", `customer="42"`}, "order-3"}, // quoted: the string
+		{[]string{"--attr", "order_id=1234567890123456789"}, "order-3"}, // past 2^53: exact
+		{[]string{"--attr", "order_id=1234567890123456788"}, ""},
 		{[]string{"--attr", "customer=c-43", "--attr", "priority=2"}, "order-2"},
 		{[]string{"--attr", "customer=c-43", "--attr", "priority=1"}, ""},
 		{[]string{"--workflow-id-prefix", "order-", "--oldest-first", "--limit", "2", "--all"}, "order-1 order-2 order-3"},

@@ -356,7 +356,7 @@ func registerRunFilter(fs *flag.FlagSet) *runFilterFlags {
 			}
 			var value any = v
 			if json.Valid([]byte(v)) {
-				_ = json.Unmarshal([]byte(v), &value)
+				value = json.RawMessage(v) // as given: a 19-digit id would not survive a float64
 			}
 			ff.attrs[k] = value
 			return nil
