@@ -19,11 +19,15 @@ type HealthReport struct {
 	// fresh reads use the pool.
 	ReadPoolError string `json:"read_pool_error,omitempty"`
 	// SchemaVersion is the applied migration version (0 for a database never
-	// migrated); LatestSchemaVersion the newest this build knows. SchemaCurrent is
-	// true when they are equal.
+	// migrated); LatestSchemaVersion the newest this build knows (filled in even when
+	// the database does not answer). SchemaCurrent is true when they are equal;
+	// SchemaNewer when a later release of Kagzi migrated the database past this build,
+	// which keeps working beside it (a rolling deploy migrates first: see
+	// docs/deployment.md), so that is healthy too.
 	SchemaVersion       int64 `json:"schema_version"`
 	LatestSchemaVersion int64 `json:"latest_schema_version"`
 	SchemaCurrent       bool  `json:"schema_current"`
+	SchemaNewer         bool  `json:"schema_newer,omitempty"`
 	// Workers are the workers running in this process on this client.
 	Workers []LocalWorkerHealth `json:"workers,omitempty"`
 	// PendingTypesWithoutWorker lists workflow types with runs ready to run (PENDING
@@ -49,15 +53,15 @@ type LocalWorkerHealth struct {
 	Stale bool `json:"stale"`
 }
 
-// Healthy reports whether the database answers, the schema is current and no local
-// worker is Stale.
+// Healthy reports whether the database answers, the schema is current (or newer:
+// see SchemaNewer) and no local worker is Stale.
 func (h *HealthReport) Healthy() bool {
 	for _, w := range h.Workers {
 		if w.Stale {
 			return false
 		}
 	}
-	return h.DatabaseOK && h.SchemaCurrent
+	return h.DatabaseOK && (h.SchemaCurrent || h.SchemaNewer)
 }
 
 // readPoolPingTimeout bounds Health's look at Config.ReadPool.
@@ -70,6 +74,7 @@ const readPoolPingTimeout = time.Second
 // 0), so a migration in progress elsewhere does not hold it up, and it creates nothing.
 func (c *Client) Health(ctx context.Context) *HealthReport {
 	h := &HealthReport{}
+	h.LatestSchemaVersion, _ = schema.Latest()
 	c.mu.Lock()
 	for w := range c.workers {
 		lh := LocalWorkerHealth{ID: w.cfg.ID, ActiveRuns: w.beat().ActiveRuns, AbandonedSteps: w.abandoned.Load()}
@@ -112,8 +117,8 @@ func (c *Client) Health(ctx context.Context) *HealthReport {
 		h.DatabaseError = "schema version: " + err.Error()
 		return h
 	}
-	h.SchemaCurrent = current == latest
-	if !h.SchemaCurrent {
+	h.SchemaCurrent, h.SchemaNewer = current == latest, current > latest
+	if !h.SchemaCurrent && !h.SchemaNewer {
 		return h
 	}
 	types, err := store.PendingTypesWithoutWorker(ctx, c.pool, c.ns)

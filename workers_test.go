@@ -473,3 +473,43 @@ func TestASecondRunningWorkerWithTheIDOfAnotherOfItsClientIsRefused(t *testing.T
 		t.Fatal(err)
 	}
 }
+
+// A rolling deploy migrates first: the previous release runs beside a newer schema,
+// and its readiness probes must not take it out.
+func TestHealthOfASchemaALaterReleaseMigratedIsHealthyAndSaysSo(t *testing.T) {
+	t.Parallel()
+	ctx := waitCtx(t)
+	pool, err := pgxpool.New(ctx, testdb.NewEmpty(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	if err := kagzi.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, pool, "")
+	latest := c.Health(ctx).LatestSchemaVersion
+	if _, err := pool.Exec(ctx, `INSERT INTO `+migrations.VersionTable+` (version_id, is_applied) VALUES ($1, true)`,
+		latest+1); err != nil {
+		t.Fatal(err)
+	}
+	h := c.Health(ctx)
+	if !h.Healthy() || !h.SchemaNewer || h.SchemaCurrent || h.SchemaVersion != latest+1 || h.LatestSchemaVersion != latest {
+		t.Fatalf("health beside a newer schema: %+v (healthy %v); want healthy, SchemaNewer, version %d of %d",
+			h, h.Healthy(), latest+1, latest)
+	}
+}
+
+func TestHealthOfAnUnreachableDatabaseStillTellsTheLatestSchemaVersion(t *testing.T) {
+	t.Parallel()
+	ctx := waitCtx(t)
+	pool, err := pgxpool.New(ctx, "postgres://nobody@127.0.0.1:1/none?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	h := newClient(t, pool, "").Health(ctx)
+	if h.DatabaseOK || h.Healthy() || h.LatestSchemaVersion == 0 {
+		t.Fatalf("health of an unreachable database: %+v; want not OK, with the build's latest schema version", h)
+	}
+}

@@ -353,7 +353,7 @@ func (s *Server) HealthCheck(ctx context.Context, req *adminpb.HealthCheckReques
 		resp.Status, resp.Message = adminpb.HealthCheckResponse_SERVING_STATUS_NOT_SERVING, "database: "+h.DatabaseError
 	case h.DatabaseError != "":
 		resp.Status, resp.Message = adminpb.HealthCheckResponse_SERVING_STATUS_NOT_SERVING, h.DatabaseError
-	case !h.SchemaCurrent:
+	case !h.SchemaCurrent && !h.SchemaNewer:
 		resp.Status, resp.Message = adminpb.HealthCheckResponse_SERVING_STATUS_NOT_SERVING,
 			"schema not current: run kagzi.Migrate (or kagzi migrate up)"
 	case !h.Healthy():

@@ -291,7 +291,7 @@ func (s *Server) checkHealth(ctx context.Context) {
 	defer cancel()
 	h := s.base.Health(cctx)
 	st := healthpb.HealthCheckResponse_SERVING
-	if !h.DatabaseOK || !h.SchemaCurrent {
+	if !h.DatabaseOK || !h.SchemaCurrent && !h.SchemaNewer {
 		st = healthpb.HealthCheckResponse_NOT_SERVING
 		if ctx.Err() == nil {
 			s.opts.logger.Warn("kagziadmin: not serving", "database_ok", h.DatabaseOK,

@@ -60,7 +60,10 @@ func (a *app) printHealth(h *kagzi.HealthReport, healthy bool) {
 	}
 	if h.DatabaseOK {
 		schema := fmt.Sprintf("%d (latest %d)", h.SchemaVersion, h.LatestSchemaVersion)
-		if !h.SchemaCurrent {
+		switch {
+		case h.SchemaNewer:
+			schema += ": migrated by a later release (this one works beside it)"
+		case !h.SchemaCurrent:
 			schema += ": run kagzi migrate up"
 		}
 		kv.row("Schema version:", schema)

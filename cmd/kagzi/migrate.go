@@ -46,6 +46,9 @@ func (a *app) migrate(ctx context.Context, action string, args []string) error {
 		return a.printJSON(out)
 	}
 	switch {
+	case h.SchemaNewer:
+		fmt.Fprintf(a.stdout, "schema version %d, migrated by a later release (this one knows up to %d and works beside it)\n",
+			h.SchemaVersion, h.LatestSchemaVersion)
 	case action == "up" && before.SchemaVersion == h.SchemaVersion:
 		fmt.Fprintf(a.stdout, "schema already current at version %d\n", h.SchemaVersion)
 	case action == "up":
