@@ -49,8 +49,8 @@ func TestRunsListSelectsByAttributesPrefixTypesErrorCodeAndOrder(t *testing.T) {
 		want string
 	}{
 		{[]string{"--attr", "customer=c-42"}, "order-1"},
-		{[]string{"--attr", "customer=42"}, ""},          // 42 parses as JSON: a number
-		{[]string{"--attr", `customer="42"`}, "order-3"}, // quoted: the string
+		{[]string{"--attr", "customer=42"}, ""},                         // 42 parses as JSON: a number
+		{[]string{"--attr", `customer="42"`}, "order-3"},                // quoted: the string
 		{[]string{"--attr", "order_id=1234567890123456789"}, "order-3"}, // past 2^53: exact
 		{[]string{"--attr", "order_id=1234567890123456788"}, ""},
 		{[]string{"--attr", "customer=c-43", "--attr", "priority=2"}, "order-2"},
