@@ -472,3 +472,35 @@ func TestEveryPatchedOfOneChangeInARunGivesTheRunsFirstAnswer(t *testing.T) {
 		t.Fatalf("the run started after the change answered %q, %v; want true at both places", out, err)
 	}
 }
+
+// A run cancelled while it waited for a worker never executed: rerun, its first
+// execution is attempt 1, not 2.
+func TestARerunOfARunCancelledBeforeAnyWorkerClaimedItRunsAsAttemptOne(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	attempts := make(chan int, 4)
+	wf := kagzi.Define("attempt-of-rerun", func(ctx *kagzi.Context, _ int) (int, error) {
+		attempts <- ctx.Attempt()
+		return ctx.Attempt(), nil
+	})
+	run, err := kagzi.Start(ctx, e.client, wf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.Cancel(ctx, run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.Rerun(ctx, run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := e.client.GetRun(ctx, run.RunID); err != nil || info.Attempt != 0 {
+		t.Fatalf("rerun, before a claim: attempt %d, %v (want 0: never executed)", info.Attempt, err)
+	}
+	runWorker(t, e.client, fastWorker(), wf)
+	if got, err := run.Wait(ctx); err != nil || got != 1 {
+		t.Fatalf("the rerun's first execution: attempt %d, %v (want 1)", got, err)
+	}
+	if info, err := e.client.GetRun(ctx, run.RunID); err != nil || info.Attempt != 1 {
+		t.Fatalf("after it: attempt %d, %v (want 1)", info.Attempt, err)
+	}
+}
