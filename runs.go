@@ -257,7 +257,10 @@ type RunPage struct {
 // ListRuns lists the namespace's runs, newest first (or oldest first, see
 // RunFilter.OldestFirst), a page at a time. Pagination is by keyset: a page token
 // names the last run of the page before, so pages stay consistent while runs are
-// added. Every page is read in order from an index, except with Attributes (see
+// added: no run is listed twice, and none is skipped, except a run whose start
+// committed after the listing had passed its creation time (a StartTx in a transaction
+// that lasts: a run's creation time is its start statement's, and oldest first the
+// listing passes through the recent past). Every page is read in order from an index, except with Attributes (see
 // RunFilter.Attributes). Runs come without their Input and Output unless
 // IncludePayloads is set.
 //
