@@ -337,6 +337,11 @@ func (c *Client) ListSchedules(ctx context.Context, f ScheduleFilter) (*Schedule
 	}
 	p := store.ListSchedulesParams{Namespace: c.ns, WorkflowType: f.WorkflowType, Paused: f.Paused, Limit: f.PageSize}
 	var err error
+	if f.WorkflowType != "" {
+		if err := validName("workflow type", f.WorkflowType); err != nil {
+			return nil, err
+		}
+	}
 	if p.Limit, err = pageSize(f.PageSize); err != nil {
 		return nil, err
 	}

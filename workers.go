@@ -86,6 +86,11 @@ type WorkerPage struct {
 func (c *Client) ListWorkers(ctx context.Context, f WorkerFilter) (*WorkerPage, error) {
 	p := store.ListWorkersParams{Namespace: c.ns, WorkflowType: f.WorkflowType, Limit: f.PageSize}
 	var err error
+	if f.WorkflowType != "" {
+		if err := validName("workflow type", f.WorkflowType); err != nil {
+			return nil, err
+		}
+	}
 	if p.Limit, err = pageSize(f.PageSize); err != nil {
 		return nil, err
 	}

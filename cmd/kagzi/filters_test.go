@@ -140,6 +140,12 @@ func TestBadFlagValuesExitTwoAndFailuresOfTheDatabaseExitOne(t *testing.T) {
 		{[]string{"workers", "list", "--status", "asleep"}, `unknown worker status "asleep"`},
 		{[]string{"workers", "list", "--page-token", "garbage"}, "malformed page token"},
 		{[]string{"schedules", "list", "--page-token", "garbage"}, "malformed page token"},
+		{[]string{"runs", "show", "--workflow-id", "bad\tid"}, "control character"},
+		{[]string{"workers", "list", "--workflow-type", "bad\ttype"}, "control character"},
+		{[]string{"schedules", "list", "--workflow-type", "bad\ttype"}, "control character"},
+		{[]string{"-n", "bad\tns", "runs", "list"}, "control character"},
+		{[]string{"-n", "", "runs", "list"}, "empty namespace"},
+		{[]string{"serve-admin", "--token", "   "}, "blank"},
 	} {
 		r := kagziCmd(t, f.url, c.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.want) || !strings.Contains(r.stderr, "kagzi help") {

@@ -333,6 +333,10 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, *kagzi.Client, error)
 	if err != nil {
 		return nil, nil, err
 	}
+	if a.namespace == "" {
+		// Given empty (-n "$UNSET"): not quietly the default namespace.
+		return nil, nil, usagef("empty namespace: leave --namespace out for %q", kagzi.DefaultNamespace)
+	}
 	pool, err := pgxpool.New(ctx, u)
 	if err != nil {
 		return nil, nil, fmt.Errorf("database: %w", err)
@@ -340,6 +344,9 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, *kagzi.Client, error)
 	client, err := kagzi.NewClient(pool, kagzi.Config{Namespace: a.namespace, Logger: a.logger()})
 	if err != nil {
 		pool.Close()
+		if errors.Is(err, kagzi.ErrInvalidArgument) { // a namespace that is no valid name
+			return nil, nil, usagef("%s", strings.TrimPrefix(err.Error(), "kagzi: "))
+		}
 		return nil, nil, err
 	}
 	return pool, client, nil

@@ -105,7 +105,7 @@ func (a *app) runsShow(ctx context.Context, args []string) error {
 		run, err = client.GetRun(ctx, pos[0])
 	}
 	if err != nil {
-		return notFound(err, "no such run in namespace "+a.namespace)
+		return notFound(refusedUnasked(fs.Name(), pool, err), "no such run in namespace "+a.namespace)
 	}
 	steps, err := client.ListSteps(ctx, run.RunID)
 	if err != nil {

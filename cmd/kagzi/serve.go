@@ -41,6 +41,9 @@ func (a *app) serveAdmin(ctx context.Context, args []string) error {
 	if *token == "" {
 		*token = a.getenv("KAGZI_ADMIN_TOKEN")
 	}
+	if *token != "" && strings.TrimSpace(*token) == "" {
+		return usagef("serve-admin: the bearer token (--token or $KAGZI_ADMIN_TOKEN) is blank")
+	}
 	if !*insecure && *token == "" && *certFile == "" && !loopbackAddr(*addr) {
 		return usagef("serve-admin: refusing to serve %s in plaintext without authentication: it is not a loopback "+
 			"address, so anyone who reaches it could read every run. Set a bearer token ($KAGZI_ADMIN_TOKEN or --token), "+
