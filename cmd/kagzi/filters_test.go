@@ -167,3 +167,33 @@ func TestBadFlagValuesExitTwoAndFailuresOfTheDatabaseExitOne(t *testing.T) {
 		}
 	}
 }
+
+func TestErrorTextIsPrintedWithoutTheControlCharactersThatWouldDriveTheTerminal(t *testing.T) {
+	f := newFixture(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	escapes := kagzi.Define("escapes", func(ctx *kagzi.Context, _ int) (int, error) {
+		return 0, &kagzi.Error{Code: "ESC", Message: "\x1b[31mred\x1b[0m\rover\x07written", NonRetryable: true}
+	})
+	w, err := kagzi.NewWorker(f.client, kagzi.WorkerConfig{DisableScheduler: true}, escapes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- w.Run(wctx) }()
+	defer func() { stop(); <-done }()
+	run, err := kagzi.Start(ctx, f.client, escapes, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err == nil {
+		t.Fatal("the run did not fail")
+	}
+	for _, args := range [][]string{{"runs", "list", "--error-code", "ESC"}, {"runs", "show", run.RunID}} {
+		out := ok(t, f.url, args...)
+		if strings.ContainsAny(out, "\x1b\r\x07") || !strings.Contains(out, `\x1b[31mred\x1b[0m over\awritten`) {
+			t.Errorf("kagzi %q printed %q; want the escapes shown, not sent", args, out)
+		}
+	}
+}

@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"io"
 	"sort"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/kagzi/kagzi"
@@ -142,9 +144,31 @@ func newTable(out io.Writer, header ...string) *table {
 
 func (t *table) row(cells ...string) {
 	for i, c := range cells {
-		cells[i] = strings.NewReplacer("\t", " ", "\n", " ").Replace(c)
+		cells[i] = printable(c)
 	}
 	fmt.Fprintln(t.w, strings.Join(cells, "\t"))
+}
+
+// printable makes a cell one line of text that cannot drive the terminal: tabs,
+// newlines and carriage returns become spaces, and the other control characters
+// (an error message's escape sequences) are shown as Go escapes (\x1b).
+func printable(s string) string {
+	if !strings.ContainsFunc(s, unicode.IsControl) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		switch {
+		case r == '\t' || r == '\n' || r == '\r':
+			b.WriteByte(' ')
+		case unicode.IsControl(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteRune(r)
+		}
+	}
+	return b.String()
 }
 
 func (t *table) flush() { _ = t.w.Flush() }
