@@ -180,3 +180,34 @@ func TestBadListingFiltersAreTypedErrors(t *testing.T) {
 		t.Errorf("a good filter: Err() = %v, want nil", err)
 	}
 }
+
+func TestCreatedBoundsBetweenMicrosecondsSelectAsTheirNanosecondsSay(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	run, err := e.client.StartByName(ctx, "held", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.client.GetRun(ctx, run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := info.CreatedAt // microseconds, as stored
+	for _, c := range []struct {
+		f    kagzi.RunFilter
+		want int
+	}{
+		{kagzi.RunFilter{CreatedAfter: at}, 1},
+		{kagzi.RunFilter{CreatedAfter: at.Add(time.Nanosecond)}, 0},
+		{kagzi.RunFilter{CreatedAfter: at.Add(-time.Nanosecond)}, 1},
+		{kagzi.RunFilter{CreatedBefore: at}, 0},
+		{kagzi.RunFilter{CreatedBefore: at.Add(time.Nanosecond)}, 1},
+		{kagzi.RunFilter{CreatedBefore: at.Add(-time.Nanosecond)}, 0},
+	} {
+		page, err := e.client.ListRuns(ctx, c.f)
+		if err != nil || len(page.Runs) != c.want {
+			t.Errorf("created after %v, before %v (run created %v): %d runs, %v; want %d",
+				c.f.CreatedAfter.Sub(at), c.f.CreatedBefore.Sub(at), at, len(page.Runs), err, c.want)
+		}
+	}
+}

@@ -214,7 +214,7 @@ type RunFilter struct {
 	// WorkflowIDPrefix selects the runs whose workflow id starts with it ("order-"),
 	// compared byte by byte.
 	WorkflowIDPrefix string
-	CreatedAfter     time.Time // inclusive
+	CreatedAfter     time.Time // inclusive (to the nanosecond; runs' times are microseconds)
 	CreatedBefore    time.Time // exclusive
 	// ScheduleID selects the runs a schedule fired.
 	ScheduleID string
@@ -346,11 +346,16 @@ func (f RunFilter) params(ns string) (store.ListRunsParams, error) {
 			return p, invalidArgument("unknown run status %q", s)
 		}
 	}
+	// The database keeps microseconds: a bound between two is rounded up, to the first
+	// time it can hold that is not before it (a run created at T is not after T+1ns,
+	// and is before it).
 	if !f.CreatedAfter.IsZero() {
-		p.CreatedAfter = &f.CreatedAfter
+		after := ceilMicro(f.CreatedAfter)
+		p.CreatedAfter = &after
 	}
 	if !f.CreatedBefore.IsZero() {
-		p.CreatedBefore = &f.CreatedBefore
+		before := ceilMicro(f.CreatedBefore)
+		p.CreatedBefore = &before
 	}
 	if f.PageToken != "" {
 		t, id, err := decodePageToken(f.PageToken, f.OldestFirst)
@@ -566,4 +571,12 @@ func pageSize(n int) (int, error) {
 		return 0, invalidArgument("page size %d is not within 1..1000", n)
 	}
 	return n, nil
+}
+
+// ceilMicro rounds t up to a whole microsecond, PostgreSQL's precision.
+func ceilMicro(t time.Time) time.Time {
+	if r := t.Truncate(time.Microsecond); !r.Equal(t) {
+		return r.Add(time.Microsecond)
+	}
+	return t
 }
