@@ -211,3 +211,57 @@ func runsState(pool interface {
 		FROM kagzi.runs`).Scan(&s)
 	return s
 }
+
+var echoLimited = kagzi.Define("echo-limited", func(ctx *kagzi.Context, n int) (int, error) {
+	return kagzi.Step(ctx, "echo", func(context.Context) (int, error) { return n, nil })
+})
+
+// A start in a worker's process claims its run only when no run of its type waits to
+// be claimed before it: with a backlog of higher priority, such starts jumped it (an
+// outside audit saw priority-0 runs of a type limited to 1 run before priority-3600
+// runs queued earlier).
+func TestAnEagerStartDoesNotJumpRunsQueuedBeforeIt(t *testing.T) {
+	for _, wf := range []*kagzi.Workflow[int, int]{echo, echoLimited} {
+		t.Run(wf.Name(), func(t *testing.T) {
+			e := newEnv(t)
+			ctx := waitCtx(t)
+			if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: echoLimited.Name(), Concurrency: 1}); err != nil {
+				t.Fatal(err)
+			}
+			kinds := &claimKinds{}
+			// No LISTEN and a poll an hour apart: the worker claims at its start and
+			// then only through starts of its own process.
+			c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: kinds, DisableDirectConn: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := fastWorker()
+			cfg.PollInterval, cfg.MaxConcurrent = time.Hour, 4
+			runWorker(t, c, cfg, wf)
+			eventually(t, "the worker's first claim", func() bool { return kinds.statements.Load() > 0 })
+			// Queued from a process without a worker, at a high priority.
+			for i := range 3 {
+				if _, err := kagzi.Start(ctx, e.client, wf, i, kagzi.WithPriority(1800)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			for i := range 3 {
+				run, err := kagzi.Start(ctx, c, wf, 10+i)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if info, err := c.GetRun(ctx, run.RunID); err != nil || info.Status != kagzi.StatusPending {
+					t.Fatalf("a start of priority 0 behind three queued runs of priority 1800: %s, %v; want PENDING",
+						info.Status, err)
+				}
+			}
+			// Above the queued runs' priority, a start takes the free slot.
+			if _, err := kagzi.Start(ctx, c, wf, 20, kagzi.WithPriority(3600)); err != nil {
+				t.Fatal(err)
+			}
+			if n := kinds.eager.Load(); n != 1 {
+				t.Fatalf("%d runs claimed by their starts, want 1 (the last)", n)
+			}
+		})
+	}
+}

@@ -20,6 +20,7 @@ func TestAnEagerStartThatCountsHoldersClaimsItsRunOnlyWithinTheLimits(t *testing
 	ctx := context.Background()
 	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_concurrency) VALUES ('default', 'keyed', 2);
 		INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency) VALUES ('default', 'type-limited', 2);
+		INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency) VALUES ('default', 'queued-limited', 2);
 		INSERT INTO kagzi.flow_limits (namespace, workflow_type, rate, rate_period_ms) VALUES ('default', 'rated', 100, 1000)`); err != nil {
 		t.Fatal(err)
 	}
@@ -31,10 +32,11 @@ func TestAnEagerStartThatCountsHoldersClaimsItsRunOnlyWithinTheLimits(t *testing
 	v := "v1"
 	// eager: 0 not eager, 1 eager (the type not known to be limited), 2 eager and
 	// known to be limited.
+	priority := 0
 	start := func(typ, key string, eager int) string {
 		t.Helper()
 		n := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowType: typ, Input: []byte(`1`), Version: &v,
-			FlowKey: key}
+			FlowKey: key, Priority: priority}
 		n.WorkflowID = n.RunID.String()
 		if eager > 0 {
 			n.Eager = &Eager{WorkerID: "w", Lease: time.Minute, Version: v, Limited: eager == 2}
@@ -60,26 +62,36 @@ func TestAnEagerStartThatCountsHoldersClaimsItsRunOnlyWithinTheLimits(t *testing
 		what, typ, key string
 		eager          int
 		want           string
+		priority       int
 	}{
-		{"the key's first run", "keyed", "a", 1, "RUNNING"},
-		{"a second run, one holder of two places", "keyed", "a", 1, "RUNNING"},
-		{"a third run: the key is full", "keyed", "a", 1, "PENDING"},
-		{"another key", "keyed", "b", 1, "RUNNING"},
-		{"a run not started eagerly", "keyed", "b", 0, "PENDING"},
-		{"a run behind the key's queued run, with room", "keyed", "b", 1, "PENDING"},
-		{"a type with no limits", "free", "a", 1, "RUNNING"},
-		{"a type with no limits, said to be limited", "free", "", 2, "RUNNING"},
-		{"a limited type not known to be", "type-limited", "", 1, "PENDING"},
-		{"a limited type known to be, with room", "type-limited", "", 2, "RUNNING, holding a slot"},
-		{"a keyed run of a limited type, with room", "type-limited", "a", 1, "RUNNING, holding a slot"},
-		{"a limited type whose slots are full", "type-limited", "", 2, "PENDING"},
-		{"a keyed run of a limited type whose slots are full", "type-limited", "b", 1, "PENDING"},
-		{"a type with a rate limit", "rated", "", 2, "PENDING"},
+		{"the key's first run", "keyed", "a", 1, "RUNNING", 0},
+		{"a second run, one holder of two places", "keyed", "a", 1, "RUNNING", 0},
+		{"a third run: the key is full", "keyed", "a", 1, "PENDING", 0},
+		{"another key", "keyed", "b", 1, "RUNNING", 0},
+		{"a run not started eagerly", "keyed", "b", 0, "PENDING", 0},
+		{"a run behind the key's queued run, with room", "keyed", "b", 1, "PENDING", 0},
+		{"a type with no limits", "free", "a", 1, "RUNNING", 0},
+		{"a type with no limits, said to be limited", "free", "", 2, "RUNNING", 0},
+		{"a limited type known to be, with room", "type-limited", "", 2, "RUNNING, holding a slot", 0},
+		{"a keyed run of a limited type, with room", "type-limited", "a", 1, "RUNNING, holding a slot", 0},
+		{"a limited type whose slots are full", "type-limited", "", 2, "PENDING", 0},
+		{"a keyed run of a limited type whose slots are full", "type-limited", "b", 1, "PENDING", 0},
+		{"a limited type not known to be", "type-limited", "", 1, "PENDING", 0},
+		{"a type with a rate limit", "rated", "", 2, "PENDING", 0},
+		// Runs queued for a claim come first: an eager start does not jump them.
+		{"a run not started eagerly, queued", "queued", "", 0, "PENDING", 0},
+		{"a type with no limits, behind a queued run", "queued", "", 1, "PENDING", 0},
+		{"the same, of a priority above the queued runs'", "queued", "", 1, "RUNNING", 60},
+		{"a run of a limited type, queued", "queued-limited", "", 0, "PENDING", 0},
+		{"a limited type with room, behind a queued run", "queued-limited", "", 2, "PENDING", 0},
+		{"the same, of a priority above the queued runs'", "queued-limited", "", 2, "RUNNING, holding a slot", 60},
 	} {
+		priority = c.priority
 		if got := start(c.typ, c.key, c.eager); got != c.want {
 			t.Errorf("%s: %s, want %s", c.what, got, c.want)
 		}
 	}
+	priority = 0
 	for range 8 {
 		start("free", "c", 1)
 	}

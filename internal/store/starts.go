@@ -135,10 +135,11 @@ func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
 	case eagerPlain:
 		cte = `
 	-- An eager start (see Eager) inserts the run claimed unless its type has
-	-- flow-control limits (the claim applies them). The caller checked the rest: the
+	-- flow-control limits (the claim applies them) or runs of its type wait to be
+	-- claimed before it (queuedAheadSQL). The caller checked the rest: the
 	-- run starts now, has no concurrency key, and its version is the worker's.
 	SELECT NOT EXISTS (SELECT 1 FROM kagzi.flow_limits l WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type)
-		AS ok, false AS slot`
+		AND NOT EXISTS (` + queuedAheadSQL + `) AS ok, false AS slot`
 	case eagerLocked:
 		cte = `
 	-- An eager start of a run whose type may have limits, or which has a concurrency
@@ -147,10 +148,13 @@ func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
 	-- has room (the key's holders), and no run of its key is queued (those come
 	-- first, in start order): the holders counted as a claim counts them, by a
 	-- statement that starts after the caller locked the type and the key (see
-	-- eagerLockSQL). The run then holds a slot of its type's limit (slot).
-	SELECT coalesce(l.ok, true) AND (@flow_key::text = '' OR NOT EXISTS (SELECT 1 FROM kagzi.runs q
+	-- eagerLockSQL). A run of no key is not inserted claimed while runs of its type
+	-- wait to be claimed before it (queuedAheadSQL): it would take their slot. The
+	-- run then holds a slot of its type's limit (slot).
+	SELECT coalesce(l.ok, true) AND CASE WHEN @flow_key::text = '' THEN NOT EXISTS (` + queuedAheadSQL + `)
+		ELSE NOT EXISTS (SELECT 1 FROM kagzi.runs q
 			WHERE q.namespace = @namespace AND q.workflow_type = @workflow_type AND q.flow_key = @flow_key::text
-			  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING')) AS ok,
+			  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING') END AS ok,
 		coalesce(l.slot, false) AS slot
 	FROM (SELECT 1) one LEFT JOIN (
 		SELECT l.rate IS NULL AND l.key_rate IS NULL
@@ -174,6 +178,19 @@ func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
 	}
 	return insertRunTemplate(cte, prev)
 }
+
+// queuedAheadSQL selects the runs of the start's type that a claim of the worker would
+// take before the new run (one is enough): claimable now (runs_claimable: runs of no
+// key, or of a key that started) at a time not after the new run's (now() less its
+// priority in seconds), of a version the worker runs. An eager start must not put its
+// run ahead of them: with a backlog, every start in a worker's process would jump it,
+// whatever the priorities.
+const queuedAheadSQL = `SELECT 1 FROM kagzi.runs q
+		WHERE q.namespace = @namespace AND q.workflow_type = @workflow_type
+		  AND q.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND q.available_at IS NOT NULL
+		  AND (q.flow_key IS NULL OR q.started_at IS NOT NULL)
+		  AND q.available_at <= now() - @priority * interval '1 second'
+		  AND (q.version IS NULL OR q.version = @eager_version::text)`
 
 // archivedStatus is the status reuseNeverSQL gives a run of kagzi.history_ids, whose
 // row is in the history: only its run_id, namespace, workflow_id, created_at and
