@@ -100,12 +100,15 @@ func (a *app) runsShow(ctx context.Context, args []string) error {
 	defer pool.Close()
 	var run *kagzi.RunInfo
 	if *wfID != "" {
+		// A workflow id that is no valid name is a usage error; a run id that names no
+		// run, malformed or unknown, is a failure (see the docs).
 		run, err = client.GetRunByWorkflowID(ctx, *wfID)
+		err = refusedUnasked(fs.Name(), pool, err)
 	} else {
 		run, err = client.GetRun(ctx, pos[0])
 	}
 	if err != nil {
-		return notFound(refusedUnasked(fs.Name(), pool, err), "no such run in namespace "+a.namespace)
+		return notFound(err, "no such run in namespace "+a.namespace)
 	}
 	steps, err := client.ListSteps(ctx, run.RunID)
 	if err != nil {
