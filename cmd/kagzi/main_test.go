@@ -619,6 +619,10 @@ func TestRunsRerunAndForkStartTheRunAgainFromAStep(t *testing.T) {
 		string(info.Input) != `{"name": "fork"}` {
 		t.Fatalf("fork: %+v, %v", info, err)
 	}
+	if out := ok(t, f.url, "runs", "show", forkID); !strings.Contains(out, "Forked from:") ||
+		!strings.Contains(out, f.greets[0]+" (at step flaky#1)") {
+		t.Fatalf("runs show of the fork does not say what it was forked from:\n%s", out)
+	}
 	r = kagziCmd(t, f.url, "runs", "fork", f.greets[0], "no-such-step#1")
 	if r.code != 1 || !strings.Contains(r.stderr, "no step") {
 		t.Fatalf("fork from a missing step: exit %d, %q", r.code, r.stderr)

@@ -135,6 +135,9 @@ func (a *app) printRun(run *kagzi.RunInfo) {
 	kv.row("Run:", run.RunID)
 	kv.row("Workflow ID:", run.WorkflowID)
 	kv.row("Type:", run.WorkflowType)
+	if run.Version != "" {
+		kv.row("Version:", run.Version)
+	}
 	kv.row("Namespace:", run.Namespace)
 	status := string(run.Status)
 	if run.CancelRequested && !run.Status.Terminal() {
@@ -148,6 +151,9 @@ func (a *app) printRun(run *kagzi.RunInfo) {
 	kv.row("Created:", when(run.CreatedAt))
 	kv.row("Started:", whenp(run.StartedAt))
 	kv.row("Finished:", whenp(run.FinishedAt))
+	if run.ForkedFromRunID != "" {
+		kv.row("Forked from:", run.ForkedFromRunID+" (at step "+run.ForkedFromStep+")")
+	}
 	if run.ContinuedFromRunID != "" {
 		kv.row("Continued from:", run.ContinuedFromRunID)
 	}
