@@ -51,9 +51,10 @@ type scope struct {
 
 // usable checks that call (Step, Sleep, ...) may be made with c: a Context the worker
 // gave to a workflow function or a branch, not nil or zero, whose function has not
-// returned, and not used from inside the body of one of its steps. A step's body gets a plain context.Context; a durable
-// call made from it with the workflow's Context would be recorded under keys that
-// depend on whether the body ran, so it is refused and records nothing.
+// returned, and not used from inside the body of one of its steps. A step's body gets a
+// plain context.Context; a durable call made from it with the workflow's Context would
+// be recorded under keys that depend on whether the body ran, so it is refused and
+// records nothing.
 func (c *Context) usable(call, name string) error {
 	if c == nil || c.x == nil || c.sc == nil {
 		return invalidArgument("%s %q: nil or zero *kagzi.Context; use the one the workflow function (or branch) was given", call, name)

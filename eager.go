@@ -14,11 +14,12 @@ import (
 // Nothing else changes: the run is leased and fenced like any claimed run, a crash
 // before its first step is an ordinary takeover, and a run that cannot start eagerly
 // (a StartTx, a delayed start, a debounce, a version the worker did not register, a
-// type with a rate limit, a full concurrency limit) is inserted PENDING as before.
+// type with a rate limit, a full concurrency limit, runs of its type queued for a
+// claim before it) is inserted PENDING as before.
 //
 // Limits. A run with a concurrency key, or of a type that an earlier eager start of
-// this client found limited (its insert came back PENDING: the insert of a run of no
-// key claims only for a type without limits), starts eagerly when its type has no
+// this client found limited (its insert came back PENDING, and not for a queue before
+// it: the insert of a run of no key claims only for a type without limits), starts eagerly when its type has no
 // rate limit, its type's concurrency limit and its key's have room, and no run of its
 // key is queued before it: the start locks the type (when it has a concurrency limit)
 // and the key as a claim does, counts their holders in a statement after the locks,
@@ -37,6 +38,15 @@ func (c *Client) eagerWorker(workflowType, version string) *Worker {
 		if !w.cfg.DisableEagerStart && w.defs[workflowType] != nil && w.versionOf(workflowType) == version && w.reserveSlot() {
 			return w
 		}
+	}
+	return nil
+}
+
+// floorOf returns the worker's claim floor of a type (nil: none), from which an eager
+// start looks for runs queued before its own.
+func (w *Worker) floorOf(workflowType string) *time.Time {
+	if at, ok := w.floors.Of(workflowType); ok {
+		return &at
 	}
 	return nil
 }

@@ -217,9 +217,11 @@ var echoLimited = kagzi.Define("echo-limited", func(ctx *kagzi.Context, n int) (
 })
 
 // A start in a worker's process claims its run only when no run of its type waits to
-// be claimed before it: with a backlog of higher priority, such starts jumped it (an
-// outside audit saw priority-0 runs of a type limited to 1 run before priority-3600
-// runs queued earlier).
+// be claimed before it: with a backlog, such starts jumped it (an outside audit saw
+// priority-0 runs of a type limited to 1 run before priority-3600 runs queued earlier).
+// The start looks from its worker's claim floor, as the worker's claims do (a worker
+// that LISTENs lowers its floor for every run started elsewhere; this one does not
+// LISTEN, so the queued runs are started after its first claim, above its floor).
 func TestAnEagerStartDoesNotJumpRunsQueuedBeforeIt(t *testing.T) {
 	for _, wf := range []*kagzi.Workflow[int, int]{echo, echoLimited} {
 		t.Run(wf.Name(), func(t *testing.T) {
@@ -239,9 +241,19 @@ func TestAnEagerStartDoesNotJumpRunsQueuedBeforeIt(t *testing.T) {
 			cfg.PollInterval, cfg.MaxConcurrent = time.Hour, 4
 			runWorker(t, c, cfg, wf)
 			eventually(t, "the worker's first claim", func() bool { return kinds.statements.Load() > 0 })
-			// Queued from a process without a worker, at a high priority.
+			if wf == echoLimited {
+				// The client's first start of a limited type learns that it is: its
+				// run waits for a claim (here, first in the queue).
+				if _, err := kagzi.Start(ctx, c, wf, -1); err != nil {
+					t.Fatal(err)
+				}
+				if !kagzi.NotedLimited(c, wf.Name()) {
+					t.Fatal("the client did not note the limited type")
+				}
+			}
+			// Queued from a process without a worker.
 			for i := range 3 {
-				if _, err := kagzi.Start(ctx, e.client, wf, i, kagzi.WithPriority(1800)); err != nil {
+				if _, err := kagzi.Start(ctx, e.client, wf, i); err != nil {
 					t.Fatal(err)
 				}
 			}
@@ -251,7 +263,7 @@ func TestAnEagerStartDoesNotJumpRunsQueuedBeforeIt(t *testing.T) {
 					t.Fatal(err)
 				}
 				if info, err := c.GetRun(ctx, run.RunID); err != nil || info.Status != kagzi.StatusPending {
-					t.Fatalf("a start of priority 0 behind three queued runs of priority 1800: %s, %v; want PENDING",
+					t.Fatalf("a start behind three queued runs of its priority: %s, %v; want PENDING",
 						info.Status, err)
 				}
 			}
@@ -261,6 +273,11 @@ func TestAnEagerStartDoesNotJumpRunsQueuedBeforeIt(t *testing.T) {
 			}
 			if n := kinds.eager.Load(); n != 1 {
 				t.Fatalf("%d runs claimed by their starts, want 1 (the last)", n)
+			}
+			// A start held back by the queue alone does not make the client take a
+			// type without limits for a limited one.
+			if limited := kagzi.NotedLimited(c, wf.Name()); limited != (wf == echoLimited) {
+				t.Fatalf("the client notes %s as limited: %v", wf.Name(), limited)
 			}
 		})
 	}

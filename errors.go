@@ -14,7 +14,8 @@ var (
 	// ErrNotFound: no run (or step, or schedule) with that id in the client's namespace.
 	ErrNotFound = errors.New("kagzi: not found")
 	// ErrAlreadyExists: the workflow id is held by a run of another workflow type or,
-	// for StartChild with WithID, by a run that is not the child of that parent step.
+	// for StartChild with WithID, by a run that is not the child of that parent step;
+	// from Worker.Run, another running worker of the client has the worker's ID.
 	ErrAlreadyExists = errors.New("kagzi: already exists")
 	// ErrNoWorker: a start with RequireWorker found no live (ONLINE or DRAINING)
 	// worker in the namespace that registered the workflow type (and version).

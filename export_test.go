@@ -34,3 +34,10 @@ func SetStartsIdle(c *Client, d time.Duration) { c.starts.RunOnDemand(2, d) }
 
 // StartSenders returns how many goroutines share the client's starts' commits now.
 func StartSenders(c *Client) int { return c.starts.Senders() }
+
+// NotedLimited reports whether the client noted the workflow type as limited (its
+// eager starts then take the type's locks and count its holders).
+func NotedLimited(c *Client, workflowType string) bool {
+	_, ok := c.limitedTypes.Load(workflowType)
+	return ok
+}

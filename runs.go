@@ -255,14 +255,14 @@ type RunPage struct {
 }
 
 // ListRuns lists the namespace's runs, newest first (or oldest first, see
-// RunFilter.OldestFirst), a page at a time. Pagination is by keyset: a page token
-// names the last run of the page before, so pages stay consistent while runs are
-// added: no run is listed twice, and none is skipped, except a run whose start
-// committed after the listing had passed its creation time (a StartTx in a transaction
-// that lasts: a run's creation time is its start statement's, and oldest first the
-// listing passes through the recent past). Every page is read in order from an index, except with Attributes (see
-// RunFilter.Attributes). Runs come without their Input and Output unless
-// IncludePayloads is set.
+// RunFilter.OldestFirst), a page at a time. Pagination is by keyset: a page token names
+// the last run of the page before, so pages stay consistent while runs are added: no
+// run is listed twice, and none is skipped, except a run whose start committed after
+// the listing had passed its creation time (a StartTx in a transaction that lasts: a
+// run's creation time is its start statement's, and oldest first the listing passes
+// through the recent past). Every page is read in order from an index, except with
+// Attributes (see RunFilter.Attributes). Runs come without their Input and Output
+// unless IncludePayloads is set.
 //
 // With Config.ReadPool, ListRuns reads from it (a replica may lag the primary).
 func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {

@@ -144,10 +144,11 @@ func (s *Saga) Add(name string, fn func(context.Context) error, opts ...StepOpti
 // non-retryable: its effects are undone). When every compensation completed, its
 // recorded error is cause's (the code of the step that failed, say), marked
 // NonRetryable, with Metadata["compensated"] listing the compensations that ran as a
-// JSON array (the text of one: Metadata values are strings). When one failed, its code is CodeCompensationFailed, its subject the
-// first failed compensation's step key, and its Metadata holds cause's "cause_code",
-// "cause_subject" and "cause_message", and the JSON arrays "compensated" and
-// "failed"; Wait's *WorkflowError then wraps ErrCompensationFailed.
+// JSON array (the text of one: Metadata values are strings). When one failed, its code
+// is CodeCompensationFailed, its subject the first failed compensation's step key, and
+// its Metadata holds cause's "cause_code", "cause_subject" and "cause_message", and the
+// JSON arrays "compensated" and "failed"; Wait's *WorkflowError then wraps
+// ErrCompensationFailed.
 //
 // A cancelled run does not compensate: cancelling (or passing the run's deadline)
 // unwinds the workflow goroutine, also in the middle of Compensate, and the

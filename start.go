@@ -303,10 +303,11 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 				eager = nil
 			case locked:
 				n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: *n.Version,
-					Limited: limited}
+					Limited: limited, Floor: eager.floorOf(workflowType)}
 				db = c.pool // its own transaction, for the locks (see eager.go)
 			default:
-				n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: *n.Version}
+				n.Eager = &store.Eager{WorkerID: eager.cfg.ID, Lease: eager.cfg.LeaseDuration, Version: *n.Version,
+					Floor: eager.floorOf(workflowType)}
 			}
 		}
 	}
@@ -321,9 +322,10 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 		eager.startEager(r, n.Carrier, began, st.HoldsSlot)
 	case eager != nil:
 		eager.releaseReservation()
-		if err == nil && inserted && n.FlowKey == "" && !n.Eager.Limited {
+		if err == nil && inserted && n.FlowKey == "" && !n.Eager.Limited && !st.BehindQueue {
 			// Its type has limits (an eager start of a run of no key is refused
-			// only then): the next eager starts of the type count its holders.
+			// only then, or behind runs queued before it): the next eager starts of
+			// the type count its holders.
 			c.limitedTypes.Store(workflowType, true)
 		}
 	}

@@ -319,10 +319,10 @@ func decodeStepOutput[T any](x *execution, key string, b []byte) (T, error) {
 }
 
 // callStep runs fn, turning a panic into an error (and, with a timeout, a call of
-// runtime.Goexit; without, fn runs on the caller's goroutine, which Goexit unwinds:
-// see runAttempt). With a timeout, fn runs in its own
-// goroutine with a context that ends at the deadline, and callStep returns at the
-// deadline even if fn ignores it (abandoned); fn's late result is then discarded.
+// runtime.Goexit; without, fn runs on the caller's goroutine, which Goexit unwinds: see
+// runAttempt). With a timeout, fn runs in its own goroutine with a context that ends at
+// the deadline, and callStep returns at the deadline even if fn ignores it (abandoned);
+// fn's late result is then discarded.
 func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), timeout time.Duration) (res stepResult[T]) {
 	call := func(ctx context.Context) (out T, err error) {
 		defer func() {

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,4 +170,61 @@ func eventuallyStore(t *testing.T, what string, cond func() bool) {
 		}
 	}
 	t.Fatalf("timed out waiting for %s", what)
+}
+
+// The eager start's look for runs queued before it is one ordered probe of
+// runs_claimable, made once a start, in its generic plan too: an EXISTS with a range
+// condition was planned as a sequential scan of runs (six of them, one a reference of
+// its CTE) that read the whole table when nothing was due: 140-260 ms a start at
+// 100,000 active runs.
+func TestAnEagerStartLooksForRunsQueuedBeforeItWithOneIndexProbe(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	// 30,000 runs of the type RUNNING under leases that end in a minute (none due),
+	// and a backlog of another type: the statistics do not tie type and time.
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
+			available_at, locked_by, lease_epoch, started_at)
+		SELECT gen_random_uuid(), 'default', 'r-' || i, 'wf', 'RUNNING', '{}', now() + interval '1 minute', 'w', 1, now()
+		FROM generate_series(1, 30000) i;
+		INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, available_at)
+		SELECT gen_random_uuid(), 'default', 'o-' || i, 'other', 'PENDING', '{}', now() - interval '1 hour'
+		FROM generate_series(1, 30000) i;
+		ANALYZE kagzi.runs`); err != nil {
+		t.Fatal(err)
+	}
+	v := "v1"
+	for _, mode := range []eagerMode{eagerPlain, eagerLocked} {
+		n := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowID: "new", WorkflowType: "wf",
+			Input: []byte(`1`), Version: &v, Eager: &Eager{WorkerID: "w", Lease: time.Minute, Version: v}}
+		stmt := insertRuns[mode][0]
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+stmt.sql, stmt.args(&n)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var plan strings.Builder
+		for rows.Next() {
+			var line string
+			if err := rows.Scan(&line); err != nil {
+				t.Fatal(err)
+			}
+			plan.WriteString(line + "\n")
+		}
+		if err := rows.Err(); err != nil {
+			t.Fatal(err)
+		}
+		_ = tx.Rollback(ctx)
+		p := plan.String()
+		if strings.Contains(p, "Seq Scan on runs") || strings.Count(p, "runs_claimable") != 1 ||
+			!strings.Contains(p, "loops=1)") {
+			t.Errorf("mode %d: want one probe of runs_claimable and no sequential scan of runs:\n%s", mode, p)
+		}
+	}
 }

@@ -31,11 +31,11 @@ var ErrActiveRunExists = errors.New("another active run holds the workflow id")
 
 // rerunSetSQL is what a rerun (RerunRun, RerunRuns) sets on a run r: PENDING and
 // claimable now, its attempt bumped (unless no worker ever claimed it, a run cancelled
-// while it waited: its first execution is still attempt 1), its error, cancel flag and deadline cleared; a run
-// of a concurrency key queues in its key again (started_at cleared). A debounced run
-// leaves its debounce (debounce_key cleared): it is claimable now, past any window,
-// and must neither collect the key's later starts nor collide with the run that
-// collects them now.
+// while it waited: its first execution is still attempt 1), its error, cancel flag and
+// deadline cleared; a run of a concurrency key queues in its key again (started_at
+// cleared). A debounced run leaves its debounce (debounce_key cleared): it is claimable
+// now, past any window, and must neither collect the key's later starts nor collide
+// with the run that collects them now.
 const rerunSetSQL = `status = 'PENDING', attempt = r.attempt + CASE WHEN r.lease_epoch = 0 THEN 0 ELSE 1 END, error = NULL, debounce_key = NULL,
 	cancel_requested = false, deadline_at = NULL, finished_at = NULL, locked_by = NULL,
 	started_at = CASE WHEN r.flow_key IS NULL THEN r.started_at END,

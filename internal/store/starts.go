@@ -88,6 +88,9 @@ type Eager struct {
 	// looked (an eager start of it came back PENDING): the start then locks the type
 	// and counts its holders (eagerLocked), and may claim the run within the limits.
 	Limited bool
+	// Floor is the worker's claim floor of the type (nil: none), from which the start
+	// looks for runs queued before its own (see queuedAheadSQL).
+	Floor *time.Time
 }
 
 // Debounce collapses the starts of one key (in a namespace) within a window into one
@@ -129,17 +132,20 @@ const runsCreatedSQL = `INSERT INTO kagzi.runs_created (namespace, created_at, r
 // reuseNeverSQL); without, the statement reads active runs only. With notBefore too
 // (NewRun.IDNotBefore), only runs finished from that time on are looked up.
 func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
+	// (@eager_floor, a parameter of every mode, is folded away with the false.)
 	cte := `
-	SELECT false AS ok, false AS slot`
+	SELECT false AS ok, false AS slot, false AND @eager_floor::timestamptz IS NULL AS behind`
 	switch eager {
 	case eagerPlain:
 		cte = `
 	-- An eager start (see Eager) inserts the run claimed unless its type has
 	-- flow-control limits (the claim applies them) or runs of its type wait to be
-	-- claimed before it (queuedAheadSQL). The caller checked the rest: the
+	-- claimed before it (behind: see queuedAheadSQL). The caller checked the rest: the
 	-- run starts now, has no concurrency key, and its version is the worker's.
-	SELECT NOT EXISTS (SELECT 1 FROM kagzi.flow_limits l WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type)
-		AND NOT EXISTS (` + queuedAheadSQL + `) AS ok, false AS slot`
+	SELECT NOT b.behind AND NOT EXISTS (SELECT 1 FROM kagzi.flow_limits l
+			WHERE l.namespace = @namespace AND l.workflow_type = @workflow_type) AS ok,
+		false AS slot, b.behind
+	FROM (SELECT ` + queuedAheadSQL + ` AS behind OFFSET 0) b -- OFFSET 0: one probe, not one a reference`
 	case eagerLocked:
 		cte = `
 	-- An eager start of a run whose type may have limits, or which has a concurrency
@@ -149,14 +155,13 @@ func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
 	-- first, in start order): the holders counted as a claim counts them, by a
 	-- statement that starts after the caller locked the type and the key (see
 	-- eagerLockSQL). A run of no key is not inserted claimed while runs of its type
-	-- wait to be claimed before it (queuedAheadSQL): it would take their slot. The
-	-- run then holds a slot of its type's limit (slot).
-	SELECT coalesce(l.ok, true) AND CASE WHEN @flow_key::text = '' THEN NOT EXISTS (` + queuedAheadSQL + `)
-		ELSE NOT EXISTS (SELECT 1 FROM kagzi.runs q
+	-- wait to be claimed before it (behind: see queuedAheadSQL). The run then holds a
+	-- slot of its type's limit (slot).
+	SELECT coalesce(l.ok, true) AND NOT b.behind AND (@flow_key::text = '' OR NOT EXISTS (SELECT 1 FROM kagzi.runs q
 			WHERE q.namespace = @namespace AND q.workflow_type = @workflow_type AND q.flow_key = @flow_key::text
-			  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING') END AS ok,
-		coalesce(l.slot, false) AS slot
-	FROM (SELECT 1) one LEFT JOIN (
+			  AND q.flow_key IS NOT NULL AND q.started_at IS NULL AND q.status = 'PENDING')) AS ok,
+		coalesce(l.slot, false) AS slot, b.behind
+	FROM (SELECT @flow_key::text = '' AND ` + queuedAheadSQL + ` AS behind OFFSET 0) b LEFT JOIN (
 		SELECT l.rate IS NULL AND l.key_rate IS NULL
 			AND (l.concurrency IS NULL OR (SELECT count(*) FROM kagzi.runs h
 				WHERE h.namespace = @namespace AND h.workflow_type = @workflow_type AND h.holds_type_slot
@@ -179,18 +184,21 @@ func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
 	return insertRunTemplate(cte, prev)
 }
 
-// queuedAheadSQL selects the runs of the start's type that a claim of the worker would
-// take before the new run (one is enough): claimable now (runs_claimable: runs of no
-// key, or of a key that started) at a time not after the new run's (now() less its
-// priority in seconds), of a version the worker runs. An eager start must not put its
-// run ahead of them: with a backlog, every start in a worker's process would jump it,
-// whatever the priorities.
-const queuedAheadSQL = `SELECT 1 FROM kagzi.runs q
+// queuedAheadSQL is true when a run of the start's type waits to be claimed before
+// the new run: the earliest claimable one of runs_claimable (runs of no key, or of a
+// key that started), read from the worker's claim floor of the type (see Floors: the
+// entries below it are those of runs claimed before, which a pinned xmin horizon
+// keeps in the index), is due at the new run's time (now() less its priority in
+// seconds) or before. An eager start must not put its run ahead of it: with a
+// backlog, every start in a worker's process would jump it, whatever the priorities.
+// One ordered index probe (an EXISTS with a range condition was planned as a
+// sequential scan that read the whole table when nothing was due).
+const queuedAheadSQL = `coalesce((SELECT q.available_at <= now() - @priority * interval '1 second' FROM kagzi.runs q
 		WHERE q.namespace = @namespace AND q.workflow_type = @workflow_type
 		  AND q.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND q.available_at IS NOT NULL
 		  AND (q.flow_key IS NULL OR q.started_at IS NOT NULL)
-		  AND q.available_at <= now() - @priority * interval '1 second'
-		  AND (q.version IS NULL OR q.version = @eager_version::text)`
+		  AND q.available_at >= coalesce(@eager_floor::timestamptz, '-infinity')
+		ORDER BY q.available_at LIMIT 1), false)`
 
 // archivedStatus is the status reuseNeverSQL gives a run of kagzi.history_ids, whose
 // row is in the history: only its run_id, namespace, workflow_id, created_at and
@@ -235,7 +243,7 @@ func reuseNeverSQL(ns, id, since string) string {
 func insertRunTemplate(eager, prev string) string {
 	return `
 WITH prev AS (` + prev + `
-), eager AS (` + eager + `
+), eager AS MATERIALIZED (` + eager + `
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
 		available_at, id_reuse_never, deadline_at, schedule_id, schedule_tick, parent_run_id, parent_step_key,
@@ -263,10 +271,11 @@ SELECT ins.*, true, CASE WHEN @notify_later OR ins.status = 'RUNNING' THEN '' EL
 	'w|' || octet_length(ins.namespace) || ':' || ins.namespace || '|' || ins.workflow_type || '|'
 	|| (extract(epoch FROM ins.available_at) * 1000)::bigint)::text
 	|| coalesce(` + notifyDeadlineSQL("ins.namespace", "ins.deadline_at") + `, '') END,
-	CASE WHEN @check_worker THEN NOT ` + liveWorkerSQL("@namespace", "@workflow_type", "@version::text") + ` ELSE false END
+	CASE WHEN @check_worker THEN NOT ` + liveWorkerSQL("@namespace", "@workflow_type", "@version::text") + ` ELSE false END,
+	(SELECT e.behind FROM eager e)
 FROM ins
 UNION ALL
-SELECT ` + runColumns + `, false, false, '', false FROM prev`
+SELECT ` + runColumns + `, false, false, '', false, false FROM prev`
 }
 
 var insertRunParams = []param[*NewRun]{
@@ -308,6 +317,12 @@ var insertRunParams = []param[*NewRun]{
 			return ""
 		}
 		return n.Eager.Version
+	}),
+	arg("eager_floor", "timestamptz", func(n *NewRun) *time.Time {
+		if n.Eager == nil {
+			return nil
+		}
+		return n.Eager.Floor
 	}),
 	arg("eager_lease_ms", "bigint", func(n *NewRun) int64 {
 		if n.Eager == nil {
@@ -389,6 +404,9 @@ type Started struct {
 	// HoldsSlot: an eager start claimed a slot of the type's concurrency limit for the
 	// run (see Eager).
 	HoldsSlot bool
+	// BehindQueue: an eager start did not claim its run because runs of its type wait
+	// to be claimed before it (not because of limits).
+	BehindQueue bool
 }
 
 // InsertRunChecked is InsertRun that also reports what Started holds.
@@ -437,7 +455,7 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, st Start
 			row = db.QueryRow(ctx, stmt.sql, stmt.args(&n)...)
 		}
 		st = Started{}
-		run, err = scanRun(row, &st.HoldsSlot, &st.Inserted, &notified, &st.NoWorker)
+		run, err = scanRun(row, &st.HoldsSlot, &st.Inserted, &notified, &st.NoWorker, &st.BehindQueue)
 		if errors.Is(err, pgx.ErrNoRows) {
 			continue // lost a race with a concurrent start of the same id: look again
 		}
