@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -126,14 +128,52 @@ func envelopeData(b []byte) (string, bool) {
 	return *env.Data, true
 }
 
-// unmarshalPayload decodes a stored payload into v.
+// unmarshalPayload decodes a stored payload into v. Its error does not quote the
+// payload (see unmarshalQuiet).
 func (c *payloads) unmarshalPayload(b []byte, v any) error {
 	dec, err := c.decodePayload(b)
 	if err != nil {
 		return err
 	}
-	return json.Unmarshal(dec, v)
+	return unmarshalQuiet(dec, v)
 }
+
+// unmarshalQuiet is json.Unmarshal whose error does not quote what it decodes: the
+// decode errors of payloads end up in run and step errors, which are stored as they
+// are and which hooks and spans see, while payloads are not theirs to see (and the
+// codec keeps them out of the tables). encoding/json's type errors name a number's
+// value and a time.Time's (or any UnmarshalJSON's) parse errors quote the text, so
+// the error says what did not fit where, and wraps the decoder's error, whose text
+// is left out, for errors.As in the process.
+func unmarshalQuiet(b []byte, v any) error {
+	err := json.Unmarshal(b, v)
+	if err == nil {
+		return nil
+	}
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	msg := fmt.Sprintf("%T (its text is left out: it may quote the payload)", err)
+	switch {
+	case errors.As(err, &te):
+		kind, _, _ := strings.Cut(te.Value, " ") // "number -5": the kind only
+		msg = fmt.Sprintf("a JSON %s does not fit %s", kind, te.Type)
+		if te.Field != "" {
+			msg += " (field " + te.Field + ")"
+		}
+	case errors.As(err, &se):
+		msg = fmt.Sprintf("not valid JSON (at byte %d)", se.Offset)
+	}
+	return &payloadError{msg: msg, err: err}
+}
+
+// payloadError is unmarshalQuiet's error.
+type payloadError struct {
+	msg string
+	err error
+}
+
+func (e *payloadError) Error() string { return e.msg }
+func (e *payloadError) Unwrap() error { return e.err }
 
 // readPayload is decodePayload for reads that report payloads (RunInfo, StepInfo,
 // ScheduleInfo): a payload the codec cannot decode is returned as stored.

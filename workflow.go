@@ -114,7 +114,7 @@ func (w *Workflow[In, Out]) definition() *definition {
 	}
 	return &definition{name: w.name, version: w.version, err: w.err, retry: w.retry, run: func(ctx *Context, input []byte) ([]byte, error) {
 		var in In
-		if err := json.Unmarshal(input, &in); err != nil {
+		if err := unmarshalQuiet(input, &in); err != nil {
 			return nil, &detailError{detail: ErrorDetail{
 				Code:         CodeInvalidInput,
 				NonRetryable: true,
