@@ -521,14 +521,21 @@ func (v valuesFrom) Value(key any) any {
 type QueueStat struct {
 	WorkflowType string
 	// Ready counts the runs claimable now: the queue's depth. It includes runs whose
-	// wake or retry time has come and runs whose worker's lease expired.
+	// wake or retry time has come and runs whose worker's lease expired, and leaves out
+	// those Held.
 	Ready int64
+	// Held counts the runs whose time has come that a concurrency limit holds back
+	// (see Limits): of a key at its key limit, or beyond the room of their type's
+	// limit. They are not claimable until a holder ends. A rate limit's held runs are
+	// in Ready.
+	Held int64
 	// Running counts the runs a live worker holds.
 	Running int64
 	// Waiting counts the runs whose time has not come: delayed starts, sleeps,
 	// backoffs, signal and child waits.
 	Waiting int64
-	// OldestReady is how long the oldest ready run has been claimable (0: none is).
+	// OldestReady is how long the oldest run whose time has come has waited (0: none is
+	// Ready). Under a key limit it may be a held run's.
 	OldestReady time.Duration
 }
 
@@ -544,8 +551,8 @@ func (c *Client) QueueStats(ctx context.Context) ([]QueueStat, error) {
 	}
 	out := make([]QueueStat, len(rows))
 	for i, r := range rows {
-		out[i] = QueueStat{WorkflowType: r.WorkflowType, Ready: r.Ready, Running: r.Running, Waiting: r.Waiting,
-			OldestReady: r.OldestReady}
+		out[i] = QueueStat{WorkflowType: r.WorkflowType, Ready: r.Ready, Held: r.Held, Running: r.Running,
+			Waiting: r.Waiting, OldestReady: r.OldestReady}
 	}
 	return out, nil
 }

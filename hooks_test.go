@@ -355,3 +355,74 @@ func TestQueueStatsAgeOfTheOldestReadyRunCountsFromItsStartNotFromItsPriority(t 
 		t.Fatalf("queue stats %+v, want one ready run claimable for under a minute (it was just started)", stats)
 	}
 }
+
+// Found from outside: runs a concurrency limit holds back were counted Ready (claimable
+// now), so queue-depth and oldest-age alerts fired for work waiting its turn.
+func TestQueueStatsCountsRunsAConcurrencyLimitHoldsBackAsHeldNotReady(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	for _, l := range []kagzi.Limits{{WorkflowType: "by-key", KeyConcurrency: 1}, {WorkflowType: "by-type", Concurrency: 2},
+		{WorkflowType: "both", Concurrency: 3, KeyConcurrency: 1}} {
+		if _, err := e.client.SetLimits(ctx, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := func(typ, key string, n int) {
+		for range n {
+			opts := []kagzi.StartOption{}
+			if key != "" {
+				opts = append(opts, kagzi.WithConcurrencyKey(key))
+			}
+			if _, err := e.client.StartByName(ctx, typ, 1, opts...); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	start("by-key", "a", 3)
+	start("by-key", "b", 1)
+	start("by-type", "", 5)
+	start("both", "a", 2)
+	start("both", "b", 2)
+	start("both", "c", 2)
+	start("both", "", 1)
+	// A worker that claims one run of each and keeps them.
+	hold := make(chan struct{})
+	defer close(hold)
+	wf := func(name string) kagzi.Definition {
+		return kagzi.Define(name, func(ctx *kagzi.Context, _ int) (int, error) {
+			select {
+			case <-hold:
+			case <-ctx.Done():
+			}
+			return 0, ctx.Err()
+		})
+	}
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 1
+	for _, name := range []string{"by-key", "by-type", "both"} {
+		cfg.ID = "holder-" + name
+		runWorker(t, e.client, cfg, wf(name))
+	}
+	want := map[string][2]int64{ // type: ready, held
+		"by-key":  {1, 2}, // a holds its place (2 of a's held); b is ready
+		"by-type": {1, 3}, // 1 of 2 slots held: 1 ready, 3 held
+		"both":    {2, 4}, // 1 of 3 slots held (a key's run): 2 ready of the keys b, c and no key; 4 held
+	}
+	eventually(t, "each worker to hold a run", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'RUNNING'`) == 3
+	})
+	stats, err := e.client.QueueStats(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range stats {
+		w := want[s.WorkflowType]
+		if s.Ready != w[0] || s.Held != w[1] || s.Running != 1 || (s.Ready > 0) != (s.OldestReady > 0) {
+			t.Errorf("%s: ready %d, held %d, running %d, oldest %v; want ready %d, held %d, running 1",
+				s.WorkflowType, s.Ready, s.Held, s.Running, s.OldestReady, w[0], w[1])
+		}
+	}
+	if len(stats) != 3 {
+		t.Fatalf("stats of %d types, want 3: %+v", len(stats), stats)
+	}
+}

@@ -33,8 +33,9 @@
 // kagzi.execution.duration, kagzi.step.duration, kagzi.claim.latency (from the time
 // a run became claimable to its claim), kagzi.claim.duration (the claim
 // statement). kagzi.worker.active_runs counts the slots in use. ObserveQueues adds
-// the gauges kagzi.queue.depth (runs claimable now), kagzi.queue.running,
-// kagzi.queue.waiting and kagzi.queue.oldest_age (seconds). Export them to
+// the gauges kagzi.queue.depth (runs claimable now), kagzi.queue.held (due runs a
+// concurrency limit holds back), kagzi.queue.running, kagzi.queue.waiting and
+// kagzi.queue.oldest_age (seconds). Export them to
 // Prometheus with the OpenTelemetry Prometheus exporter as a reader of the meter
 // provider.
 package kagziotel
@@ -112,8 +113,8 @@ type Hooks struct {
 	claimLatency, claimDuration                           metric.Float64Histogram
 	activeRuns                                            metric.Int64UpDownCounter
 
-	queueDepth, queueRunning, queueWaiting metric.Int64ObservableGauge
-	queueOldest                            metric.Float64ObservableGauge
+	queueDepth, queueHeld, queueRunning, queueWaiting metric.Int64ObservableGauge
+	queueOldest                                       metric.Float64ObservableGauge
 }
 
 var _ kagzi.Hooks = (*Hooks)(nil)
@@ -173,6 +174,9 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider, opts ...Option) (*Hoo
 	h.queueDepth, err = m.Int64ObservableGauge("kagzi.queue.depth", metric.WithUnit("{run}"),
 		metric.WithDescription("Runs claimable now, by workflow type"))
 	errs = append(errs, err)
+	h.queueHeld, err = m.Int64ObservableGauge("kagzi.queue.held", metric.WithUnit("{run}"),
+		metric.WithDescription("Runs whose time has come that a concurrency limit holds back, by workflow type"))
+	errs = append(errs, err)
 	h.queueRunning, err = m.Int64ObservableGauge("kagzi.queue.running", metric.WithUnit("{run}"),
 		metric.WithDescription("Runs held by a live worker, by workflow type"))
 	errs = append(errs, err)
@@ -191,7 +195,7 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider, opts ...Option) (*Hoo
 }
 
 // ObserveQueues reports the queues of the client's namespace (kagzi.queue.depth,
-// .running, .waiting and .oldest_age, by workflow type) each time the meter provider
+// .held, .running, .waiting and .oldest_age, by workflow type) each time the meter provider
 // collects, with one query (Client.QueueStats). Call it once per client; Unregister
 // the result to stop.
 func (h *Hooks) ObserveQueues(c *kagzi.Client) (metric.Registration, error) {
@@ -206,12 +210,13 @@ func (h *Hooks) ObserveQueues(c *kagzi.Client) (metric.Registration, error) {
 		for _, s := range stats {
 			attrs := metric.WithAttributes(AttrNamespace.String(ns), AttrWorkflowType.String(s.WorkflowType))
 			o.ObserveInt64(h.queueDepth, s.Ready, attrs)
+			o.ObserveInt64(h.queueHeld, s.Held, attrs)
 			o.ObserveInt64(h.queueRunning, s.Running, attrs)
 			o.ObserveInt64(h.queueWaiting, s.Waiting, attrs)
 			o.ObserveFloat64(h.queueOldest, s.OldestReady.Seconds(), attrs)
 		}
 		return nil
-	}, h.queueDepth, h.queueRunning, h.queueWaiting, h.queueOldest)
+	}, h.queueDepth, h.queueHeld, h.queueRunning, h.queueWaiting, h.queueOldest)
 }
 
 // spanKey holds this Hooks' span of a start, execution or step in a context, so that
