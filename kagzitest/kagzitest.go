@@ -185,7 +185,10 @@ func NewWithOptions(t testing.TB, o Options, workflows ...kagzi.Definition) *Env
 	return e
 }
 
-// Now is the Env's clock: the real time plus every advance so far.
+// Now is the Env's clock: the real time plus every advance so far. It is the simulated
+// time for a test's assertions, not a time to give Kagzi: the database and workflows
+// keep the real clock (the Env moves the stored times instead), so an absolute time
+// for WithStartAt, WithDeadline or SleepUntil is time.Now().Add(d), not Now().Add(d).
 func (e *Env) Now() time.Time { return time.Now().Add(time.Duration(e.offset.Load())) }
 
 // Advance moves time on by d: every waiting time of the Env's unfinished runs (start,
@@ -304,19 +307,37 @@ func (e *Env) stillWaiting(firstID, workflowType, runID string) string {
 		return fmt.Sprintf("%s has not ended after %v, and cannot be read: %v", s, e.opts.Timeout, err)
 	}
 	s += fmt.Sprintf(" is still %s after %v; ", info.Status, e.opts.Timeout)
+	return s + e.waitsFor(ctx, info, 0)
+}
+
+// waitsFor says what a run that has not ended waits for: a limit, a signal, or a
+// child, and then what that child waits for (depth counts the children above).
+func (e *Env) waitsFor(ctx context.Context, info *kagzi.RunInfo, depth int) string {
 	if info.Hold != nil {
-		return s + "it is " + info.Hold.String()
+		return "it is " + info.Hold.String()
 	}
-	steps, err := e.Client.ListSteps(ctx, runID)
+	steps, err := e.Client.ListSteps(ctx, info.RunID)
 	if err != nil {
-		return s + err.Error()
+		return err.Error()
 	}
 	for _, st := range steps {
-		if st.Status == kagzi.StepWaiting {
-			return s + fmt.Sprintf("it waits for a signal (step %s) that nobody sent", st.Key)
+		if st.Status == kagzi.StepWaiting && st.Kind != kagzi.KindChild {
+			return fmt.Sprintf("it waits for a signal (step %s) that nobody sent", st.Key)
 		}
 	}
-	return s + "is a step stuck, or a child waiting for something?"
+	if depth < 5 {
+		page, err := e.Client.ListRuns(ctx, kagzi.RunFilter{ParentRunID: info.RunID,
+			Statuses: []kagzi.RunStatus{kagzi.StatusPending, kagzi.StatusRunning, kagzi.StatusSleeping}})
+		if err == nil && len(page.Runs) > 0 {
+			child := page.Runs[0]
+			if full, err := e.Client.GetRun(ctx, child.RunID); err == nil {
+				child = *full
+			}
+			return fmt.Sprintf("it waits for its child run %s (%s), %s: %s", child.RunID, child.WorkflowType,
+				child.Status, e.waitsFor(ctx, &child, depth+1))
+		}
+	}
+	return "is a step stuck?"
 }
 
 // Run starts a run of wf and waits for its end (Start, then Wait).

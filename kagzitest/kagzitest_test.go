@@ -94,6 +94,30 @@ func TestWaitTellsWhatARunThatDoesNotEndWaitsFor(t *testing.T) {
 	}
 }
 
+var parentOfWaiter = kagzi.Define("parent-of-waiter", func(ctx *kagzi.Context, _ int) (string, error) {
+	child, err := kagzi.StartChild(ctx, "child", waiter, 0)
+	if err != nil {
+		return "", err
+	}
+	return child.Get()
+})
+
+func TestWaitTellsWhatTheChildARunWaitsForWaitsFor(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.NewWithOptions(t, kagzitest.Options{Timeout: time.Second}, parentOfWaiter, waiter)
+	rec := &fatalRecorder{TB: t}
+	env.T = rec
+	if _, err := kagzitest.Run(env, parentOfWaiter, 0); err == nil {
+		t.Fatal("Run returned no error for a run that did not end")
+	}
+	for _, want := range []string{"it waits for its child run", "(waiter), SLEEPING",
+		"it waits for a signal (step go-ahead#1) that nobody sent"} {
+		if !strings.Contains(rec.fatal, want) {
+			t.Errorf("the test failed with %q, want it to say %q", rec.fatal, want)
+		}
+	}
+}
+
 func TestWaitTellsWhatHoldsBackARunThatDoesNotStart(t *testing.T) {
 	t.Parallel()
 	env := kagzitest.NewWithOptions(t, kagzitest.Options{Timeout: time.Second}, waiter)
