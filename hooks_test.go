@@ -1,9 +1,11 @@
 package kagzi_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -425,4 +427,62 @@ func TestQueueStatsCountsRunsAConcurrencyLimitHoldsBackAsHeldNotReady(t *testing
 	if len(stats) != 3 {
 		t.Fatalf("stats of %d types, want 3: %+v", len(stats), stats)
 	}
+}
+
+// panickyHooks panics in every method.
+type panickyHooks struct{ kagzi.NopHooks }
+
+func (panickyHooks) ExecutionBegin(context.Context, *kagzi.ExecutionEvent) context.Context {
+	panic("telemetry bug")
+}
+func (panickyHooks) StepBegin(context.Context, *kagzi.StepEvent) context.Context {
+	panic("telemetry bug")
+}
+func (panickyHooks) StepEnd(context.Context, *kagzi.StepEvent) { panic("telemetry bug") }
+func (panickyHooks) StartBegin(context.Context, *kagzi.StartEvent) context.Context {
+	panic("telemetry bug")
+}
+func (panickyHooks) Claim(context.Context, *kagzi.ClaimEvent) { panic("telemetry bug") }
+
+// Found from outside: a panic in StepBegin failed the run as the workflow's own panic,
+// and one in ExecutionBegin ended the process. A hook is telemetry: its bug is logged
+// and the run goes on.
+func TestAPanickingHookIsLoggedAndNeitherFailsTheRunNorEndsTheProcess(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var logs syncBuffer
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Hooks: panickyHooks{},
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelError}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, c, fastWorker(), greet)
+	run, err := kagzi.Start(ctx, c, greet, greetIn{Name: "ada"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatalf("the run failed under a panicking hook: %v", err)
+	}
+	if !strings.Contains(logs.String(), "a hook panicked") || !strings.Contains(logs.String(), "hook=StepBegin") {
+		t.Fatalf("the hook's panics were not logged:\n%s", logs.String())
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -272,7 +272,7 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 		}
 		c.notifier = notifier.New(c.connectDirect, store.Channel, cfg.Logger)
 	}
-	c.hooks = cfg.Hooks
+	c.hooks = guardHooks(cfg.Hooks, cfg.Logger)
 	return c, nil
 }
 
