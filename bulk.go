@@ -119,11 +119,10 @@ func rerunOutcome(o store.BulkOutcome) (BulkSkipReason, bool) {
 
 // cancelOne cancels one run with the single-run statement, which waits for the row.
 func (c *Client) cancelOne(ctx context.Context, id uuid.UUID) (store.BulkOutcome, error) {
-	before, after, err := store.CancelRun(ctx, c.pool, c.ns, id)
-	// The single-run statement does not say whether the cancel was requested
-	// before; a RUNNING run that stays RUNNING is counted as changed.
+	before, after, requested, err := store.CancelRun(ctx, c.pool, c.ns, id)
+	// A RUNNING run that stays RUNNING changed unless its cancel was requested before.
 	return store.BulkOutcome{RunID: id, Before: before,
-		Changed: after != before || before == StatusRunning}, err
+		Changed: after != before || (before == StatusRunning && !requested)}, err
 }
 
 // rerunOne reruns one run with the single-run statement.

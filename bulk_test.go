@@ -260,3 +260,38 @@ func TestCancelRunsOldestFirstLeavesRunsStartedAfterItsFirstBatchAlone(t *testin
 		t.Fatalf("%+v, want the 5,000 runs there before", res)
 	}
 }
+
+// Found from outside: a run whose row a worker held when CancelRuns came by went to the
+// single-run cancel, which counted a RUNNING run as changed whether or not its cancel
+// had been requested before.
+func TestCancelRunsCountsARunningRunWhoseCancelWasRequestedAsSkippedThoughItsRowWasHeld(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	run, err := e.client.StartByName(ctx, "held-row", 0, kagzi.WithID("held-row-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaseTo(t, e, run.RunID, "frozen")
+	if err := e.client.Cancel(ctx, run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	// A worker's write holds the row for a while.
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM kagzi.runs WHERE run_id = $1 FOR UPDATE`, run.RunID); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		time.Sleep(300 * time.Millisecond)
+		_ = tx.Rollback(context.Background())
+	}()
+	res, err := e.client.CancelRuns(ctx, kagzi.RunFilter{WorkflowIDPrefix: "held-row-"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Matched != 1 || res.Changed != 0 || res.Skipped[kagzi.BulkSkipAlreadyCancelled] != 1 {
+		t.Fatalf("a second cancel of a RUNNING run already asked to cancel: %+v; want it skipped as already cancelled", res)
+	}
+}

@@ -551,7 +551,7 @@ func (c *Client) cancel(ctx context.Context, db store.DBTX, runID string) error 
 	if err != nil {
 		return err
 	}
-	before, _, err := store.CancelRun(ctx, db, c.ns, id)
+	before, _, _, err := store.CancelRun(ctx, db, c.ns, id)
 	if err != nil {
 		return wrapStoreErr("kagzi: cancel run "+runID, err)
 	}

@@ -187,11 +187,11 @@ const cancelSetSQL = `status = CASE WHEN t.status IN ('PENDING', 'SLEEPING') THE
 // It returns the run's status before and after.
 const cancelRunSQL = `
 WITH live AS (
-	SELECT run_id, status FROM kagzi.runs WHERE namespace = $1 AND run_id = $2 FOR UPDATE
+	SELECT run_id, status, cancel_requested FROM kagzi.runs WHERE namespace = $1 AND run_id = $2 FOR UPDATE
 ), target AS (
 	SELECT * FROM live
 	UNION ALL
-	SELECT run_id, status FROM kagzi.runs_history
+	SELECT run_id, status, false FROM kagzi.runs_history
 	WHERE namespace = $1 AND run_id = $2 AND NOT EXISTS (SELECT 1 FROM live)
 ), upd AS (
 	UPDATE kagzi.runs r SET ` + cancelSetSQL + `
@@ -202,15 +202,16 @@ WITH live AS (
 SELECT t.status, coalesce(u.status, t.status),
 	CASE WHEN u.status = 'CANCELLED' THEN pg_notify('` + Channel + `', 'd|' || u.run_id || '|CANCELLED')
 	     WHEN u.status = 'RUNNING' THEN pg_notify('` + Channel + `', 'c|' || u.namespace || '|' || u.run_id)
-	END IS NULL
+	END IS NULL, t.cancel_requested
 FROM target t LEFT JOIN upd u ON true`
 
-// CancelRun cancels a run; see cancelRunSQL.
-func CancelRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (before, after vocab.RunStatus, err error) {
+// CancelRun cancels a run; see cancelRunSQL. requested tells that a cancel of the run
+// was requested before (a RUNNING run that had not stopped yet).
+func CancelRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (before, after vocab.RunStatus, requested bool, err error) {
 	var ignored bool
-	err = db.QueryRow(ctx, cancelRunSQL, namespace, runID).Scan(&before, &after, &ignored)
+	err = db.QueryRow(ctx, cancelRunSQL, namespace, runID).Scan(&before, &after, &ignored, &requested)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", "", ErrNotFound
+		return "", "", false, ErrNotFound
 	}
-	return before, after, err
+	return before, after, requested, err
 }
