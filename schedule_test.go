@@ -824,3 +824,29 @@ func TestAScheduledRunThatContinuesAsNewHoldsTheScheduleBackUntilItsChainEnds(t 
 		t.Fatalf("chain-buffer fired %v, want the held tick %v third", got, first.Add(time.Minute))
 	}
 }
+
+// Found from outside: a schedule in a time zone one process's tzdata lacks failed the
+// transaction that fired its batch, and, first in every later batch, stopped every
+// schedule of the namespace in that process. The process passes over it now.
+func TestASchedulesTimeZoneAProcessCannotReadDoesNotStopTheOtherSchedules(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	for _, id := range []string{"a-unreadable", "b-readable"} {
+		if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: id, WorkflowType: "sched-nobody",
+			Cron: "* * * * * *", Seconds: true}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// As a process whose tzdata lacks the zone sees it (claimed first: it is due first).
+	if _, err := e.pool.Exec(ctx, `UPDATE kagzi.schedules SET time_zone = 'Nowhere/Unknown',
+		next_fire_at = next_fire_at - interval '1 second' WHERE schedule_id = 'a-unreadable'`); err != nil {
+		t.Fatal(err)
+	}
+	schedulerWorker(t, e.client, time.Now)
+	eventually(t, "the readable schedule to fire three ticks", func() bool {
+		return len(scheduleRuns(t, e.client, "b-readable")) >= 3
+	})
+	if n := len(scheduleRuns(t, e.client, "a-unreadable")); n != 0 {
+		t.Fatalf("the unreadable schedule fired %d runs", n)
+	}
+}

@@ -25,6 +25,9 @@ type scheduler struct {
 	clock    func() time.Time
 	injected bool
 	specs    map[string]*cronspec.Spec
+	// unreadable holds the schedules this process cannot read (a time zone its tzdata
+	// lacks), until when it passes over them; others may fire them.
+	unreadable map[string]time.Time
 }
 
 // runScheduler fires the cron schedules that are due, until ctx is done. Every worker
@@ -36,7 +39,7 @@ type scheduler struct {
 // stops before ctx is done.
 func (w *Worker) runScheduler(ctx context.Context) {
 	s := &scheduler{w: w, c: w.client, clock: w.cfg.Clock, specs: map[string]*cronspec.Spec{},
-		injected: reflect.ValueOf(w.cfg.Clock).Pointer() != reflect.ValueOf(time.Now).Pointer()}
+		unreadable: map[string]time.Time{}, injected: reflect.ValueOf(w.cfg.Clock).Pointer() != reflect.ValueOf(time.Now).Pointer()}
 	s.run(ctx)
 }
 
@@ -137,7 +140,7 @@ func (s *scheduler) pass(ctx context.Context) (wait time.Duration, blockers []uu
 			break
 		}
 	}
-	next, blockers, err := store.NextScheduleWake(ctx, s.c.pool, s.c.ns, scheduleMaxBlockers)
+	next, blockers, err := store.NextScheduleWake(ctx, s.c.pool, s.c.ns, scheduleMaxBlockers, s.passedOver())
 	if err != nil {
 		return 0, nil, dbError("kagzi: scheduler", err)
 	}
@@ -171,7 +174,7 @@ func (s *scheduler) pass(ctx context.Context) (wait time.Duration, blockers []uu
 func (s *scheduler) fireBatch(ctx context.Context, now time.Time) (int, error) {
 	claimed := 0
 	err := store.InTx(ctx, s.c.pool, s.w.cfg.LeaseDuration, func(tx pgx.Tx) error {
-		due, err := store.ClaimDueSchedules(ctx, tx, s.c.ns, now, scheduleBatch)
+		due, err := store.ClaimDueSchedules(ctx, tx, s.c.ns, now, scheduleBatch, s.passedOver())
 		if err != nil || len(due) == 0 {
 			return err
 		}
@@ -185,6 +188,15 @@ func (s *scheduler) fireBatch(ctx context.Context, now time.Time) (int, error) {
 			return err
 		}
 		for _, sc := range due {
+			if _, err := s.spec(sc); err != nil {
+				// This process cannot read it (a time zone its tzdata lacks): the
+				// others' schedules fire, and so does it, by a process that can.
+				s.unreadable[sc.ScheduleID] = time.Now().Add(scheduleIdleCheck)
+				s.w.logger.Warn("kagzi: this process cannot read a schedule; it passes over it (a process that can "+
+					"fires it)", "schedule_id", sc.ScheduleID, "time_zone", sc.TimeZone, "error", err,
+					"look_again_in", scheduleIdleCheck)
+				continue
+			}
 			if err := s.fire(ctx, tx, sc, now, active[sc.ScheduleID]); err != nil {
 				return fmt.Errorf("schedule %q: %w", sc.ScheduleID, err)
 			}
@@ -195,6 +207,20 @@ func (s *scheduler) fireBatch(ctx context.Context, now time.Time) (int, error) {
 		return 0, dbError("kagzi: fire schedules", err)
 	}
 	return claimed, nil
+}
+
+// passedOver returns the schedules the process cannot read, for now.
+func (s *scheduler) passedOver() []string {
+	var ids []string
+	now := time.Now()
+	for id, until := range s.unreadable {
+		if now.After(until) {
+			delete(s.unreadable, id) // look again: it may have been changed
+			continue
+		}
+		ids = append(ids, id)
+	}
+	return ids
 }
 
 // spec returns the parsed cron expression of a schedule, from a cache.
@@ -259,7 +285,7 @@ func plan(sc store.Schedule, spec *cronspec.Spec, now time.Time, active bool) fi
 func (s *scheduler) fire(ctx context.Context, tx pgx.Tx, sc store.Schedule, now time.Time, active bool) error {
 	spec, err := s.spec(sc)
 	if err != nil {
-		return err // this process cannot read it (a time zone its tzdata lacks?); others may
+		return err // fireBatch passed over it
 	}
 	p := plan(sc, spec, now, active)
 	log := s.w.logger.With("schedule_id", sc.ScheduleID, "workflow_type", sc.WorkflowType)

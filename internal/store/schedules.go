@@ -225,7 +225,7 @@ func DeleteSchedule(ctx context.Context, db DBTX, namespace, id string) error {
 // another scheduler is firing is skipped, and is no longer due once that commits.
 const claimDueSchedulesSQL = `
 SELECT ` + scheduleColumns + ` FROM kagzi.schedules s
-WHERE namespace = $1 AND NOT paused
+WHERE namespace = $1 AND NOT paused AND NOT (schedule_id = ANY($4))
   AND (next_fire_at <= $2
        OR (buffered_tick IS NOT NULL AND NOT EXISTS (
            SELECT 1 FROM kagzi.runs r
@@ -236,9 +236,13 @@ LIMIT $3
 FOR UPDATE SKIP LOCKED`
 
 // ClaimDueSchedules locks the schedules that have something to fire at now, for the
-// rest of the transaction tx.
-func ClaimDueSchedules(ctx context.Context, tx pgx.Tx, namespace string, now time.Time, limit int) ([]Schedule, error) {
-	rows, err := tx.Query(ctx, claimDueSchedulesSQL, namespace, now, limit)
+// rest of the transaction tx, except those of passedOver (which the caller cannot read).
+func ClaimDueSchedules(ctx context.Context, tx pgx.Tx, namespace string, now time.Time, limit int,
+	passedOver []string) ([]Schedule, error) {
+	if passedOver == nil {
+		passedOver = []string{}
+	}
+	rows, err := tx.Query(ctx, claimDueSchedulesSQL, namespace, now, limit, passedOver)
 	if err != nil {
 		return nil, err
 	}
@@ -322,7 +326,8 @@ func RecordTrigger(ctx context.Context, tx pgx.Tx, namespace, id string, tick ti
 // active runs that hold back a buffered tick (whose completion it should listen for).
 const nextScheduleWakeSQL = `
 SELECT
-	(SELECT min(next_fire_at) FROM kagzi.schedules WHERE namespace = $1 AND NOT paused),
+	(SELECT min(next_fire_at) FROM kagzi.schedules WHERE namespace = $1 AND NOT paused
+		AND NOT (schedule_id = ANY($3))),
 	coalesce((SELECT array_agg(run_id) FROM (
 		SELECT r.run_id FROM kagzi.schedules s
 		JOIN kagzi.runs r ON r.namespace = s.namespace AND r.schedule_id = s.schedule_id
@@ -331,9 +336,14 @@ SELECT
 		ORDER BY r.run_id
 		LIMIT $2) blocking), '{}')`
 
-// NextScheduleWake returns the earliest next tick (nil when no schedule is active) and
-// up to limit runs whose completion releases a buffered tick.
-func NextScheduleWake(ctx context.Context, db DBTX, namespace string, limit int) (next *time.Time, blockers []uuid.UUID, err error) {
-	err = db.QueryRow(ctx, nextScheduleWakeSQL, namespace, limit).Scan(&next, &blockers)
+// NextScheduleWake returns the earliest next tick (nil when no schedule is active) of
+// the schedules not in passedOver and up to limit runs whose completion releases a
+// buffered tick.
+func NextScheduleWake(ctx context.Context, db DBTX, namespace string, limit int,
+	passedOver []string) (next *time.Time, blockers []uuid.UUID, err error) {
+	if passedOver == nil {
+		passedOver = []string{}
+	}
+	err = db.QueryRow(ctx, nextScheduleWakeSQL, namespace, limit, passedOver).Scan(&next, &blockers)
 	return next, blockers, err
 }
