@@ -63,6 +63,11 @@ type Config struct {
 	// the client and its workers, for tracing and metrics (see the kagziotel package)
 	// or tests (kagzitest). Default none; see Hooks.
 	Hooks Hooks
+	// ScheduleClock is the time the client's schedule calls (CreateSchedule,
+	// UpdateSchedule, ResumeSchedule, TriggerSchedule) compute a schedule's next tick
+	// and a trigger's tick from. Default time.Now; a test that moves its workers'
+	// WorkerConfig.Clock sets the same here (kagzitest does).
+	ScheduleClock func() time.Time
 	// Codec transforms payloads (inputs, outputs, signals, events) before they reach
 	// PostgreSQL: compression, encryption. MaxPayloadSize then applies to the encoded
 	// payload. Default none: payloads are stored as JSON. See Codec.
@@ -133,6 +138,7 @@ type Client struct {
 	// startsInFlight counts the client's Start calls under way (see startRun).
 	startsInFlight atomic.Int32
 	hooks          Hooks // nil: none (Config.Hooks)
+	scheduleClock  func() time.Time
 	// noWorkerWarned holds the workflow types StartByName warned about (see warnNoWorker).
 	noWorkerWarned sync.Map
 	// limitedTypes holds the workflow types an eager start found limited (see eager.go).
@@ -273,6 +279,10 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 		c.notifier = notifier.New(c.connectDirect, store.Channel, cfg.Logger)
 	}
 	c.hooks = guardHooks(cfg.Hooks, cfg.Logger)
+	c.scheduleClock = cfg.ScheduleClock
+	if c.scheduleClock == nil {
+		c.scheduleClock = time.Now
+	}
 	return c, nil
 }
 

@@ -281,7 +281,7 @@ func (c *Client) CreateSchedule(ctx context.Context, s Schedule) (*ScheduleInfo,
 	}
 	var next *time.Time
 	if !s.Paused {
-		t := spec.Next(time.Now())
+		t := spec.Next(c.scheduleClock())
 		next = &t
 	}
 	row, inserted, err := store.InsertSchedule(ctx, c.pool, c.ns, s.ID, d, next)
@@ -391,7 +391,7 @@ func (c *Client) UpdateSchedule(ctx context.Context, s Schedule) (*ScheduleInfo,
 		case s.Paused:
 			next = nil
 		case cur.Paused || cur.Cron != d.Cron || cur.CronSeconds != d.CronSeconds || cur.TimeZone != d.TimeZone:
-			t := spec.Next(time.Now())
+			t := spec.Next(c.scheduleClock())
 			next = &t
 		}
 		row, err := store.UpdateSchedule(ctx, tx, c.ns, s.ID, d, next)
@@ -440,7 +440,7 @@ func (c *Client) ResumeSchedule(ctx context.Context, id string) error {
 		if err != nil {
 			return invalidArgument("schedule %q: %v", id, err)
 		}
-		return store.ResumeSchedule(ctx, tx, c.ns, id, spec.Next(time.Now()))
+		return store.ResumeSchedule(ctx, tx, c.ns, id, spec.Next(c.scheduleClock()))
 	})
 	if errors.Is(err, ErrInvalidArgument) {
 		return err
@@ -467,7 +467,7 @@ func (c *Client) TriggerSchedule(ctx context.Context, id string) (*Run[json.RawM
 		if err != nil {
 			return err
 		}
-		tick := time.Now().UTC()
+		tick := c.scheduleClock().UTC()
 		run, _, err = store.InsertRun(ctx, tx, store.NewRun{RunID: runID, Namespace: c.ns,
 			WorkflowID: id + "@trigger/" + runID.String(), WorkflowType: sc.WorkflowType, Input: sc.Input,
 			ReuseNever: true, ScheduleID: id, ScheduleTick: &tick})

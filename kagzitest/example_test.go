@@ -311,3 +311,47 @@ func ExampleEnv_FailStep() {
 	// attempt 2 FAILED
 	// attempt 3 COMPLETED
 }
+
+// Found from outside: ResumeSchedule computed the next tick on the real clock, three
+// days behind the Env's, and the schedule back-filled a tick that came while paused.
+func TestAResumeAfterAdvanceFiresNoTickOfThePause(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.New(t, report)
+	ctx := context.Background()
+	if _, err := env.Client.CreateSchedule(ctx, kagzi.Schedule{ID: "nightly", WorkflowType: "nightly-report",
+		Cron: "0 3 * * *", Input: "ops"}); err != nil {
+		t.Fatal(err)
+	}
+	env.Advance(25 * time.Hour)
+	runs := func() int {
+		page, err := env.Client.ListRuns(ctx, kagzi.RunFilter{ScheduleID: "nightly"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(page.Runs)
+	}
+	for deadline := time.Now().Add(10 * time.Second); runs() != 1; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the schedule did not fire after a day: %d runs", runs())
+		}
+	}
+	if err := env.Client.PauseSchedule(ctx, "nightly"); err != nil {
+		t.Fatal(err)
+	}
+	env.Advance(72 * time.Hour)
+	if err := env.Client.ResumeSchedule(ctx, "nightly"); err != nil {
+		t.Fatal(err)
+	}
+	info, err := env.Client.GetSchedule(ctx, "nightly")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.NextFireAt == nil || !info.NextFireAt.After(env.Now()) || info.CatchupSkipped != 0 {
+		t.Fatalf("after the resume: next tick %v (the Env's time %v), %d skipped; want a tick to come, none skipped",
+			info.NextFireAt, env.Now(), info.CatchupSkipped)
+	}
+	time.Sleep(300 * time.Millisecond) // a tick of the pause would fire now
+	if n := runs(); n != 1 {
+		t.Fatalf("%d runs after the resume, want 1 (no tick of the pause)", n)
+	}
+}

@@ -38,8 +38,9 @@
 // process for nothing longer than a nanosecond (WorkerConfig.MaxInProcessSleep), so
 // every sleep and backoff goes through the database, except inside branches (Go,
 // Map), which wait in process in real time. Schedules fire on the Env's clock
-// (WorkerConfig.Clock): Advance moves them; create them before advancing, since
-// CreateSchedule reads the real clock.
+// (WorkerConfig.Clock), and the Env's client computes their ticks on it
+// (Config.ScheduleClock): Advance moves them, whenever they were created, paused,
+// resumed or changed.
 //
 // Call the Env's methods from the test's goroutine: on a database error or a run
 // that does not finish in Options.Timeout (real time), they fail the test.
@@ -168,7 +169,8 @@ func NewWithOptions(t testing.TB, o Options, workflows ...kagzi.Definition) *Env
 		}
 	}
 	client, err := kagzi.NewClient(e.Pool, kagzi.Config{Namespace: e.opts.Namespace, Logger: e.opts.Logger,
-		MaxPayloadSize: o.MaxPayloadSize, Codec: o.Codec, Hooks: kagzi.MultiHooks(o.Hooks, envHooks{e: e})})
+		MaxPayloadSize: o.MaxPayloadSize, Codec: o.Codec, Hooks: kagzi.MultiHooks(o.Hooks, envHooks{e: e}),
+		ScheduleClock: e.Now})
 	if err != nil {
 		t.Fatalf("kagzitest: %v", err)
 	}
