@@ -9,6 +9,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/google/uuid"
@@ -364,7 +365,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 }
 
 // validName checks a namespace, workflow type or workflow id: 1 to 255 bytes of
-// valid UTF-8 without control characters.
+// valid UTF-8 without control characters (C0, DEL and C1: unicode.IsControl).
 func validName(what, s string) error {
 	switch {
 	case s == "":
@@ -373,7 +374,7 @@ func validName(what, s string) error {
 		return invalidArgument("%s longer than 255 bytes", what)
 	case !utf8.ValidString(s):
 		return invalidArgument("%s %q is not valid UTF-8", what, s)
-	case strings.ContainsFunc(s, func(r rune) bool { return r < 0x20 || r == 0x7f }):
+	case strings.ContainsFunc(s, unicode.IsControl):
 		return invalidArgument("%s %q contains a control character", what, s)
 	}
 	return nil

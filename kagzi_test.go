@@ -619,6 +619,14 @@ func TestBadInputIsATypedErrorAndWritesNothing(t *testing.T) {
 			_, err := kagzi.Start(ctx, e.client, greet, greetIn{}, kagzi.WithID("a\nb"))
 			return err
 		}()},
+		{"workflow id with a C1 control character", func() error {
+			_, err := kagzi.Start(ctx, e.client, greet, greetIn{}, kagzi.WithID("a\u009b31mb"))
+			return err
+		}()},
+		{"schedule id with a C1 control character", func() error {
+			_, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "a\u0085b", WorkflowType: "greet", Cron: "* * * * *"})
+			return err
+		}()},
 		{"input that does not encode", func() error {
 			_, err := e.client.StartByName(ctx, "greet", make(chan int))
 			return err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"reflect"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -78,7 +79,7 @@ func Define[In, Out any](name string, fn func(ctx *Context, input In) (Out, erro
 // validVersion checks a version (WithVersion, WithRunVersion): at most 255 bytes of
 // UTF-8 without control characters; "" is no version.
 func validVersion(v string) error {
-	if len(v) > 255 || !utf8.ValidString(v) || strings.ContainsFunc(v, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+	if len(v) > 255 || !utf8.ValidString(v) || strings.ContainsFunc(v, unicode.IsControl) {
 		return invalidArgument("invalid version %q: at most 255 bytes of UTF-8 without control characters", v)
 	}
 	return nil
