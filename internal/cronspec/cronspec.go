@@ -142,7 +142,7 @@ func (s *Spec) Next(t time.Time) time.Time {
 	// a repeated time's second occurrence, which does not fire).
 	x := s.naive(t).Truncate(time.Second).Add(-time.Second)
 	for {
-		w := s.wall.Next(x) // the first matching wall-clock time > x
+		w := s.wallNext(x) // the first matching wall-clock time > x
 		if w.IsZero() {
 			return time.Time{}
 		}
@@ -151,6 +151,20 @@ func (s *Spec) Next(t time.Time) time.Time {
 		}
 		x = w
 	}
+}
+
+// wallNext returns the first matching wall-clock time after x, or zero when none
+// comes within a century. robfig/cron looks five years on from x's year: a 29
+// February falls eight years apart across 2100, which is no leap year.
+func (s *Spec) wallNext(x time.Time) time.Time {
+	for range 20 {
+		if w := s.wall.Next(x); !w.IsZero() {
+			return w
+		}
+		// Nothing up to the end of x's year + 5: go on from there.
+		x = time.Date(x.Year()+6, time.January, 1, 0, 0, 0, 0, time.UTC).Add(-time.Second)
+	}
+	return time.Time{}
 }
 
 // naive returns t's wall-clock time in the schedule's zone, as a UTC time.

@@ -263,3 +263,24 @@ func inNY(ts []time.Time) []string {
 	}
 	return out
 }
+
+// Found from outside: robfig/cron looks five years ahead, and 29 February falls eight
+// years apart across 2100 (no leap year): a leap-day schedule found no tick after 2096
+// and was paused for good.
+func TestALeapDayScheduleFiresAcrossACenturyWithoutALeapYear(t *testing.T) {
+	s, err := Parse("0 0 29 2 *", false, "UTC")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fires(t, s, time.Date(2095, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(2110, 1, 1, 0, 0, 0, 0, time.UTC))
+	want := []time.Time{time.Date(2096, 2, 29, 0, 0, 0, 0, time.UTC), time.Date(2104, 2, 29, 0, 0, 0, 0, time.UTC),
+		time.Date(2108, 2, 29, 0, 0, 0, 0, time.UTC)}
+	if len(got) != len(want) {
+		t.Fatalf("fire times %v, want %v", got, want)
+	}
+	for i := range want {
+		if !got[i].Equal(want[i]) {
+			t.Fatalf("fire times %v, want %v", got, want)
+		}
+	}
+}
