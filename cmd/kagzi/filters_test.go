@@ -146,6 +146,8 @@ func TestBadFlagValuesExitTwoAndFailuresOfTheDatabaseExitOne(t *testing.T) {
 		{[]string{"-n", "bad\tns", "runs", "list"}, "control character"},
 		{[]string{"-n", "", "runs", "list"}, "empty namespace"},
 		{[]string{"serve-admin", "--token", "   "}, "blank"},
+		{[]string{"schedules", "show", "bad\tid"}, "control character"},
+		{[]string{"schedules", "pause", strings.Repeat("x", 201)}, "longer than"},
 	} {
 		r := kagziCmd(t, f.url, c.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.want) || !strings.Contains(r.stderr, "kagzi help") {

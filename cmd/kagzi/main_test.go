@@ -447,6 +447,9 @@ func TestSchedulesListShowPauseResumeAndTrigger(t *testing.T) {
 		t.Fatalf("pause: %q", out)
 	}
 	show := ok(t, f.url, "schedules", "show", "nightly")
+	if !strings.HasPrefix(show, "Schedule:") {
+		t.Fatalf("schedules show does not begin with the schedule (an empty line first?):\n%q", show)
+	}
 	for _, want := range []string{"Schedule:", "nightly", "State:", "PAUSED", "Next fire:", "Europe/Paris", `"night"`} {
 		if !strings.Contains(show, want) {
 			t.Fatalf("schedules show lacks %q:\n%s", want, show)

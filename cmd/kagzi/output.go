@@ -138,7 +138,9 @@ type table struct{ w *tabwriter.Writer }
 
 func newTable(out io.Writer, header ...string) *table {
 	t := &table{w: tabwriter.NewWriter(out, 0, 0, 2, ' ', 0)}
-	t.row(header...)
+	if len(header) > 0 { // a table of facts, one per line, has none
+		t.row(header...)
+	}
 	return t
 }
 

@@ -91,7 +91,7 @@ func (a *app) scheduleAction(ctx context.Context, action string, args []string) 
 	case "trigger":
 		run, err := client.TriggerSchedule(ctx, id)
 		if err != nil {
-			return notFound(err, missing)
+			return notFound(refusedUnasked(fs.Name(), pool, err), missing)
 		}
 		if a.json {
 			return a.printJSON(map[string]string{"schedule_id": id, "run_id": run.RunID, "workflow_id": run.WorkflowID,
@@ -101,11 +101,12 @@ func (a *app) scheduleAction(ctx context.Context, action string, args []string) 
 		return nil
 	}
 	if err != nil {
-		return notFound(err, missing)
+		return notFound(refusedUnasked(fs.Name(), pool, err), missing)
 	}
 	s, err := client.GetSchedule(ctx, id)
 	if err != nil {
-		return notFound(err, missing)
+		// An id that is no valid name is a usage error (exit 2), refused before asking.
+		return notFound(refusedUnasked(fs.Name(), pool, err), missing)
 	}
 	if a.json {
 		return a.printJSON(scheduleOf(s))
