@@ -410,23 +410,22 @@ func TestQueueStatsCountsRunsAConcurrencyLimitHoldsBackAsHeldNotReady(t *testing
 		"by-type": {1, 3}, // 1 of 2 slots held: 1 ready, 3 held
 		"both":    {2, 4}, // 1 of 3 slots held (a key's run): 2 ready of the keys b, c and no key; 4 held
 	}
-	eventually(t, "each worker to hold a run", func() bool {
-		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE status = 'RUNNING'`) == 3
-	})
-	stats, err := e.client.QueueStats(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, s := range stats {
-		w := want[s.WorkflowType]
-		if s.Ready != w[0] || s.Held != w[1] || s.Running != 1 || (s.Ready > 0) != (s.OldestReady > 0) {
-			t.Errorf("%s: ready %d, held %d, running %d, oldest %v; want ready %d, held %d, running 1",
-				s.WorkflowType, s.Ready, s.Held, s.Running, s.OldestReady, w[0], w[1])
+	// (Looked at until it holds: a heartbeat late past a lease on a loaded box makes a
+	// held run claimable for a moment.)
+	var stats []kagzi.QueueStat
+	eventually(t, "each worker to hold a run and the rest held or ready", func() bool {
+		var err error
+		if stats, err = e.client.QueueStats(ctx); err != nil {
+			t.Fatal(err)
 		}
-	}
-	if len(stats) != 3 {
-		t.Fatalf("stats of %d types, want 3: %+v", len(stats), stats)
-	}
+		for _, s := range stats {
+			w := want[s.WorkflowType]
+			if s.Ready != w[0] || s.Held != w[1] || s.Running != 1 || (s.Ready > 0) != (s.OldestReady > 0) {
+				return false
+			}
+		}
+		return len(stats) == 3
+	})
 }
 
 // panickyHooks panics in every method.

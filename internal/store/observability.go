@@ -36,27 +36,11 @@ type QueueStat struct {
 // all within the room of the type's limit; the rest are held. Rate limits are not
 // counted: a rate window admits its runs within its period.
 const queueStatsSQL = `
-SELECT s.workflow_type, s.ready - coalesce(h.held, 0), s.running, s.waiting,
-	CASE WHEN s.ready > coalesce(h.held, 0) THEN s.oldest ELSE 0 END, coalesce(h.held, 0)
-FROM (
-	SELECT workflow_type,
-		count(*) FILTER (WHERE available_at <= now()) AS ready,
-		count(*) FILTER (WHERE status = 'RUNNING' AND available_at > now()) AS running,
-		count(*) FILTER (WHERE status <> 'RUNNING' AND available_at > now()) AS waiting,
-		coalesce((extract(epoch FROM now() - min(greatest(available_at, created_at))
-			FILTER (WHERE available_at <= now())) * 1000000)::bigint, 0) AS oldest
-	FROM (
-		SELECT r.workflow_type, r.status, r.available_at, r.created_at FROM kagzi.runs r
-		WHERE r.namespace = $1 AND ` + inRunsClaimableSQL + `
-		UNION ALL
-		SELECT r.workflow_type, r.status, r.available_at, r.created_at FROM kagzi.runs r
-		WHERE r.namespace = $1 AND ` + inRunsKeyDueSQL + `
-	) r
-	GROUP BY workflow_type
-) s
-LEFT JOIN LATERAL (
-	SELECT greatest(s.ready - least(a.plain + a.keyed,
-		CASE WHEN l.concurrency IS NULL THEN s.ready ELSE greatest(l.concurrency - a.holders, 0) END), 0) AS held
+WITH h AS MATERIALIZED (
+	-- Materialized, ahead of the grouping: joined laterally to the grouped stats, the
+	-- planner charged each of its estimated groups the whole table and the estimate
+	-- passed jit_above_cost (JIT took seconds a scrape).
+	SELECT l.workflow_type, l.concurrency, a.plain, a.keyed, a.holders
 	FROM kagzi.flow_limits l
 	CROSS JOIN LATERAL (SELECT
 		(SELECT count(*) FROM kagzi.runs r WHERE r.namespace = $1 AND r.workflow_type = l.workflow_type
@@ -72,9 +56,30 @@ LEFT JOIN LATERAL (
 		(SELECT count(*) FROM kagzi.runs h WHERE h.namespace = $1 AND h.workflow_type = l.workflow_type
 			AND h.holds_type_slot AND h.status = 'RUNNING' AND h.available_at > now() - ` + slotGraceSQL + `) AS holders
 	) a
-	WHERE l.namespace = $1 AND l.workflow_type = s.workflow_type
-	  AND (l.concurrency IS NOT NULL OR l.key_concurrency IS NOT NULL)
-) h ON true
+	WHERE l.namespace = $1 AND (l.concurrency IS NOT NULL OR l.key_concurrency IS NOT NULL)
+), s AS (
+	SELECT workflow_type,
+		count(*) FILTER (WHERE available_at <= now()) AS ready,
+		count(*) FILTER (WHERE status = 'RUNNING' AND available_at > now()) AS running,
+		count(*) FILTER (WHERE status <> 'RUNNING' AND available_at > now()) AS waiting,
+		coalesce((extract(epoch FROM now() - min(greatest(available_at, created_at))
+			FILTER (WHERE available_at <= now())) * 1000000)::bigint, 0) AS oldest
+	FROM (
+		SELECT r.workflow_type, r.status, r.available_at, r.created_at FROM kagzi.runs r
+		WHERE r.namespace = $1 AND ` + inRunsClaimableSQL + `
+		UNION ALL
+		SELECT r.workflow_type, r.status, r.available_at, r.created_at FROM kagzi.runs r
+		WHERE r.namespace = $1 AND ` + inRunsKeyDueSQL + `
+	) r
+	GROUP BY workflow_type
+), held AS (
+	SELECT s.workflow_type, coalesce(greatest(s.ready - least(h.plain + h.keyed,
+		CASE WHEN h.concurrency IS NULL THEN s.ready ELSE greatest(h.concurrency - h.holders, 0) END), 0), 0) AS n
+	FROM s LEFT JOIN h ON h.workflow_type = s.workflow_type
+)
+SELECT s.workflow_type, s.ready - held.n, s.running, s.waiting,
+	CASE WHEN s.ready > held.n THEN s.oldest ELSE 0 END, held.n
+FROM s JOIN held ON held.workflow_type = s.workflow_type
 ORDER BY s.workflow_type`
 
 // QueueStats reports the unfinished runs of the namespace by workflow type.
