@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -173,7 +174,7 @@ func eventuallyStore(t *testing.T, what string, cond func() bool) {
 }
 
 // The eager start's look for runs queued before it is one ordered probe of
-// runs_claimable, made once a start, in its generic plan too: an EXISTS with a range
+// runs_claimable, made once a start, in its generic and custom plans: an EXISTS with a range
 // condition was planned as a sequential scan of runs (six of them, one a reference of
 // its CTE) that read the whole table when nothing was due: 140-260 ms a start at
 // 100,000 active runs.
@@ -193,38 +194,48 @@ func TestAnEagerStartLooksForRunsQueuedBeforeItWithOneIndexProbe(t *testing.T) {
 		ANALYZE kagzi.runs`); err != nil {
 		t.Fatal(err)
 	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
 	v := "v1"
 	for _, mode := range []eagerMode{eagerPlain, eagerLocked} {
 		n := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowID: "new", WorkflowType: "wf",
 			Input: []byte(`1`), Version: &v, Eager: &Eager{WorkerID: "w", Lease: time.Minute, Version: v}}
 		stmt := insertRuns[mode][0]
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := tx.Exec(ctx, `SET LOCAL plan_cache_mode = force_generic_plan`); err != nil {
-			t.Fatal(err)
-		}
-		rows, err := tx.Query(ctx, "EXPLAIN (ANALYZE, COSTS OFF) "+stmt.sql, stmt.args(&n)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var plan strings.Builder
-		for rows.Next() {
-			var line string
-			if err := rows.Scan(&line); err != nil {
-				t.Fatal(err)
+		for _, planMode := range []string{"force_generic_plan", "force_custom_plan"} {
+			p := explainPlan(t, conn.Conn(), "SELECT 1", planMode, stmt.sql, stmt.args(&n)...)
+			if strings.Contains(p, "Seq Scan on runs") || strings.Count(p, "runs_claimable") != 1 {
+				t.Errorf("mode %d, %s: want one probe of runs_claimable and no sequential scan of runs:\n%s",
+					mode, planMode, p)
 			}
-			plan.WriteString(line + "\n")
 		}
-		if err := rows.Err(); err != nil {
+	}
+}
+
+// Runs of another version, which the worker would not claim, do not hold an eager start
+// back (a run stranded on a retired version turned eager starts off for its type).
+func TestRunsOfAnotherVersionDoNotHoldAnEagerStartBack(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	old, v := "v0", "v1"
+	for i := range 5 {
+		n := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowID: fmt.Sprint("old-", i),
+			WorkflowType: "wf", Input: []byte(`1`), Version: &old}
+		if _, _, err := InsertRun(ctx, pool, n); err != nil {
 			t.Fatal(err)
 		}
-		_ = tx.Rollback(ctx)
-		p := plan.String()
-		if strings.Contains(p, "Seq Scan on runs") || strings.Count(p, "runs_claimable") != 1 ||
-			!strings.Contains(p, "loops=1)") {
-			t.Errorf("mode %d: want one probe of runs_claimable and no sequential scan of runs:\n%s", mode, p)
+	}
+	for _, mode := range []bool{false, true} { // plain, then locked (a type noted as limited)
+		n := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowID: fmt.Sprint("new-", mode),
+			WorkflowType: "wf", Input: []byte(`1`), Version: &v,
+			Eager: &Eager{WorkerID: "w", Lease: time.Minute, Version: v, Limited: mode}}
+		run, st, err := InsertRunChecked(ctx, pool, n)
+		if err != nil || run.Status != "RUNNING" || st.BehindQueue {
+			t.Fatalf("eager start (locked %v) beside queued runs of another version: %s, behind %v, %v; want RUNNING",
+				mode, run.Status, st.BehindQueue, err)
 		}
 	}
 }
