@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -484,4 +485,52 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// countingSteps counts StepBegin and StepEnd calls; with panics set, its StepBegin
+// panics.
+type countingSteps struct {
+	kagzi.NopHooks
+	panics       bool
+	begins, ends atomic.Int64
+}
+
+func (c *countingSteps) StepBegin(ctx context.Context, _ *kagzi.StepEvent) context.Context {
+	c.begins.Add(1)
+	if c.panics {
+		panic("telemetry bug")
+	}
+	return ctx
+}
+
+func (c *countingSteps) StepEnd(context.Context, *kagzi.StepEvent) { c.ends.Add(1) }
+
+// Found in review: the guard wrapped a MultiHooks as one, so a later hook's panicking
+// StepBegin cut the earlier hooks' context (a tracer's span) and skipped the hooks
+// after it (kagzitest's stubs). Each hook is guarded on its own, and the End of a hook
+// whose Begin panicked is not called.
+func TestAPanickingHookLeavesTheOtherHooksOfAMultiHooksWhole(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	before, bad, after := &countingSteps{}, &countingSteps{panics: true}, &countingSteps{}
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Hooks: kagzi.MultiHooks(before, bad, after), Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, c, fastWorker(), greet)
+	run, err := kagzi.Start(ctx, c, greet, greetIn{Name: "ada"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for name, h := range map[string]*countingSteps{"before": before, "after": after} {
+		if b, en := h.begins.Load(), h.ends.Load(); b == 0 || b != en {
+			t.Errorf("the hook %s the panicking one: %d StepBegin, %d StepEnd; want them paired", name, b, en)
+		}
+	}
+	if b, en := bad.begins.Load(), bad.ends.Load(); b == 0 || en != 0 {
+		t.Errorf("the panicking hook: %d StepBegin, %d StepEnd; want no End after a Begin that panicked", b, en)
+	}
 }
