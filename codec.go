@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -141,10 +143,11 @@ func (c *payloads) unmarshalPayload(b []byte, v any) error {
 // unmarshalQuiet is json.Unmarshal whose error does not quote what it decodes: the
 // decode errors of payloads end up in run and step errors, which are stored as they
 // are and which hooks and spans see, while payloads are not theirs to see (and the
-// codec keeps them out of the tables). encoding/json's type errors name a number's
-// value and a time.Time's (or any UnmarshalJSON's) parse errors quote the text, so
-// the error says what did not fit where, and wraps the decoder's error, whose text
-// is left out, for errors.As in the process.
+// codec keeps them out of the tables). The standard library's errors quote values:
+// encoding/json's type errors name a number's, time.Time's parse errors quote the
+// text, strconv's too. Those are replaced by what did not fit where, wrapping the
+// decoder's error for errors.As in the process; an error of your own UnmarshalJSON
+// keeps its text (it is yours to keep clean, as the errors your workflows return).
 func unmarshalQuiet(b []byte, v any) error {
 	err := json.Unmarshal(b, v)
 	if err == nil {
@@ -152,18 +155,24 @@ func unmarshalQuiet(b []byte, v any) error {
 	}
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
-	msg := fmt.Sprintf("%T (its text is left out: it may quote the payload)", err)
+	var pe *time.ParseError
+	var ne *strconv.NumError
 	switch {
 	case errors.As(err, &te):
 		kind, _, _ := strings.Cut(te.Value, " ") // "number -5": the kind only
-		msg = fmt.Sprintf("a JSON %s does not fit %s", kind, te.Type)
+		msg := fmt.Sprintf("a JSON %s does not fit %s", kind, te.Type)
 		if te.Field != "" {
 			msg += " (field " + te.Field + ")"
 		}
+		return &payloadError{msg: msg, err: err}
 	case errors.As(err, &se):
-		msg = fmt.Sprintf("not valid JSON (at byte %d)", se.Offset)
+		return &payloadError{msg: fmt.Sprintf("not valid JSON (at byte %d)", se.Offset), err: err}
+	case errors.As(err, &pe):
+		return &payloadError{msg: "a time that does not parse as " + pe.Layout, err: err}
+	case errors.As(err, &ne):
+		return &payloadError{msg: "a number that does not parse (" + ne.Func + ": " + ne.Err.Error() + ")", err: err}
 	}
-	return &payloadError{msg: msg, err: err}
+	return err
 }
 
 // payloadError is unmarshalQuiet's error.

@@ -93,3 +93,31 @@ func TestAPayloadThatDoesNotDecodeFailsWithAnErrorThatDoesNotQuoteIt(t *testing.
 		}
 	}
 }
+
+// email refuses a value without an @, in its own words.
+type email string
+
+func (e *email) UnmarshalJSON(b []byte) error {
+	if !strings.Contains(string(b), "@") {
+		return errors.New("an email address needs an @")
+	}
+	*e = email(b)
+	return nil
+}
+
+// The error of an UnmarshalJSON of your own keeps its text: it is yours to keep clean.
+func TestAnInputRefusedByItsOwnUnmarshalJSONFailsWithThatErrorsText(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("decodes-email", func(ctx *kagzi.Context, in email) (int, error) { return 1, nil })
+	runWorker(t, e.client, fastWorker(), wf)
+	r, err := e.client.StartByName(ctx, wf.Name(), "nobody")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = kagzi.RunOf[int](e.client, r.RunID).Wait(ctx)
+	var we *kagzi.WorkflowError
+	if !errors.As(err, &we) || !strings.Contains(we.Detail.Message, "an email address needs an @") {
+		t.Fatalf("%v, want the input's own error text", err)
+	}
+}
