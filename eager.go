@@ -19,15 +19,15 @@ import (
 //
 // Limits. A run with a concurrency key, or of a type that an earlier eager start of
 // this client found limited (its insert came back PENDING, and not for a queue before
-// it: the insert of a run of no key claims only for a type without limits), starts eagerly when its type has no
-// rate limit, its type's concurrency limit and its key's have room, and no run of its
-// key is queued before it: the start locks the type (when it has a concurrency limit)
-// and the key as a claim does, counts their holders in a statement after the locks,
-// and commits on its own (not in the client's shared start commits), all in one round
-// trip. A run so claimed holds a slot of its type's limit, as a claimed one does. Only
-// a lone start does so: while other starts of the client are in flight, the shared
-// commits carry more of them a second than starts committing one by one (each after
-// the type's lock), and such a start leaves its run to a claim.
+// it: the insert of a run of no key claims only for a type without limits), starts
+// eagerly when its type has no rate limit, its type's concurrency limit and its key's
+// have room, and no run of its key is queued before it: the start locks the type (when
+// it has a concurrency limit) and the key as a claim does, counts their holders in a
+// statement after the locks, and commits on its own (not in the client's shared start
+// commits), all in one round trip. A run so claimed holds a slot of its type's limit,
+// as a claimed one does. Only a lone start does so: while other starts of the client
+// are in flight, the shared commits carry more of them a second than starts committing
+// one by one (each after the type's lock), and such a start leaves its run to a claim.
 
 // eagerWorker returns a running worker of the client that executes the type at the
 // version, accepts eager starts, and reserved a slot for the run; nil when none did.

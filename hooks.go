@@ -25,12 +25,12 @@ import (
 // paired, on the same goroutine for steps and starts. The other methods report
 // something that happened.
 //
-// Hooks run on Kagzi's hot path: keep them fast, and never block. They must be safe
-// for concurrent use. A hook's panic is recovered and logged, and the operation goes
-// on as if the hook had returned what it was given. They never see payloads (inputs, outputs, signal and event
-// values), only names, ids, statuses, durations and error messages. Embed NopHooks
-// in an implementation to implement only some methods, and to keep compiling when
-// methods are added.
+// Hooks run on Kagzi's hot path: keep them fast, and never block. They must be safe for
+// concurrent use. A hook's panic is recovered and logged, and the operation goes on as
+// if the hook had returned what it was given. They never see payloads (inputs, outputs,
+// signal and event values), only names, ids, statuses, durations and error messages.
+// Embed NopHooks in an implementation to implement only some methods, and to keep
+// compiling when methods are added.
 type Hooks interface {
 	// StartBegin is called before a run is inserted by Start, StartTx, StartByName,
 	// StartChild or Fork (not for a schedule's tick). It may add propagation fields to
