@@ -162,15 +162,16 @@ func (w *Worker) AbandonedSteps() int64 { return w.abandoned.Load() }
 // going back (PENDING, claimable at once by another process; the interrupted step
 // attempts do not count). It returns nil after a drain; an error when it cannot start
 // (ErrSchemaNotMigrated: the schema is not migrated, or older than this library's;
-// ErrAlreadyExists: another running worker of the client has its ID; the worker is
-// already running); and ErrClosed when the pool is closed under it.
+// ErrAlreadyExists: another running worker of the client has its ID;
+// ErrInvalidArgument: the worker is already running); and ErrClosed when the pool is
+// closed under it.
 //
 // Claims are batched to the free slots; new runs, wake times and cancels arrive by
 // LISTEN/NOTIFY on one connection per Client (see NewClient), timers wake the worker
 // for known wake times, and it polls every PollInterval only as a fallback.
 func (w *Worker) Run(ctx context.Context) error {
 	if !w.running.CompareAndSwap(false, true) {
-		return fmt.Errorf("kagzi: worker %s is already running", w.cfg.ID)
+		return invalidArgument("worker %s is already running (Run was called again before it returned)", w.cfg.ID)
 	}
 	w.sawWork.Store(time.Now().UnixNano())
 	defer w.running.Store(false)

@@ -513,3 +513,13 @@ func TestHealthOfAnUnreachableDatabaseStillTellsTheLatestSchemaVersion(t *testin
 		t.Fatalf("health of an unreachable database: %+v; want not OK, with the build's latest schema version", h)
 	}
 }
+
+func TestRunOfAWorkerAlreadyRunningIsAnInvalidArgument(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	w, _ := startWorker(t, e.client, fastWorker(), greet)
+	eventually(t, "the worker to run", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.workers WHERE status = 'ONLINE'`) == 1
+	})
+	mustErrorIs(t, w.Run(ctx), kagzi.ErrInvalidArgument)
+}
