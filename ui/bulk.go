@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/clientdb"
 	"github.com/kagzi/kagzi/internal/store"
 )
 
@@ -69,15 +70,18 @@ func (c *console) bulkConfirm(q *req) (string, any, error) {
 	return "Confirm bulk " + action, d, nil
 }
 
-// countMatches counts the runs a filter matches, up to limit (then AtLeast).
+// countMatches counts the runs a filter matches, up to limit (then AtLeast), on the
+// primary, where the action will change them: a read pool that lags counted fewer
+// than the action then changed.
 func countMatches(q *req, f kagzi.RunFilter, limit int) (capped, error) {
 	f.PageSize, f.PageToken = min(limit, 1000), ""
 	var n int64
 	for {
-		page, err := q.client.ListRuns(q.r.Context(), f)
+		res, err := clientdb.ListRunsPrimary(q.r.Context(), q.client, f)
 		if err != nil {
 			return capped{}, err
 		}
+		page := res.(*kagzi.RunPage)
 		n += int64(len(page.Runs))
 		switch {
 		case page.NextPageToken == "":

@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/testdb"
 	"github.com/kagzi/kagzi/ui"
 )
 
@@ -111,5 +114,67 @@ func TestABulkActionWithoutItsConfirmationsTimeIsABadRequestThatDoesNothing(t *t
 		if s := statusOf(t, e.client, id); s != kagzi.StatusPending {
 			t.Fatalf("run %s is %s after refused bulk cancels", id, s)
 		}
+	}
+}
+
+// Found from outside: with a ReadPool that lags (here a migrated database holding none
+// of the primary's runs, as a replica that has not replayed them), the bulk
+// confirmation counted 0 runs and its action, on the primary, cancelled 3; and the page
+// of a run just started (a fork's redirect) was a 404.
+func TestWithALaggingReadPoolTheBulkConfirmationCountsOnThePrimaryAndARunsPageFindsANewRun(t *testing.T) {
+	e := newEnv(t)
+	replica, _ := testdb.NewPool(t) // migrated, and none of the primary's rows
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quiet(), ReadPool: replica})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	ids := startIdle(t, c, 3)
+	b := serve(t, ui.Handler(c, ui.Options{Actions: true, Authorize: allowAll, Logger: quiet()}))
+	_, confirm := b.get("n/default/bulk?action=cancel&type=idle")
+	if !strings.Contains(confirm, "<b>3</b> runs in namespace <b>default</b> match") {
+		t.Fatalf("the confirmation with a lagging read pool does not count the 3 runs the action would cancel:\n%s", confirm)
+	}
+	if status, page := b.get("n/default/runs/" + ids[0]); status != http.StatusOK || !strings.Contains(page, ids[0]) {
+		t.Fatalf("the page of a run the read pool has not replayed: %d", status)
+	}
+}
+
+// Found from outside: with the database down every page was a 500 showing the driver's
+// error, with the database's host, port, user and name, to anyone allowed to read.
+func TestWithTheDatabaseDownPagesAre503WithoutTheConnectionsDetails(t *testing.T) {
+	t.Parallel()
+	pool, err := pgxpool.New(context.Background(), "postgres://secretuser@127.0.0.1:1/secretdb?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c, err := kagzi.NewClient(pool, kagzi.Config{Logger: quiet(), DisableDirectConn: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := serve(t, ui.Handler(c, ui.Options{Authorize: allowAll, Logger: quiet()}))
+	for _, page := range []string{"n/default/", "n/default/runs", "n/default/workers", "n/default/schedules",
+		"n/default/audit", "n/default/runs/01890000-0000-7000-8000-000000000000"} {
+		status, body := b.get(page)
+		if status != http.StatusServiceUnavailable || strings.Contains(body, "secretuser") ||
+			strings.Contains(body, "secretdb") || strings.Contains(body, "127.0.0.1:1") {
+			t.Errorf("%s with the database down: %d; want 503, and no connection details in:\n%s", page, status, body)
+		}
+	}
+}
+
+// A namespace name that no namespace can have is a bad request, not a missing page.
+func TestANamespaceThatIsNoValidNameIsABadRequest(t *testing.T) {
+	e := newEnv(t)
+	b := serve(t, ui.Handler(e.client, ui.Options{Authorize: allowAll, Logger: quiet(),
+		Namespaces: func(ns string) (*kagzi.Client, error) {
+			return kagzi.NewClient(e.pool, kagzi.Config{Namespace: ns, Logger: quiet()})
+		}}))
+	if status, _ := b.get("n/a%00b/runs"); status != http.StatusBadRequest {
+		t.Fatalf("a namespace with a NUL: %d, want 400", status)
+	}
+	if status, _ := b.get("n/other/runs"); status != http.StatusOK {
+		t.Fatalf("a namespace the callback serves: %d, want 200", status)
 	}
 }

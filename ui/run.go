@@ -66,7 +66,10 @@ func (c *console) run(q *req) (string, any, error) {
 	}
 	runID, _ := uuid.Parse(run.RunID)
 	d := &runData{Run: run, Active: !run.Status.Terminal(), Input: c.payload(run.Input), Output: c.payload(run.Output)}
-	if d.Lease, err = store.GetRunLease(ctx, q.read, q.ns, runID); err != nil {
+	// From the primary, as GetRun: a read pool that lags has no row yet for a run
+	// started a moment ago (a fork's redirect here, a child just started), and the
+	// page was a 404 for a run that exists.
+	if d.Lease, err = store.GetRunLease(ctx, q.pool, q.ns, runID); err != nil {
 		return "", nil, storeErr(err)
 	}
 	if run.Status == kagzi.StatusRunning {
@@ -102,10 +105,15 @@ func (c *console) run(q *req) (string, any, error) {
 	return "Run " + short(run.RunID), d, nil
 }
 
-// runMessages reads the run's signals and events.
+// runMessages reads the run's signals and events. They come from the read pool: one
+// that lags may not have the run yet, which the primary showed exists, and then has
+// none of its messages either.
 func (c *console) runMessages(q *req, d *runData) error {
 	ctx, id := q.r.Context(), d.Run.RunID
 	signals, err := q.client.ListSignals(ctx, id, kagzi.ListOptions{PageSize: runSignals})
+	if errors.Is(err, kagzi.ErrNotFound) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -114,6 +122,9 @@ func (c *console) runMessages(q *req, d *runData) error {
 	}
 	d.SignalsMore = signals.NextPageToken != ""
 	events, err := q.client.ListEvents(ctx, id, kagzi.ListOptions{PageSize: runEvents})
+	if errors.Is(err, kagzi.ErrNotFound) {
+		return nil
+	}
 	if err != nil {
 		return err
 	}

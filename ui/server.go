@@ -7,14 +7,17 @@ import (
 	"errors"
 	"fmt"
 	"html/template"
+	"io"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/url"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi"
@@ -194,6 +197,9 @@ func (c *console) clientFor(ns string) (*kagzi.Client, error) {
 		return cl.(*kagzi.Client), nil
 	}
 	cl, err := c.opts.Namespaces(ns)
+	if errors.Is(err, kagzi.ErrInvalidArgument) { // a name no namespace can have: 400
+		return nil, fmt.Errorf("namespace %q: %w", ns, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("%w: namespace %q: %v", kagzi.ErrNotFound, ns, err)
 	}
@@ -301,14 +307,34 @@ func (c *console) fail(w http.ResponseWriter, r *http.Request, q *req, err error
 	case errors.Is(err, kagzi.ErrInvalidArgument), errors.Is(err, kagzi.ErrAlreadyExists),
 		errors.Is(err, kagzi.ErrRunFinished):
 		status = http.StatusBadRequest
-	default:
+	case unreachable(err):
+		status = http.StatusServiceUnavailable
+	}
+	msg := err.Error()
+	if status >= 500 {
+		// The database's errors name its host, port, user and database: they go to the
+		// log, not to whoever may read the console.
 		c.opts.Logger.Error("kagzi console", "path", r.URL.Path, "error", err)
+		msg = "The console could not read the database (see the server's log)."
+		if status == http.StatusServiceUnavailable {
+			msg = "The database is unavailable. Try again in a moment."
+		}
 	}
 	if q == nil {
 		q = &req{w: w, r: r, root: relativeRoot(r.URL.EscapedPath())}
 	}
 	q.w, q.r = w, r
-	c.render(q, status, "error", http.StatusText(status), errorView{Status: status, Message: err.Error()})
+	c.render(q, status, "error", http.StatusText(status), errorView{Status: status, Message: msg})
+}
+
+// unreachable reports an error of a database that cannot be reached: the client's
+// ErrUnavailable, or, for the console's own reads, the driver's failure to connect or
+// a broken connection.
+func unreachable(err error) bool {
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return errors.Is(err, kagzi.ErrUnavailable) || errors.As(err, &ce) || errors.As(err, &ne) ||
+		pgconn.Timeout(err) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 type errorView struct {
