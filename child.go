@@ -99,7 +99,7 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	ctx.ensureLease()
 	var refused error // a start refused for good: returned, not retried as the write's failure
 	err = ctx.write(func(c context.Context, _ *writer) (err error) {
-		run, err = x.rt.startChild(withValuesOf(c, ctx), wf.name, b, opts, parentID, key, idNotBefore)
+		run, err = x.rt.startChild(withValuesOf(c, ctx), wf.name, b, opts, x.run.Fence, key, idNotBefore)
 		if errors.Is(err, ErrNonRetryable) {
 			refused, err = err, nil
 		}
@@ -200,11 +200,14 @@ func childResult[Out any](c *ChildRun[Out], status StepStatus, output, errDetail
 	return out, we
 }
 
-// startChild inserts a child run (as Start does) linked to its parent's step.
+// startChild inserts a child run (as Start does) linked to its parent's step, while
+// the parent's lease (parent) holds: a worker that lost it starts nothing
+// (store.ErrLeaseLost).
 func (c *Client) startChild(ctx context.Context, workflowType string, input []byte, opts []StartOption,
-	parentID uuid.UUID, parentKey string, idNotBefore *time.Time) (*Run[json.RawMessage], error) {
+	parent store.Fence, parentKey string, idNotBefore *time.Time) (*Run[json.RawMessage], error) {
 	run, err := c.startRun(ctx, nil, workflowType, input, opts, func(n *store.NewRun) {
-		n.ParentRunID, n.ParentStepKey = &parentID, parentKey
+		n.ParentRunID, n.ParentStepKey = &parent.RunID, parentKey
+		n.ParentFence = &parent
 		n.IDNotBefore = idNotBefore
 	})
 	if err != nil && (errors.Is(err, ErrInvalidArgument) || errors.Is(err, ErrAlreadyExists) || errors.Is(err, ErrNoWorker)) {

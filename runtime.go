@@ -27,7 +27,7 @@ type runtime struct {
 	logger   *slog.Logger
 	// startChild inserts a child run linked to its parent's step (Client.startChild).
 	startChild func(ctx context.Context, workflowType string, input []byte, opts []StartOption,
-		parent uuid.UUID, key string, idNotBefore *time.Time) (*Run[json.RawMessage], error)
+		parent store.Fence, key string, idNotBefore *time.Time) (*Run[json.RawMessage], error)
 	// abandoned counts the step goroutines that ignored their timeout.
 	abandoned *atomic.Int64
 	// goroutines runs the workflow functions (see internal/gopool).

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // Starts: the statements that insert runs (one, debounced, eager, or many of a type).
@@ -41,6 +43,12 @@ type NewRun struct {
 	// ParentRunID and ParentStepKey, when set, make the run a child of that run's step.
 	ParentRunID   *uuid.UUID
 	ParentStepKey string
+	// ParentFence, for a child, is its parent's lease as the starting execution holds
+	// it: the child is inserted only while the parent is RUNNING under it (and the
+	// insert holds the parent's row FOR KEY SHARE till it commits, so a takeover comes
+	// before or after it); a worker that lost the parent's lease inserts nothing
+	// (ErrLeaseLost). An orphan started by such a zombie outlived its parent's cancel.
+	ParentFence *Fence
 	// Version, when set, is the workflow version the run starts with; nil lets the
 	// first worker to claim it pin its own, or with NewestVersion, takes the version
 	// of the most recently started live worker of the type (none: nil).
@@ -245,6 +253,13 @@ func reuseNeverSQL(ns, id, since string) string {
 func insertRunTemplate(eager, prev string) string {
 	return `
 WITH prev AS (` + prev + `
+), parent_held AS (
+	-- A child's parent, held by the starting execution's lease (NewRun.ParentFence).
+	SELECT 1 FROM kagzi.runs p
+	WHERE @parent_epoch::bigint IS NOT NULL AND p.run_id = @parent_run_id::uuid AND p.lease_epoch = @parent_epoch
+	  AND p.lease_token IS NOT DISTINCT FROM @parent_token::uuid AND p.status = 'RUNNING'
+	  AND NOT (p.holds_type_slot AND p.available_at <= clock_timestamp())
+	FOR KEY SHARE
 ), eager AS MATERIALIZED (` + eager + `
 ), ins AS (
 	INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
@@ -263,7 +278,7 @@ WITH prev AS (` + prev + `
 		CASE WHEN e.ok THEN @eager_worker::text END, CASE WHEN e.ok THEN 1 ELSE 0 END, CASE WHEN e.ok THEN now() END,
 		e.ok AND e.slot
 	FROM eager e
-	WHERE NOT EXISTS (SELECT 1 FROM prev)
+	WHERE NOT EXISTS (SELECT 1 FROM prev) AND (@parent_epoch::bigint IS NULL OR EXISTS (SELECT 1 FROM parent_held))
 	ON CONFLICT (namespace, workflow_id) WHERE status IN ('PENDING', 'RUNNING', 'SLEEPING') DO NOTHING
 	RETURNING ` + runColumns + `, holds_type_slot
 ), listed AS (
@@ -298,6 +313,18 @@ var insertRunParams = []param[*NewRun]{
 	arg("schedule_tick", "timestamptz", func(n *NewRun) *time.Time { return n.ScheduleTick }),
 	arg("parent_run_id", "uuid", func(n *NewRun) *uuid.UUID { return n.ParentRunID }),
 	arg("parent_step_key", "text", func(n *NewRun) string { return n.ParentStepKey }),
+	arg("parent_epoch", "bigint", func(n *NewRun) *int64 {
+		if n.ParentFence == nil {
+			return nil
+		}
+		return &n.ParentFence.Epoch
+	}),
+	arg("parent_token", "uuid", func(n *NewRun) pgtype.UUID {
+		if n.ParentFence == nil {
+			return pgtype.UUID{}
+		}
+		return n.ParentFence.token()
+	}),
 	arg("version", "text", func(n *NewRun) *string { return n.Version }),
 	arg("forked_from_run_id", "uuid", func(n *NewRun) *uuid.UUID { return n.ForkedFromRunID }),
 	arg("forked_from_step", "text", func(n *NewRun) string { return n.ForkedFromStep }),
@@ -459,6 +486,12 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, st Start
 		st = Started{}
 		run, err = scanRun(row, &st.HoldsSlot, &st.Inserted, &notified, &st.NoWorker, &st.BehindQueue)
 		if errors.Is(err, pgx.ErrNoRows) {
+			if n.ParentFence != nil {
+				// Or the parent's lease was lost: then the child is not started.
+				if held, err := parentHeld(ctx, db, *n.ParentFence); err != nil || !held {
+					return Run{}, Started{}, cmp.Or(err, ErrLeaseLost)
+				}
+			}
 			continue // lost a race with a concurrent start of the same id: look again
 		}
 		if err == nil && !st.Inserted && run.Status == archivedStatus {
@@ -469,6 +502,14 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, st Start
 		}
 		return run, st, err
 	}
+}
+
+// parentHeld reports whether a child's parent is still RUNNING under the lease f.
+func parentHeld(ctx context.Context, db DBTX, f Fence) (bool, error) {
+	var held bool
+	err := db.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM kagzi.runs WHERE run_id = $1 AND lease_epoch = $2
+		AND lease_token IS NOT DISTINCT FROM $3 AND status = 'RUNNING')`, f.RunID, f.Epoch, f.token()).Scan(&held)
+	return held, err
 }
 
 // raceWait waits before the try-th look after a lost race with concurrent starts of

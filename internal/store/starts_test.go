@@ -66,3 +66,38 @@ func TestAStartThatKeepsLosingRacesForItsWorkflowIDEndsWithItsContext(t *testing
 		t.Fatalf("runs: %d, %v (want none)", count, err)
 	}
 }
+
+// Found from outside: a worker frozen past its parent run's lease went on to insert the
+// child it was starting after another worker had ended the parent CANCELLED, and the
+// child, started after the cancel went down the tree, ran on. A child's insert is
+// fenced by its parent's lease.
+func TestAChildIsStartedOnlyUnderItsParentsLease(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	parent := runningRun(t, pool, 2, false) // taken over: epoch 2
+	child := func(epoch int64) (bool, error) {
+		n := NewRun{RunID: uuid.Must(uuid.NewV7()), Namespace: "default", WorkflowID: uuid.NewString(),
+			WorkflowType: "child", Input: []byte(`1`), ParentRunID: &parent, ParentStepKey: "c#1",
+			ParentFence: &Fence{RunID: parent, Epoch: epoch}, ReuseNever: true}
+		_, inserted, err := InsertRun(ctx, pool, n)
+		return inserted, err
+	}
+	if inserted, err := child(1); !errors.Is(err, ErrLeaseLost) || inserted {
+		t.Fatalf("a child started under the parent's lost lease: inserted %v, %v; want ErrLeaseLost", inserted, err)
+	}
+	if inserted, err := child(2); err != nil || !inserted {
+		t.Fatalf("a child started under the parent's lease: inserted %v, %v", inserted, err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'CANCELLED', finished_at = now() WHERE run_id = $1`,
+		parent); err != nil {
+		t.Fatal(err)
+	}
+	if inserted, err := child(2); !errors.Is(err, ErrLeaseLost) || inserted {
+		t.Fatalf("a child started after its parent ended: inserted %v, %v; want ErrLeaseLost", inserted, err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE parent_run_id = $1`, parent).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("children of the parent: %d, %v; want the one started under its lease", n, err)
+	}
+}
