@@ -280,10 +280,11 @@ func mapResults[Out any](futures []*Future[Out], collectAll bool) ([]Out, error)
 	return outs, first
 }
 
-// Race runs the functions concurrently as one step and returns the first success;
-// the others' contexts are cancelled and their results discarded. When all fail, the
-// step fails with their errors joined (and is retried per its policy). The winner's
-// output is recorded as the step's, so a replay returns the same winner.
+// Race runs the functions concurrently as one step and returns the first success; the
+// others' contexts are cancelled and their results discarded. When all fail, the step
+// fails with their errors joined (and is retried per its policy, unless one of them is
+// NonRetryable, which the joined error then is). The winner's output is recorded as the
+// step's, so a replay returns the same winner.
 func Race[T any](ctx *Context, name string, fns []func(context.Context) (T, error), opts ...StepOption) (T, error) {
 	if len(fns) == 0 {
 		var zero T
