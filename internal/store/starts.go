@@ -192,16 +192,16 @@ func insertRunSQL(eager eagerMode, reuseNever, notBefore bool) string {
 	return insertRunTemplate(cte, prev)
 }
 
-// queuedAheadSQL is true when a run of the start's type waits to be claimed before
-// the new run: the earliest claimable one of runs_claimable (runs of no key, or of a
-// key that started) of a version the worker runs, read from the worker's claim floor
-// of the type (see Floors: the entries below it are those of runs claimed before,
-// which a pinned xmin horizon keeps in the index), is due at the new run's time (now()
-// less its priority in seconds) or before. (Runs of another version, which the worker
-// would not claim, are walked past.) An eager start must not put its run ahead of it: with a
+// queuedAheadSQL is true when a run of the start's type waits to be claimed before the
+// new run: the earliest claimable one of runs_claimable (runs of no key, or of a key
+// that started) of a version the worker runs, read from the worker's claim floor of the
+// type (see Floors: the entries below it are those of runs claimed before, which a
+// pinned xmin horizon keeps in the index), is due at the new run's time (now() less its
+// priority in seconds) or before. (Runs of another version, which the worker would not
+// claim, are walked past.) An eager start must not put its run ahead of it: with a
 // backlog, every start in a worker's process would jump it, whatever the priorities.
-// One ordered index probe (an EXISTS with a range condition was planned as a
-// sequential scan that read the whole table when nothing was due).
+// One ordered index probe (an EXISTS with a range condition was planned as a sequential
+// scan that read the whole table when nothing was due).
 const queuedAheadSQL = `coalesce((SELECT q.available_at <= now() - @priority * interval '1 second' FROM kagzi.runs q
 		WHERE q.namespace = @namespace AND q.workflow_type = @workflow_type
 		  AND q.status IN ('PENDING', 'RUNNING', 'SLEEPING') AND q.available_at IS NOT NULL
