@@ -123,6 +123,7 @@ type Client struct {
 	id        uuid.UUID
 	waiter    waiterRegistration
 	waitPoll  time.Duration // how long Wait waits for news before its second look (doubling to 5 s)
+	looks     runLooks      // the waits' batched looks at their runs (waiters.go)
 	pool      *pgxpool.Pool
 	read      *pgxpool.Pool   // Config.ReadPool, or pool
 	direct    *pgx.ConnConfig // Config.DirectConnConfig; nil: the pool's

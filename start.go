@@ -472,7 +472,9 @@ func (c *Client) warnNoWorker(workflowType string, version *string) {
 // for the run's completion notification (told in process, with the run's result, when
 // a worker of the same client ends the run: nothing is read back; else sent by the
 // run's end, because the client registers as a waiter), and looks at the run every few
-// seconds in case a notification was missed. A database that is unavailable for a
+// seconds in case a notification was missed (the client makes the looks of all its
+// waits that are due together, in one statement: a thousand waits cost one
+// statement a round). A database that is unavailable for a
 // while (restarting, failing over, unreachable) does not end the wait: Wait looks
 // again on the same schedule until the run ends or ctx is done (its error then
 // wraps both ctx's and the last ErrUnavailable).
@@ -489,15 +491,27 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 	sub := c.notifier.Subscribe(store.DoneTopic(id))
 	defer func() { sub.Close() }() // the subscription of the run waited for last
 	poll := c.waitPoll
-	var ended *runEnd // told by a worker of this client with its notification
-	var down error    // the last look's ErrUnavailable, while the database is
+	var ended *runEnd     // told by a worker of this client with its notification
+	var looked *runLooked // a batched look's outcome
+	var down error        // the last look's ErrUnavailable, while the database is
 	for {
 		var run store.Run
-		if ended != nil {
+		switch {
+		case ended != nil:
 			run = store.Run{RunID: id, WorkflowID: ended.workflowID, Status: ended.status, Output: ended.output,
 				Error: ended.detail}
-			ended = nil
-		} else {
+		case looked != nil && looked.err != nil:
+			err = fmt.Errorf("kagzi: wait for run %s: %w", r.RunID, looked.err)
+			if !errors.Is(err, ErrUnavailable) {
+				return zero, err
+			}
+			down = err // look again later
+		case looked != nil && looked.found:
+			e := looked.end
+			run = store.Run{RunID: id, WorkflowID: e.WorkflowID, Status: e.Status, Output: e.Output, Error: e.Error,
+				ContinuedAsRunID: e.ContinuedAsRunID}
+			down = nil
+		default: // the first look, a notification without the result, a run no longer live
 			c.awaitEnds(ctx) // before each look: an end after it notifies this client
 			if run, err = store.GetRun(ctx, c.pool, c.ns, id); err != nil {
 				err = wrapStoreErr("kagzi: wait for run "+r.RunID, err)
@@ -509,6 +523,7 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 				down = nil
 			}
 		}
+		ended, looked = nil, nil
 		if run.Status == StatusCompleted && run.ContinuedAsRunID != nil {
 			// It continued as new: wait for the run that took over its workflow id.
 			sub.Close()
@@ -529,20 +544,21 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 		case StatusCancelled:
 			return zero, fmt.Errorf("%w: run %s (workflow id %q)", ErrCancelled, r.RunID, run.WorkflowID)
 		}
-		timer := time.NewTimer(poll)
+		look := c.lookAt(id, poll) // with the client's other waits' looks
 		select {
 		case <-ctx.Done():
-			timer.Stop()
+			c.dropLook(look)
 			if down != nil {
 				return zero, fmt.Errorf("%w (the database was unavailable at the last look: %w)", ctx.Err(), down)
 			}
 			return zero, ctx.Err()
 		case n := <-sub.C:
+			c.dropLook(look)
 			ended, _ = n.Value.(*runEnd)
-		case <-timer.C:
+		case res := <-look.result:
+			looked = &res
 			poll = min(poll*2, c.maxWaitPoll())
 		}
-		timer.Stop()
 	}
 }
 

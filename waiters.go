@@ -2,7 +2,11 @@ package kagzi
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -71,4 +75,136 @@ func (c *Client) awaitEnds(ctx context.Context) {
 		return
 	}
 	c.waiter.until = begun.Add(waiterTTL)
+}
+
+// A wait looks at its run on its own when it begins and after each notification that
+// carries no result; its later looks, in case a notification was missed, are batched:
+// the client's runLooks reads every run whose look is due, with those due soon, in
+// one statement (store.LookAtRuns). A thousand waits, on one run or on a thousand,
+// cost one statement a round instead of a thousand.
+
+// lookTimeout bounds a batched look; one that takes longer counts as the database
+// being unavailable for the waits it served, which look again later.
+const lookTimeout = 10 * time.Second
+
+// runLooks holds the client's waits' batched looks to come.
+type runLooks struct {
+	mu      sync.Mutex
+	pending map[*runLook]struct{}
+	wake    chan struct{} // a new look, perhaps due before the looker's sleep ends
+	running bool          // the looker goroutine runs (it ends when nothing is pending)
+}
+
+// runLook is one wait's next look at its run.
+type runLook struct {
+	id     uuid.UUID
+	at     time.Time     // when it is due
+	early  time.Duration // how long before at it may be taken with another due look
+	result chan runLooked
+}
+
+// runLooked is the outcome of a batched look at one run.
+type runLooked struct {
+	end   store.RunEnd
+	found bool  // the run is in the live table; else its waiter looks on its own
+	err   error // Kagzi's error (dbError)
+}
+
+// lookAt schedules a look at run id in d; its outcome arrives on the look's result.
+// The caller drops the look when it stops waiting for it.
+func (c *Client) lookAt(id uuid.UUID, d time.Duration) *runLook {
+	l := &runLook{id: id, at: time.Now().Add(d), early: d / 4, result: make(chan runLooked, 1)}
+	ls := &c.looks
+	ls.mu.Lock()
+	if ls.pending == nil {
+		ls.pending, ls.wake = map[*runLook]struct{}{}, make(chan struct{}, 1)
+	}
+	ls.pending[l] = struct{}{}
+	start := !ls.running
+	ls.running = true
+	ls.mu.Unlock()
+	if start {
+		go c.looker()
+	} else {
+		select {
+		case ls.wake <- struct{}{}:
+		default:
+		}
+	}
+	return l
+}
+
+// dropLook forgets a look that was not taken yet.
+func (c *Client) dropLook(l *runLook) {
+	c.looks.mu.Lock()
+	delete(c.looks.pending, l)
+	c.looks.mu.Unlock()
+}
+
+// looker takes the due looks, each round all of those due within their early
+// window, until none is pending.
+func (c *Client) looker() {
+	ls := &c.looks
+	for {
+		ls.mu.Lock()
+		if len(ls.pending) == 0 {
+			ls.running = false
+			ls.mu.Unlock()
+			return
+		}
+		now := time.Now()
+		var due []*runLook
+		var next time.Time
+		for l := range ls.pending {
+			if !l.at.Add(-l.early).After(now) {
+				due = append(due, l)
+				delete(ls.pending, l)
+			} else if next.IsZero() || l.at.Before(next) {
+				next = l.at
+			}
+		}
+		ls.mu.Unlock()
+		if len(due) > 0 {
+			c.lookNow(due)
+			continue
+		}
+		t := time.NewTimer(time.Until(next))
+		select {
+		case <-t.C:
+		case <-ls.wake:
+		}
+		t.Stop()
+	}
+}
+
+// lookNow reads the runs of due looks in one statement and hands each look its outcome.
+func (c *Client) lookNow(due []*runLook) {
+	ctx, cancel := context.WithTimeout(context.Background(), lookTimeout)
+	defer cancel()
+	c.awaitEnds(ctx) // before the look: an end after it notifies this client
+	ids := make([]uuid.UUID, 0, len(due))
+	seen := make(map[uuid.UUID]bool, len(due))
+	for _, l := range due {
+		if !seen[l.id] {
+			seen[l.id] = true
+			ids = append(ids, l.id)
+		}
+	}
+	ends, err := store.LookAtRuns(ctx, c.pool, c.ns, ids)
+	if err != nil {
+		const op = "kagzi: wait: look at runs"
+		if ctx.Err() != nil && !errors.Is(err, context.Canceled) {
+			err = &UnavailableError{Op: op, Err: err} // lookTimeout passed: nothing written
+		} else {
+			err = dbError(op, err)
+		}
+	}
+	byID := make(map[uuid.UUID]store.RunEnd, len(ends))
+	for _, e := range ends {
+		byID[e.RunID] = e
+	}
+	for _, l := range due {
+		e, found := byID[l.id]
+		l.result <- runLooked{end: e, found: found, err: err}
+	}
 }

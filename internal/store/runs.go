@@ -24,6 +24,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/kagzi/kagzi/internal/vocab"
 )
@@ -162,6 +163,38 @@ func GetRun(ctx context.Context, db DBTX, namespace string, runID uuid.UUID) (Ru
 		}
 	}
 	return Run{}, ErrNotFound
+}
+
+// RunEnd is what a wait needs of a run: whether and how it ended.
+type RunEnd struct {
+	RunID            uuid.UUID
+	WorkflowID       string
+	Status           vocab.RunStatus
+	Output           []byte // COMPLETED
+	Error            []byte // FAILED
+	ContinuedAsRunID *uuid.UUID
+}
+
+// LookAtRuns reads, in one statement, how the runs of runIDs stand in the live table
+// (the runs of many waits at once: see the client's runLooks). Only ended runs carry
+// their output or error; a run not in the live table (archived, removed) is missing
+// from the result, and its waiter looks for it on its own.
+func LookAtRuns(ctx context.Context, db DBTX, namespace string, runIDs []uuid.UUID) ([]RunEnd, error) {
+	rows, err := db.Query(ctx, `SELECT run_id, workflow_id, status,
+		CASE WHEN status = 'COMPLETED' THEN output END, CASE WHEN status = 'FAILED' THEN error END,
+		continued_as_run_id
+	FROM kagzi.runs WHERE namespace = $1 AND run_id = ANY($2)`, namespace, runIDs)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (RunEnd, error) {
+		var e RunEnd
+		var status string
+		var contAs pgtype.UUID
+		err := row.Scan(&e.RunID, &e.WorkflowID, &status, &e.Output, &e.Error, &contAs)
+		e.Status, e.ContinuedAsRunID = vocab.RunStatus(status), uuidOrNil(contAs)
+		return e, err
+	})
 }
 
 // GetRunByWorkflowID reads the newest run of a workflow id, the active one first.
