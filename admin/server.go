@@ -24,8 +24,9 @@
 //
 // Serve (or GRPCServer) gives a gRPC server with kagzi.v1.AdminService, the standard
 // health service grpc.health.v1.Health (its status follows the database and the schema
-// version; it needs no credentials, so that probes work) and server reflection (it
-// needs the same credentials as the admin RPCs). No RPC changes anything.
+// version, whoever serves it: see WithHealthInterval; it needs no credentials, so that
+// probes work) and server reflection (it needs the same credentials as the admin
+// RPCs). No RPC changes anything.
 //
 // # Errors
 //
@@ -166,8 +167,10 @@ func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
 
-// WithHealthInterval sets how often Serve checks the database and the schema for the
-// standard health service. Default 10s.
+// WithHealthInterval sets how often the database and the schema are checked for the
+// standard health service: by Serve, every interval while it serves; on a gRPC
+// server of GRPCServer or Register, by a Check when the last check is older than the
+// interval, and every interval while a Watch stream is open. Default 10s.
 func WithHealthInterval(d time.Duration) Option {
 	return func(o *options) { o.healthInterval = d }
 }
@@ -180,6 +183,13 @@ type Server struct {
 	base   *kagzi.Client
 	opts   options
 	health *health.Server
+
+	// checking is held while the health is checked; checked is when it last was
+	// (zero: stale) and watchers counts the open Watch streams (health.go).
+	checking sync.Mutex
+	checked  time.Time
+	watchers int
+	shutDown bool // Serve shut the health service down as it stopped
 
 	mu      sync.Mutex
 	clients map[string]*kagzi.Client
@@ -221,7 +231,7 @@ func NewAdminServer(client *kagzi.Client, opts ...Option) (*Server, error) {
 // in any case.
 func (s *Server) Register(g *grpc.Server) {
 	adminpb.RegisterAdminServiceServer(g, s)
-	healthpb.RegisterHealthServer(g, s.health)
+	healthpb.RegisterHealthServer(g, healthService{s.health, s})
 	reflection.Register(g)
 }
 
@@ -244,15 +254,19 @@ func (s *Server) GRPCServer(extra ...grpc.ServerOption) *grpc.Server {
 // Serve serves the admin API on lis until ctx is done, then stops gracefully (waiting
 // up to 5 seconds for RPCs in flight) and returns nil. While it serves, it checks the
 // database and the schema every health interval and reports the result through the
-// standard health service.
+// standard health service. A Server may Serve again after Serve returned.
 func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
+	s.resumeHealth()
 	g := s.GRPCServer()
 	done := make(chan struct{})
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
-		s.watchHealth(ctx, done)
-		s.health.Shutdown()
+		s.watchHealth(ctx, done, true)
+		s.checking.Lock()
+		s.health.Shutdown() // NOT_SERVING to the watchers while the server stops
+		s.shutDown = true
+		s.checking.Unlock()
 		finished := make(chan struct{})
 		go func() { g.GracefulStop(); close(finished) }()
 		select {
@@ -264,43 +278,11 @@ func (s *Server) Serve(ctx context.Context, lis net.Listener) error {
 	err := g.Serve(lis)
 	close(done)
 	<-stopped
+	s.resumeHealth() // for another Serve or a GRPCServer: the next look checks again
 	if ctx.Err() != nil {
 		return nil
 	}
 	return err
-}
-
-// watchHealth updates the health service until ctx is done or the server stopped.
-func (s *Server) watchHealth(ctx context.Context, done <-chan struct{}) {
-	t := time.NewTicker(s.opts.healthInterval)
-	defer t.Stop()
-	for {
-		s.checkHealth(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-done:
-			return
-		case <-t.C:
-		}
-	}
-}
-
-func (s *Server) checkHealth(ctx context.Context) {
-	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	h := s.base.Health(cctx)
-	st := healthpb.HealthCheckResponse_SERVING
-	if !h.DatabaseOK || !h.SchemaCurrent && !h.SchemaNewer {
-		st = healthpb.HealthCheckResponse_NOT_SERVING
-		if ctx.Err() == nil {
-			s.opts.logger.Warn("kagziadmin: not serving", "database_ok", h.DatabaseOK,
-				"database_error", h.DatabaseError, "schema_version", h.SchemaVersion,
-				"latest_schema_version", h.LatestSchemaVersion)
-		}
-	}
-	s.health.SetServingStatus("", st)
-	s.health.SetServingStatus(adminpb.AdminService_ServiceDesc.ServiceName, st)
 }
 
 // client returns the client of the request's namespace once the caller may read it.

@@ -768,3 +768,107 @@ func TestFlowLimitsAreReadableAndAHeldRunShowsItsHold(t *testing.T) {
 }
 
 func err2[T any](_ T, err error) error { return err }
+
+// The standard health service follows the database on a gRPC server the application
+// serves itself (GRPCServer, Register), not only under Serve: found from outside, it
+// answered SERVING over an unmigrated database for ever.
+func TestTheHealthServiceOfAServerServedByTheApplicationFollowsTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool, err := pgxpool.New(ctx, testdb.NewEmpty(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	srv, err := kagziadmin.NewAdminServer(newClient(t, pool, nsA), kagziadmin.WithLogger(quietLogger()),
+		kagziadmin.WithHealthInterval(50*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := srv.GRPCServer()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	hc := healthpb.NewHealthClient(dial(t, lis.Addr().String(), ""))
+	resp, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("Check over an unmigrated database: %v, want NOT_SERVING", resp.Status)
+	}
+	stream, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{Service: "kagzi.v1.AdminService"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.Status != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Fatalf("Watch over an unmigrated database: %v, want NOT_SERVING", first.Status)
+	}
+	// Migrated while watched: the stream turns SERVING.
+	if err := kagzi.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		next, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("Watch ended before the migrated database was SERVING: %v", err)
+		}
+		if next.Status == healthpb.HealthCheckResponse_SERVING {
+			break
+		}
+	}
+}
+
+// A Server whose Serve returned serves again, healthy (found from outside: its health
+// service stayed NOT_SERVING for good after the first Serve).
+func TestAServerServesAgainAfterServeReturnedAndItsHealthFollowsTheDatabase(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	pool, _ := testdb.NewPool(t)
+	srv, err := kagziadmin.NewAdminServer(newClient(t, pool, nsA), kagziadmin.WithLogger(quietLogger()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 2 {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		sctx, stop := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- srv.Serve(sctx, lis) }()
+		resp, err := healthpb.NewHealthClient(dial(t, lis.Addr().String(), "")).Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("Serve number %d over a migrated database: %v, want SERVING", round+1, resp.Status)
+		}
+		stop()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+	// And a gRPC server of its own after that.
+	g := srv.GRPCServer()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	resp, err := healthpb.NewHealthClient(dial(t, lis.Addr().String(), "")).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("GRPCServer after Serve returned: %v, want SERVING", resp.Status)
+	}
+}
