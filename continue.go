@@ -97,6 +97,9 @@ func (w *Worker) continueRun(x *execution, e ending) {
 	if final == StatusCompleted {
 		w.completed.Add(1)
 		x.log().Info("kagzi: run continued as new", "next_run_id", next.String())
+		if e, _ := x.ctx.Value(execEventKey{}).(*ExecutionEvent); e != nil {
+			e.ContinuedAsRunID = next.String()
+		}
 	}
 	x.rt.endExecution(x, outcomeOf(final, nil), nil)
 }

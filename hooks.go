@@ -163,6 +163,9 @@ type ExecutionEvent struct {
 	Duration time.Duration
 	// Error is the recorded error of a FAILED or RETRYING outcome.
 	Error *ErrorDetail
+	// ContinuedAsRunID is set, with the outcome COMPLETED, when the run continued as
+	// new: the run started in the same transaction, which took over its workflow id.
+	ContinuedAsRunID string
 }
 
 // StepEvent describes one attempt of a step (see Hooks.StepBegin).

@@ -25,9 +25,12 @@
 //
 // # Metrics
 //
-// Counters: kagzi.runs.started, kagzi.runs.completed, kagzi.runs.failed,
-// kagzi.runs.cancelled (by kagzi.workflow.type; the ends of executions of this
-// process's workers: a run cancelled while it waits is not one), kagzi.executions (by outcome),
+// Counters: kagzi.runs.started (the runs this process's clients started, counted
+// when the insert returns, so a StartTx whose transaction then rolls back counted
+// one; and the runs its workers' runs continued as), kagzi.runs.completed,
+// kagzi.runs.failed, kagzi.runs.cancelled (by kagzi.workflow.type; the ends of
+// executions of this process's workers: a run cancelled while it waits is not one; a
+// run that continued as new completed), kagzi.executions (by outcome),
 // kagzi.step.attempts (by step name and status), kagzi.runs.claimed,
 // kagzi.lease.losses, kagzi.sleeps, kagzi.signals. Histograms, in seconds:
 // kagzi.execution.duration, kagzi.step.duration, kagzi.claim.latency (from the time
@@ -70,6 +73,7 @@ const (
 	AttrParentRunID   = attribute.Key("kagzi.run.parent_id")
 	AttrRunAttempt    = attribute.Key("kagzi.run.attempt")
 	AttrAlreadyExists = attribute.Key("kagzi.run.already_exists")
+	AttrContinuedAs   = attribute.Key("kagzi.run.continued_as_id")
 	AttrWorkerID      = attribute.Key("kagzi.worker.id")
 	AttrOutcome       = attribute.Key("kagzi.execution.outcome")
 	AttrRecordedSteps = attribute.Key("kagzi.execution.recorded_steps")
@@ -92,7 +96,8 @@ type options struct {
 }
 
 // WithPropagator sets how the trace context is written into a run's carrier at Start
-// and read back at each execution. Default: W3C trace context and baggage.
+// and read back at each execution. Default: W3C trace context and baggage. A nil
+// propagator makes New return an error wrapping kagzi.ErrInvalidArgument.
 func WithPropagator(p propagation.TextMapPropagator) Option {
 	return func(o *options) { o.propagator = p }
 }
@@ -129,6 +134,10 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider, opts ...Option) (*Hoo
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.propagator == nil {
+		return nil, fmt.Errorf("kagziotel: %w: WithPropagator(nil); for no propagation give an empty "+
+			"propagation.NewCompositeTextMapPropagator()", kagzi.ErrInvalidArgument)
+	}
 	if tp == nil {
 		tp = otel.GetTracerProvider()
 	}
@@ -153,7 +162,7 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider, opts ...Option) (*Hoo
 		errs = append(errs, err)
 		return hist
 	}
-	h.runsStarted = counter("kagzi.runs.started", "{run}", "Runs started (not counting starts that found the workflow id's run)")
+	h.runsStarted = counter("kagzi.runs.started", "{run}", "Runs started: by Start (not counting starts that found the workflow id's run) and by continue-as-new")
 	h.runsCompleted = counter("kagzi.runs.completed", "{run}", "Runs that completed")
 	h.runsFailed = counter("kagzi.runs.failed", "{run}", "Runs that failed for good")
 	h.runsCancelled = counter("kagzi.runs.cancelled", "{run}", "Runs cancelled while executing")
@@ -312,6 +321,9 @@ func runSpanContext(runID string) trace.SpanContext {
 func (h *Hooks) ExecutionEnd(ctx context.Context, e *kagzi.ExecutionEvent) {
 	s := h.span(ctx, "run")
 	s.SetAttributes(AttrOutcome.String(string(e.Outcome)))
+	if e.ContinuedAsRunID != "" {
+		s.SetAttributes(AttrContinuedAs.String(e.ContinuedAsRunID))
+	}
 	switch e.Outcome {
 	case kagzi.OutcomeFailed, kagzi.OutcomeRetrying, kagzi.OutcomeUnrecorded:
 		msg := string(e.Outcome)
@@ -329,6 +341,9 @@ func (h *Hooks) ExecutionEnd(ctx context.Context, e *kagzi.ExecutionEvent) {
 	switch e.Outcome {
 	case kagzi.OutcomeCompleted:
 		h.runsCompleted.Add(bg, 1, attrs)
+		if e.ContinuedAsRunID != "" {
+			h.runsStarted.Add(bg, 1, attrs) // the run it continued as
+		}
 	case kagzi.OutcomeFailed:
 		h.runsFailed.Add(bg, 1, attrs)
 	case kagzi.OutcomeCancelled:

@@ -387,3 +387,65 @@ func TestTheCoreDoesNotImportOpenTelemetry(t *testing.T) {
 		}
 	}
 }
+
+var countdown = kagzi.Define("countdown", func(ctx *kagzi.Context, n int) (int, error) {
+	if n > 0 {
+		return 0, kagzi.ContinueAsNew(ctx, n-1)
+	}
+	return 0, nil
+})
+
+// A run that continues as new starts a run: kagzi.runs.started counts it, so that
+// started and ended runs balance (found from outside: one Start continued twice
+// counted 1 started and 3 completed), and its execution span names the next run.
+func TestRunsStartedCountsTheRunsAWorkflowContinuedAs(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	reader := sdkmetric.NewManualReader()
+	spans := tracetest.NewSpanRecorder()
+	hooks, err := kagziotel.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans)),
+		sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newClient(t, pool, hooks)
+	runWorker(t, c, kagzi.WorkerConfig{}, countdown)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	run, err := kagzi.Start(ctx, c, countdown, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	typ := map[attribute.Key]string{kagziotel.AttrWorkflowType: "countdown"}
+	eventually(t, "the three executions to be counted", func() bool {
+		if err := reader.Collect(ctx, &rm); err != nil {
+			t.Fatal(err)
+		}
+		return sum(rm, "kagzi.executions", typ) == 3
+	})
+	if started, completed := sum(rm, "kagzi.runs.started", typ), sum(rm, "kagzi.runs.completed", typ); started != 3 || completed != 3 {
+		t.Fatalf("runs started %v, completed %v; want 3 and 3", started, completed)
+	}
+	continued := 0
+	for _, s := range spansNamed(tracetest.SpanStubsFromReadOnlySpans(spans.Ended()), "kagzi.run countdown") {
+		if attr(s.Attributes, kagziotel.AttrContinuedAs) != "" {
+			continued++
+		}
+	}
+	if continued != 2 {
+		t.Fatalf("%d execution spans name the run they continued as, want 2", continued)
+	}
+}
+
+// A nil propagator is refused by New (it made every Start's hook panic and leave its
+// span open).
+func TestNewRefusesANilPropagator(t *testing.T) {
+	_, err := kagziotel.New(nil, nil, kagziotel.WithPropagator(nil))
+	if !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Fatalf("New with a nil propagator: %v, want ErrInvalidArgument", err)
+	}
+}
