@@ -1016,3 +1016,110 @@ func TestARerunOfACancelledDebouncedRunLeavesItsDebounceAndRunsBesideTheKeysWait
 		t.Fatalf("a later start of the key joined %v (%v), want the key's waiting run %s", third, err, second.RunID)
 	}
 }
+
+// A rate limit's period changed at runtime keeps counting the starts made under the
+// old one (found from outside: a window cut with the old period was read with the
+// new one's slots, so a shorter period forgot recent starts, 10 in 0.3 s under 5 a
+// second, and a longer one held runs about twice as long as it said).
+func TestARatePeriodChangedAtRuntimeKeepsCountingTheStartsMadeUnderTheOldOne(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("re-rated", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "re-rated", Rate: 5, RatePeriod: 2 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, newClient(t, e.pool, ""), fastWorker(), wf)
+	startAll := func(n int) []*kagzi.Run[int] {
+		runs, err := kagzi.StartMany(ctx, e.client, wf, make([]int, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range runs {
+			if _, err := r.Wait(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return runs
+	}
+	startAll(1)                         // the window's first use
+	time.Sleep(2500 * time.Millisecond) // the window moves on at its next use
+	runs := startAll(4)                 // counted in the window's last slots
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "re-rated", Rate: 5, RatePeriod: time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	runs = append(runs, startAll(6)...)
+	var starts []time.Time
+	for _, r := range runs {
+		info, err := e.client.GetRun(ctx, r.RunID)
+		if err != nil || info.StartedAt == nil {
+			t.Fatalf("run %s: %+v, %v", r.RunID, info, err)
+		}
+		starts = append(starts, *info.StartedAt)
+	}
+	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
+	for i, s := range starts {
+		in := 0
+		for _, o := range starts[i:] {
+			if o.Sub(s) < 500*time.Millisecond {
+				in++
+			}
+		}
+		if in > 5 {
+			t.Fatalf("%d runs began within 0.5 s of %v under a limit of 5 a second: %v", in, s, starts)
+		}
+	}
+}
+
+// A longer period set at runtime holds the next run for that period from the last
+// start, not about twice as long.
+func TestALongerRatePeriodSetAtRuntimeHoldsTheNextRunForThatPeriod(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("slowed", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "slowed", Rate: 1, RatePeriod: 200 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, newClient(t, e.pool, ""), fastWorker(), wf)
+	var first *kagzi.Run[int]
+	for i := range 2 {
+		if i == 1 {
+			time.Sleep(500 * time.Millisecond) // the window moves on: the next start counts in its last slot
+		}
+		run, err := kagzi.Start(ctx, e.client, wf, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		first = run
+	}
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "slowed", Rate: 1, RatePeriod: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	second, err := kagzi.Start(ctx, e.client, wf, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.client.GetRun(ctx, first.RunID)
+	if err != nil || info.StartedAt == nil {
+		t.Fatalf("first run: %+v, %v", info, err)
+	}
+	began := *info.StartedAt
+	var hold *kagzi.Hold
+	eventually(t, "the second run to be held by the rate limit", func() bool {
+		info, err := e.client.GetRun(ctx, second.RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Status != kagzi.StatusPending {
+			t.Fatalf("the second run began under 1 run an hour: %+v", info)
+		}
+		hold = info.Hold
+		return hold != nil && hold.Until != nil
+	})
+	if hold.Limit != "rate" || hold.Until.Before(began.Add(time.Hour)) || hold.Until.After(began.Add(80*time.Minute)) {
+		t.Fatalf("held by %q until %v, %v after the last start; want the rate, an hour (plus at most a tenth and a slot) after it",
+			hold.Limit, hold.Until, hold.Until.Sub(began))
+	}
+}

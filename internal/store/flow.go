@@ -192,11 +192,14 @@ func DeleteFlowLimits(ctx context.Context, db DBTX, namespace, workflowType stri
 	return err
 }
 
-// PruneFlowRates deletes the rate windows not used for a day (limits' periods are at
-// most a day, so they count nothing any more).
+// PruneFlowRates deletes the rate windows that count no start any more: a window's
+// eleven slots of a tenth of its period from window_start hold starts made up to 1.1
+// periods after it, each counted for a period, so a window begun more than 2.1
+// periods ago counts nothing (a period is at most a day; a window from before
+// migration 00022 has no period recorded and is taken as a day's).
 func PruneFlowRates(ctx context.Context, db DBTX, namespace string) (int64, error) {
-	tag, err := db.Exec(ctx, `DELETE FROM kagzi.flow_rates WHERE namespace = $1 AND window_start < now() - interval '1 day'`,
-		namespace)
+	tag, err := db.Exec(ctx, `DELETE FROM kagzi.flow_rates WHERE namespace = $1 AND window_start < now() - interval '1 day'
+		AND window_start < now() - 2.2 * coalesce(period_ms, 86400000) * interval '1 millisecond'`, namespace)
 	return tag.RowsAffected(), err
 }
 

@@ -582,3 +582,43 @@ func TestARenewalThatWaitedForItsRunsRowChecksTheLeaseWhenItGetsTheRow(t *testin
 		t.Fatalf("%d runs hold live slots of a limit of 1 (%v)", holders, err)
 	}
 }
+
+// The prune deletes only rate windows that count no start any more: a window begun a
+// day ago holds, in its last slots, starts made up to 1.1 periods after it, which
+// count for a period (found from outside: a window of a 24-hour rate was pruned a day
+// after it began while it held a start made an hour before, and two runs began at once).
+func TestThePruneKeepsRateWindowsThatStillCountStarts(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	const day = int64(24 * time.Hour / time.Millisecond)
+	for _, w := range []struct {
+		key    string
+		age    string
+		period *int64
+	}{
+		{"day-old-window-of-a-day", "25 hours", ptr(day)},
+		{"two-days-old-window-of-a-day", "2 days", ptr(day)},
+		{"old-window-of-no-recorded-period", "25 hours", nil},
+		{"long-gone-window-of-a-day", "3 days", ptr(day)},
+		{"day-old-window-of-an-hour", "25 hours", ptr(int64(time.Hour / time.Millisecond))},
+	} {
+		if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_rates (namespace, workflow_type, flow_key, window_start, slots, period_ms)
+			VALUES ('default', 'wf', $1, now() - $2::interval, '{0,0,0,0,0,0,0,0,0,0,1}', $3)`, w.key, w.age, w.period); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := PruneFlowRates(ctx, pool, "default"); err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	if err := pool.QueryRow(ctx, `SELECT array_agg(flow_key ORDER BY flow_key) FROM kagzi.flow_rates`).Scan(&kept); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"day-old-window-of-a-day", "old-window-of-no-recorded-period", "two-days-old-window-of-a-day"}
+	if fmt.Sprint(kept) != fmt.Sprint(want) {
+		t.Fatalf("kept %v, want %v", kept, want)
+	}
+}
+
+func ptr[T any](v T) *T { return &v }

@@ -568,6 +568,10 @@ BEGIN
     IF NOT FOUND THEN
         RETURN;
     END IF;
+    IF w.period_ms IS NOT NULL AND w.period_ms <> p_period_ms THEN
+        SELECT r.window_start, r.slots INTO w.window_start, w.slots
+        FROM kagzi.flow_rate_recut(w.window_start, w.slots, w.period_ms, p_period_ms, clock_timestamp()) r;
+    END IF;
     i := greatest(floor(extract(epoch FROM clock_timestamp() - w.window_start) / extract(epoch FROM slot))::integer + 1, 1);
     IF i > 11 THEN
         IF i - 11 >= 11 THEN
@@ -579,7 +583,7 @@ BEGIN
         i := 11;
     END IF;
     w.slots[i] := w.slots[i] + p_n;
-    UPDATE kagzi.flow_rates SET window_start = w.window_start, slots = w.slots
+    UPDATE kagzi.flow_rates SET window_start = w.window_start, slots = w.slots, period_ms = p_period_ms
     WHERE namespace = p_ns AND workflow_type = p_type AND flow_key = p_key;
 END $$;
 
@@ -587,11 +591,38 @@ CREATE FUNCTION kagzi.flow_rate_next(p_ns text, p_type text, p_key text, p_rate 
     LANGUAGE plpgsql STABLE
     AS $$
 BEGIN
-    RETURN (SELECT w.window_start + (u.first_used - 1 + 11) * ((p_period_ms / 10.0) * interval '1 millisecond')
+    RETURN (SELECT c.window_start + (u.first_used - 1 + 11) * ((p_period_ms / 10.0) * interval '1 millisecond')
     FROM kagzi.flow_rates w,
-        LATERAL (SELECT min(o) AS first_used, sum(s) AS used FROM unnest(w.slots) WITH ORDINALITY AS u(s, o)
+        LATERAL (SELECT w.window_start, w.slots
+                 WHERE w.period_ms IS NULL OR w.period_ms = p_period_ms
+                 UNION ALL
+                 SELECT r.window_start, r.slots
+                 FROM kagzi.flow_rate_recut(w.window_start, w.slots, w.period_ms, p_period_ms, clock_timestamp()) r
+                 WHERE w.period_ms <> p_period_ms) c,
+        LATERAL (SELECT min(o) AS first_used, sum(s) AS used FROM unnest(c.slots) WITH ORDINALITY AS u(s, o)
                  WHERE s > 0) u
     WHERE w.namespace = p_ns AND w.workflow_type = p_type AND w.flow_key = p_key AND u.used >= p_rate);
+END $$;
+
+CREATE FUNCTION kagzi.flow_rate_recut(p_start timestamp with time zone, p_slots integer[], p_old_ms bigint, p_new_ms bigint, p_at timestamp with time zone, OUT window_start timestamp with time zone, OUT slots integer[]) RETURNS record
+    LANGUAGE plpgsql IMMUTABLE
+    AS $$
+DECLARE
+    old_slot interval := (p_old_ms / 10.0) * interval '1 millisecond';
+    new_slot interval := (p_new_ms / 10.0) * interval '1 millisecond';
+    t timestamptz;
+    j integer;
+BEGIN
+    window_start := p_at - 10 * new_slot;
+    slots := array_fill(0, ARRAY[11]);
+    FOR i IN 1 .. coalesce(cardinality(p_slots), 0) LOOP
+        CONTINUE WHEN p_slots[i] IS NULL OR p_slots[i] <= 0;
+        t := least(p_start + i * old_slot, p_at);
+        j := floor(extract(epoch FROM t - window_start) / extract(epoch FROM new_slot))::integer + 1;
+        IF j >= 1 THEN
+            slots[least(j, 11)] := slots[least(j, 11)] + p_slots[i];
+        END IF;
+    END LOOP;
 END $$;
 
 CREATE FUNCTION kagzi.flow_rate_room(p_ns text, p_type text, p_key text, p_rate integer, p_period_ms bigint) RETURNS integer
@@ -603,12 +634,20 @@ DECLARE
     shift integer;
     at timestamptz;
 BEGIN
-    INSERT INTO kagzi.flow_rates (namespace, workflow_type, flow_key, window_start, slots)
-    VALUES (p_ns, p_type, p_key, clock_timestamp(), array_fill(0, ARRAY[11]))
+    INSERT INTO kagzi.flow_rates (namespace, workflow_type, flow_key, window_start, slots, period_ms)
+    VALUES (p_ns, p_type, p_key, clock_timestamp(), array_fill(0, ARRAY[11]), p_period_ms)
     ON CONFLICT DO NOTHING;
     SELECT * INTO w FROM kagzi.flow_rates
     WHERE namespace = p_ns AND workflow_type = p_type AND flow_key = p_key FOR UPDATE;
     at := clock_timestamp(); -- after the lock: the claims of a window are timed in lock order
+    IF w.period_ms IS DISTINCT FROM p_period_ms THEN
+        IF w.period_ms IS NOT NULL THEN
+            SELECT r.window_start, r.slots INTO w.window_start, w.slots
+            FROM kagzi.flow_rate_recut(w.window_start, w.slots, w.period_ms, p_period_ms, at) r;
+        END IF;
+        UPDATE kagzi.flow_rates SET window_start = w.window_start, slots = w.slots, period_ms = p_period_ms
+        WHERE namespace = p_ns AND workflow_type = p_type AND flow_key = p_key;
+    END IF;
     shift := floor(extract(epoch FROM at - w.window_start) / extract(epoch FROM slot))::integer + 1 - 11;
     IF shift > 0 THEN
         IF shift >= 11 THEN
@@ -753,7 +792,8 @@ CREATE TABLE kagzi.flow_rates (
     workflow_type text NOT NULL,
     flow_key text NOT NULL,
     window_start timestamp with time zone NOT NULL,
-    slots integer[] NOT NULL
+    slots integer[] NOT NULL,
+    period_ms bigint
 );
 
 CREATE TABLE kagzi.goose_db_version (
