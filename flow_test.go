@@ -1123,3 +1123,41 @@ func TestALongerRatePeriodSetAtRuntimeHoldsTheNextRunForThatPeriod(t *testing.T)
 			hold.Limit, hold.Until, hold.Until.Sub(began))
 	}
 }
+
+// A debounced StartTx times its window (and its maximum wait) from the start, not from
+// the beginning of the caller's transaction (found from outside: a start in a
+// transaction begun 3 s before, with a 2 s window, began at its commit).
+func TestADebouncedStartInsideAnOlderTransactionTimesItsWindowFromTheStart(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("debounced-tx", func(ctx *kagzi.Context, in int) (int, error) { return in, nil })
+	const window = time.Second
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil { // the transaction's snapshot and now()
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	var called time.Time
+	if err := tx.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&called); err != nil {
+		t.Fatal(err)
+	}
+	run, err := kagzi.StartTx(ctx, tx, e.client, wf, 1, kagzi.WithDebounce("k", window, 10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	info, err := e.client.GetRun(ctx, run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.AvailableAt.Before(called.Add(window)) {
+		t.Fatalf("the debounced run may begin at %v, %v after the StartTx call; want at least the window, %v",
+			info.AvailableAt, info.AvailableAt.Sub(called), window)
+	}
+}

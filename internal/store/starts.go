@@ -604,19 +604,21 @@ func LiveWorkerRegistered(ctx context.Context, db DBTX, namespace, workflowType 
 // insertDebounced starts a run of a debounce key, or, when the key's run has not
 // started yet, gives that run the new input (the last start's input wins) and pushes
 // its start to the window from now, never past its debounce_until (the first start
-// plus the maximum wait) nor its deadline. inserted tells which.
+// plus the maximum wait) nor its deadline. inserted tells which. Its times are the
+// statement's (statement_timestamp), not its transaction's start: a StartTx in a
+// transaction begun earlier times its window from the start, as Start does.
 var insertDebouncedRun = named(`
 WITH ins AS (
 	INSERT INTO kagzi.runs AS r (run_id, namespace, workflow_id, workflow_type, status, input, available_at,
 		deadline_at, version, trace_carrier, attributes, priority, flow_key, debounce_key, debounce_until)
 	SELECT @run_id, @namespace, @workflow_id, @workflow_type, 'PENDING', @input,
-		least(now() + @window_ms * interval '1 millisecond', @deadline), @deadline,
+		least(statement_timestamp() + @window_ms * interval '1 millisecond', @deadline), @deadline,
 		coalesce(@version::text, CASE WHEN @newest_version THEN (`+newestVersionSQL+`) END), @carrier::jsonb,
 		@attributes::jsonb, @priority, nullif(@flow_key::text, ''), @debounce_key,
-		now() + @max_wait_ms * interval '1 millisecond'
+		statement_timestamp() + @max_wait_ms * interval '1 millisecond'
 	ON CONFLICT (namespace, workflow_type, debounce_key) WHERE debounce_key IS NOT NULL AND started_at IS NULL AND status = 'PENDING'
 	DO UPDATE SET input = excluded.input,
-		available_at = least(now() + @window_ms * interval '1 millisecond', r.debounce_until, r.deadline_at),
+		available_at = least(statement_timestamp() + @window_ms * interval '1 millisecond', r.debounce_until, r.deadline_at),
 		updated_at = now()
 	RETURNING `+runColumns+`, xmax = 0 AS inserted
 ), listed AS (
