@@ -82,9 +82,10 @@ func unavailable(err error) (ok, mayHaveCommitted bool) {
 	if errors.As(err, &pgErr) {
 		switch {
 		case pgErr.Code == "08P01":
-			// protocol_violation: a request the server (or a pooler: PgBouncer in
-			// statement mode refuses transaction blocks so) will refuse again.
-			return false, false
+			// protocol_violation: a request the server will refuse again (PgBouncer in
+			// statement mode refuses transaction blocks so); but PgBouncer also reports
+			// a server it cannot reach, or has no connection for, with this code.
+			return poolerUnavailable(pgErr.Message)
 		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03",
 			pgErr.Code == "53300":
 			return true, false
@@ -105,6 +106,33 @@ func unavailable(err error) (ok, mayHaveCommitted bool) {
 		return true, false // no connection, nothing sent
 	}
 	return true, true
+}
+
+// poolerUnavailable reports whether a protocol_violation (08P01) with this message is
+// PgBouncer's word for a database it cannot reach or has no room for now, and if so
+// whether the request may have committed (a server connection that broke or timed out
+// under a query that had been sent to it). Other 08P01 errors are not transient.
+func poolerUnavailable(msg string) (ok, mayHaveCommitted bool) {
+	for _, m := range []string{
+		"server_login_retry",       // "server login has been failing, try again later"
+		"cannot connect to server", // "pgbouncer cannot connect to server"
+		"max_client_conn",          // "no more connections allowed (max_client_conn)"
+		"query_wait_timeout",       // waited for a server connection, never ran
+		"client_login_timeout",     // "client_login_timeout (server down)"
+		"database removed",
+		"database configuration changed",
+		"pgbouncer shutting down", "server shutting down", "pooler is shut down",
+	} {
+		if strings.Contains(msg, m) {
+			return true, false
+		}
+	}
+	for _, m := range []string{"server conn crashed", "query_timeout", "query timeout", "server closed the connection"} {
+		if strings.Contains(msg, m) {
+			return true, true
+		}
+	}
+	return false, false
 }
 
 // wrapStoreErr maps store errors to Kagzi's.

@@ -545,3 +545,64 @@ func hasStep(t *testing.T, c *kagzi.Client, runID, key string) bool {
 	}
 	return false
 }
+
+// Through PgBouncer, a PostgreSQL that is down reaches the client as PgBouncer's own
+// error, SQLSTATE 08P01 ("pgbouncer cannot connect to server", "server login has been
+// failing"): Start returns ErrUnavailable and Run.Wait rides the outage out, as they
+// do without a pooler (found from outside: both returned the error untyped, Wait
+// after 4 s of a 90 s context).
+func TestThroughPgBouncerADatabaseOutageIsUnavailableAndAWaitRidesItOut(t *testing.T) {
+	t.Parallel()
+	pg := newCluster(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pg.MigratedPool(ctx).Close()
+	port, _ := strconv.Atoi(strings.TrimPrefix(pg.URL[strings.LastIndex(pg.URL, ":"):strings.LastIndex(pg.URL, "/")], ":"))
+	// A query on a client connection waits for a server up to query_wait_timeout, then
+	// fails; a new client connection fails at once while logins to the server fail
+	// (server_login_retry: the default 15 s).
+	b := newPgBouncer(t, "127.0.0.1", port, 3, "query_wait_timeout = 2")
+	pcfg := b.poolConfig(t, "postgres")
+	pcfg.MaxConns = 3
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	c, err := kagzi.NewClient(pool, kagzi.Config{DisableDirectConn: true, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	run, err := kagzi.Start(ctx, c, greet, greetIn{Name: "pooled"}) // no worker yet: it waits PENDING
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		out, err := run.Wait(ctx)
+		if err == nil && out.Greeting != "hello pooled" {
+			err = fmt.Errorf("output %+v", out)
+		}
+		done <- err
+	}()
+	pg.pgctl("stop", "-m", "fast", "-w") // a restart's stop: the server ends its sessions
+	for i := range 3 { // "cannot connect to server", then "server login has been failing"
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		_, err := kagzi.Start(sctx, c, greet, greetIn{Name: fmt.Sprint("during-", i)})
+		cancel()
+		if !errors.Is(err, kagzi.ErrUnavailable) {
+			t.Fatalf("Start %d through PgBouncer while PostgreSQL is down: %v, want ErrUnavailable", i, err)
+		}
+		time.Sleep(700 * time.Millisecond)
+	}
+	select {
+	case err := <-done:
+		t.Fatalf("the Wait returned while PostgreSQL was down: %v", err)
+	case <-time.After(2 * time.Second): // Wait looks every second without a direct connection
+	}
+	pg.Start()
+	runWorker(t, c, fastWorker(), greet)
+	if err := <-done; err != nil {
+		t.Fatalf("the Wait across the outage: %v; want the run's result", err)
+	}
+}
