@@ -586,7 +586,8 @@ func TestThroughPgBouncerADatabaseOutageIsUnavailableAndAWaitRidesItOut(t *testi
 		done <- err
 	}()
 	pg.pgctl("stop", "-m", "fast", "-w") // a restart's stop: the server ends its sessions
-	for i := range 3 { // "cannot connect to server", then "server login has been failing"
+	// query_wait_timeout on the pool's connections, then "server login has been failing".
+	for i := range 3 {
 		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		_, err := kagzi.Start(sctx, c, greet, greetIn{Name: fmt.Sprint("during-", i)})
 		cancel()
