@@ -125,7 +125,10 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 // The result is memoized as a step of the parent. While the child runs, the parent is
 // released (SLEEPING, no slot held) and woken when the child ends; from a branch (see
 // Go), Get waits in process instead. Call Get from the goroutine that started the
-// child.
+// child. A child that continued as new returns the result of its chain's last run,
+// also once its first run passed the retention; a child whose whole record is gone
+// (the parent asked after Config.Retention) returns a non-retryable error wrapping
+// ErrNotFound.
 func (c *ChildRun[Out]) Get() (Out, error) {
 	var zero Out
 	if c == nil || c.parent == nil {
@@ -147,10 +150,17 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 	poll := 50 * time.Millisecond
 	for {
 		var o store.RunOutcome
-		ctx.write(func(cc context.Context, db *writer) (err error) {
-			o, err = db.runOutcome(cc, childID)
+		err := ctx.write(func(cc context.Context, db *writer) (err error) {
+			o, err = db.runOutcome(cc, childID, x.run.Namespace, c.WorkflowID)
 			return err
 		})
+		switch {
+		case errors.Is(err, store.ErrNotFound):
+			return zero, NonRetryable(fmt.Errorf("kagzi: child run %s (workflow id %q): %w: its record is gone "+
+				"(removed by the retention before Get read its result)", c.RunID, c.WorkflowID, ErrNotFound))
+		case err != nil:
+			return zero, fmt.Errorf("kagzi: result of child run %s: %w", c.RunID, err)
+		}
 		if o.Status.Terminal() {
 			status, errDetail := StepCompleted, []byte(nil)
 			if o.Status != StatusCompleted {

@@ -234,6 +234,9 @@ func closedPool(err error) bool {
 
 func transient(err error) bool {
 	var pgErr *pgconn.PgError
+	if errors.Is(err, store.ErrNotFound) {
+		return false // a row that is not there will not be there on the next try
+	}
 	if !errors.As(err, &pgErr) {
 		return true // no answer from the server: connection lost, timeout
 	}

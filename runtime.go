@@ -3,6 +3,7 @@ package kagzi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -105,7 +106,19 @@ func (w *writer) stepOutput(ctx context.Context, runID uuid.UUID, key string) ([
 	return store.GetStepOutput(ctx, w.pool, runID, key)
 }
 
-// runOutcome reads a run's status and result (a parent's child).
-func (w *writer) runOutcome(ctx context.Context, runID uuid.UUID) (store.RunOutcome, error) {
-	return store.GetRunOutcome(ctx, w.pool, runID)
+// runOutcome reads a run's status and result (a parent's child): those of the last
+// run of its chain. When the run itself is gone (its record passed the retention
+// while its chain went on continuing as new, or before the parent asked), the chain
+// is found by its workflow id, which a child never shares with another run. It
+// returns store.ErrNotFound when neither is there.
+func (w *writer) runOutcome(ctx context.Context, runID uuid.UUID, namespace, workflowID string) (store.RunOutcome, error) {
+	o, err := store.GetRunOutcome(ctx, w.pool, runID)
+	if !errors.Is(err, store.ErrNotFound) || workflowID == "" {
+		return o, err
+	}
+	r, err := store.GetRunByWorkflowID(ctx, w.pool, namespace, workflowID)
+	if err != nil {
+		return store.RunOutcome{}, err
+	}
+	return store.RunOutcome{Status: r.Status, Output: r.Output, Error: r.Error}, nil
 }
