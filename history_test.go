@@ -602,3 +602,52 @@ func TestARetentionOfSecondsBesideAnotherOfAnHourDeletesItsArchivedRuns(t *testi
 		t.Fatalf("the run past its retention: %v, want ErrNotFound", err)
 	}
 }
+
+// A namespace that archives while another namespace's worker drops history
+// partitions by a shorter retention loses none of its runs: it registers its
+// retention before it archives, and a day whose partition holds runs a namespace
+// still keeps is not dropped (found from outside: a namespace with runs finished
+// days ago in its live tables, archiving for the first time, lost 2-4% of them to
+// the other's drops).
+func TestANamespaceArchivingBesideAnothersShorterRetentionLosesNoRun(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	const runs = 20000
+	// Namespace "long" keeps its runs 10 days; its runs finished 1 hour to 7 days ago
+	// wait in the live tables (as after turning archiving on).
+	if _, err := e.pool.Exec(ctx, `
+		WITH ins AS (
+			INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input, output, available_at,
+				created_at, started_at, finished_at, updated_at)
+			SELECT gen_random_uuid(), 'long', 'long-' || g, 'old', 'COMPLETED', '1', '2', t, t, t, t + interval '1 second', t
+			FROM generate_series(1, $1::int) g,
+				LATERAL (SELECT now() - interval '1 hour' - (g::float8 / $1) * interval '7 days' AS t) x
+			RETURNING namespace, created_at, run_id, workflow_type)
+		INSERT INTO kagzi.runs_created SELECT namespace, created_at, run_id, workflow_type FROM ins`, runs); err != nil {
+		t.Fatal(err)
+	}
+	cfg := kagzi.WorkerConfig{PruneInterval: 100 * time.Millisecond, DisableScheduler: true}
+	short, err := kagzi.NewClient(e.pool, kagzi.Config{Namespace: "short", Logger: quietLogger(), Retention: 48 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sw, stopShort := startWorker(t, short, cfg, archived)
+	defer stopShort()
+	eventually(t, "the short namespace to register its retention", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.history_retention WHERE namespace = 'short'`) == 1
+	})
+	long, err := kagzi.NewClient(e.pool, kagzi.Config{Namespace: "long", Logger: quietLogger(), Retention: 240 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lw, stopLong := startWorker(t, long, cfg, archived)
+	defer stopLong()
+	eventuallyWithin(t, time.Minute, "every run of the long namespace to be archived", func() bool {
+		return lw.ArchivedRuns() == runs
+	})
+	time.Sleep(500 * time.Millisecond) // a few more drop passes of the short namespace
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs_all WHERE namespace = 'long'`); n != runs {
+		t.Fatalf("%d of the long namespace's %d runs are left (the short namespace's worker dropped %d partitions)",
+			n, runs, sw.DroppedHistoryPartitions())
+	}
+}

@@ -79,7 +79,14 @@ func (w *Worker) heartbeat(ctx context.Context) {
 
 // prune deletes finished runs past the retention (none when it is negative), a few
 // small batches per interval so that no statement holds many locks for long, and the
-// flow-control rate windows no limit can count any more.
+// flow-control rate windows no limit can count any more; it archives finished runs,
+// and deletes the namespace's archived runs when its retention is shorter than the
+// one the history's partitions go by. Before it archives, it registers the
+// namespace's retention (store.HistoryHorizon): a process of another namespace that
+// drops history partitions counts it, so no day this namespace archives into is
+// dropped before its retention passes (found from outside: a namespace archiving for
+// the first time lost runs to another's drops). The drops run on their own
+// (dropHistory): a detach that waits for a long transaction does not hold archiving up.
 func (w *Worker) prune(ctx context.Context) {
 	t := time.NewTicker(w.cfg.PruneInterval)
 	defer t.Stop()
@@ -95,10 +102,19 @@ func (w *Worker) prune(ctx context.Context) {
 		if w.client.retention >= 0 {
 			w.pruneFinished(ctx)
 		}
+		_, _, shorter, err := store.HistoryHorizon(ctx, w.client.pool, w.client.ns, w.client.retention)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logger.Warn("kagzi: registering the namespace's retention failed; archiving waits for the next pass", "error", err)
+			}
+			continue
+		}
 		if w.client.archiveAfter >= 0 {
 			w.archiveFinished(ctx)
 		}
-		w.expireHistory(ctx)
+		if shorter {
+			w.pruneArchived(ctx)
+		}
 	}
 }
 
@@ -122,9 +138,66 @@ func (w *Worker) archiveFinished(ctx context.Context) {
 	}
 }
 
-// expireHistory applies the retention to the history: it drops the partitions of the
-// days past the longest retention of the namespaces (one process at a time), and,
-// when this namespace's retention is shorter, deletes its older archived runs in
+// dropHistory drops, every PruneInterval, the history partitions of the days past the
+// longest retention of the namespaces (one process at a time, under a lease), unless
+// a namespace whose rows are in a day's partition still keeps them (see
+// store.DropHistoryBefore).
+func (w *Worker) dropHistory(ctx context.Context) {
+	t := time.NewTicker(w.cfg.PruneInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		horizon, droppable, _, err := store.HistoryHorizon(ctx, w.client.pool, w.client.ns, w.client.retention)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logger.Warn("kagzi: reading the history's retention failed", "error", err)
+			}
+			continue
+		}
+		if !droppable {
+			continue
+		}
+		// Without cancel: a lease taken as the worker stops is known, and released.
+		ok, err := store.TakeHistoryDrops(context.WithoutCancel(ctx), w.client.pool, w.ID(), 10*time.Minute)
+		if err != nil {
+			if ctx.Err() == nil {
+				w.logger.Warn("kagzi: taking the history drops' lease failed", "error", err)
+			}
+			continue
+		}
+		if !ok {
+			continue
+		}
+		dropped, err := store.DropHistoryBefore(ctx, w.client.pool, horizon)
+		if err != nil && ctx.Err() == nil {
+			w.logger.Warn("kagzi: dropping history partitions failed", "error", err)
+		}
+		if len(dropped) > 0 {
+			w.historyDropped.Add(int64(len(dropped)))
+			w.logger.Info("kagzi: dropped history partitions", "partitions", dropped, "before", horizon)
+		}
+		if err := store.ReleaseHistoryDrops(context.WithoutCancel(ctx), w.client.pool, w.ID()); err != nil && ctx.Err() == nil {
+			w.logger.Warn("kagzi: releasing the history drops' lease failed", "error", err)
+		}
+	}
+}
+
+// pruneArchived deletes the namespace's archived runs past its retention, which is
+// shorter than the one the partitions' drops go by (or than for ever).
+func (w *Worker) pruneArchived(ctx context.Context) {
+	total := w.inBatches(ctx, "pruning archived runs", 10, 500, func(ctx context.Context, n int) (int64, error) {
+		return store.PruneHistory(ctx, w.client.pool, w.client.ns, w.client.retention, n)
+	})
+	if total > 0 {
+		w.pruned.Add(total)
+		w.logger.Info("kagzi: pruned archived runs", "runs", total, "retention", w.client.retention)
+	}
+}
+
 // batches.
 func (w *Worker) expireHistory(ctx context.Context) {
 	horizon, droppable, shorter, err := store.HistoryHorizon(ctx, w.client.pool, w.client.ns, w.client.retention)

@@ -219,6 +219,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	}
 	stopHeartbeat := bg.start(context.Background(), service{"heartbeat", w.heartbeat})
 	bg.start(context.Background(), service{"prune", w.prune})
+	bg.start(context.Background(), service{"history drops", w.dropHistory})
 	bg.start(context.Background(), service{"deadlines", w.failOverdue})
 	stopLiveness := func() {}
 	if w.cfg.ReapInterval > 0 && w.client.notifier.Connects() {

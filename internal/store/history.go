@@ -345,13 +345,19 @@ func ReleaseHistoryDrops(ctx context.Context, db DBTX, holder string) error {
 // DropHistoryBefore drops the history partitions of days that ended at or before
 // horizon, and finishes the detaches an interrupted drop left pending. On
 // PostgreSQL 14 and later a partition is detached CONCURRENTLY (no lock that
-// blocks readers or the archiver), then dropped. It returns the partitions dropped.
+// blocks readers or the archiver), then dropped. A day whose runs_history partition
+// holds runs of a namespace that still keeps them (dayKeptBy) is not dropped, in any
+// table: the horizon is computed from the retentions registered when it was read,
+// and a namespace may have archived into the day since. The check is made before the
+// detach and again after it, when no run can be archived into the day any more; a
+// day found kept only then is attached again. It returns the partitions dropped.
 func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]string, error) {
 	var version int
 	if err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
 		return nil, err
 	}
 	var dropped []string
+	kept := map[time.Time]bool{} // days runs_history keeps (HistoryTables lists it first)
 	for _, table := range HistoryTables {
 		// The partitions, and the tables of partitions a crash left detached but not
 		// dropped (detached: NULL).
@@ -378,8 +384,33 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 		}
 		for _, p := range parts {
 			day, ok := historyDay(table, p.name)
-			if !ok || day.Add(24*time.Hour).After(horizon) {
+			if !ok || day.Add(24*time.Hour).After(horizon) || kept[day] {
 				continue
+			}
+			attach := fmt.Sprintf(`ALTER TABLE kagzi.%s ATTACH PARTITION kagzi.%s FOR VALUES FROM ('%s') TO ('%s')`,
+				table, p.name, day.Format(time.RFC3339), day.Add(24*time.Hour).Format(time.RFC3339))
+			if table == "runs_history" {
+				keep, err := dayKeptBy(ctx, db, p.name, day)
+				if err != nil {
+					return dropped, err
+				}
+				if keep {
+					kept[day] = true
+					// A partition an interrupted drop left detached, or pending its
+					// detach, is attached again: its runs are kept.
+					if p.pending != nil && *p.pending {
+						if _, err := db.Exec(ctx, fmt.Sprintf(`ALTER TABLE kagzi.%s DETACH PARTITION kagzi.%s FINALIZE`,
+							table, p.name)); err != nil {
+							return dropped, fmt.Errorf("kagzi: finish the detach of history partition %s: %w", p.name, err)
+						}
+					}
+					if p.pending == nil || *p.pending {
+						if _, err := db.Exec(ctx, attach); err != nil {
+							return dropped, fmt.Errorf("kagzi: attach history partition %s again: %w", p.name, err)
+						}
+					}
+					continue
+				}
 			}
 			detach := fmt.Sprintf(`ALTER TABLE kagzi.%s DETACH PARTITION kagzi.%s`, table, p.name)
 			switch {
@@ -404,10 +435,28 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 					return dropped, fmt.Errorf("kagzi: detach history partition %s: %w", p.name, err)
 				}
 			}
-			if err := dropTable(ctx, db, p.name); err != nil {
+			if table == "runs_history" {
+				// Detached: no run can be archived into the day any more. Runs archived
+				// while the detach waited are seen now.
+				keep, err := dayKeptBy(ctx, db, p.name, day)
+				if err != nil {
+					return dropped, err
+				}
+				if keep {
+					kept[day] = true
+					if _, err := db.Exec(ctx, attach); err != nil {
+						return dropped, fmt.Errorf("kagzi: attach history partition %s again: %w", p.name, err)
+					}
+					continue
+				}
+			}
+			gone, err := dropTable(ctx, db, p.name)
+			if err != nil {
 				return dropped, fmt.Errorf("kagzi: drop history partition %s: %w", p.name, err)
 			}
-			dropped = append(dropped, p.name)
+			if gone {
+				dropped = append(dropped, p.name)
+			}
 		}
 	}
 	if err := dropHistoryIDsBefore(ctx, db, horizon); err != nil {
@@ -444,15 +493,47 @@ func dropHistoryIDsBefore(ctx context.Context, db DBTX, horizon time.Time) error
 // dropper's DETACH ... FINALIZE of the same partition deadlocks with (one waits for the
 // other's lock, the other for its transaction; the FINALIZE then finds it detached) is
 // tried again: the drop is idempotent, and the other statement has ended.
-func dropTable(ctx context.Context, db DBTX, name string) error {
+// It reports whether this call dropped the table (false: another process had).
+func dropTable(ctx context.Context, db DBTX, name string) (bool, error) {
 	var err error
 	for range 3 {
-		_, err = db.Exec(ctx, `DROP TABLE IF EXISTS kagzi.`+name)
-		if pgErr := (*pgconn.PgError)(nil); !errors.As(err, &pgErr) || pgErr.Code != "40P01" {
-			return err
+		_, err = db.Exec(ctx, `DROP TABLE kagzi.`+name)
+		pgErr := (*pgconn.PgError)(nil)
+		switch {
+		case err == nil:
+			return true, nil
+		case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table: dropped by another
+			return false, nil
+		case !errors.As(err, &pgErr) || pgErr.Code != "40P01":
+			return false, err
 		}
 	}
-	return err
+	return false, err
+}
+
+// dayKeptBy tells whether a runs_history partition (attached or detached) of day
+// holds runs of a namespace that keeps them still: one whose registered retention
+// (kagzi.history_retention, heard from in the last week, as HistoryHorizon counts it)
+// has not passed the day's end, or that keeps its runs for ever, or one with no
+// registration, taken to keep its runs for the default 30 days. Its namespaces are
+// read with one index probe each (runs_history_finished).
+func dayKeptBy(ctx context.Context, db DBTX, partition string, day time.Time) (bool, error) {
+	var keepers []string
+	err := db.QueryRow(ctx, `
+		WITH RECURSIVE ns(n) AS (
+			(SELECT namespace FROM kagzi.`+partition+` ORDER BY namespace LIMIT 1)
+			UNION ALL
+			SELECT (SELECT namespace FROM kagzi.`+partition+` WHERE namespace > ns.n ORDER BY namespace LIMIT 1)
+			FROM ns WHERE ns.n IS NOT NULL
+		)
+		SELECT coalesce(array_agg(ns.n), '{}') FROM ns
+		LEFT JOIN kagzi.history_retention h ON h.namespace = ns.n
+		WHERE ns.n IS NOT NULL AND CASE
+			WHEN h.namespace IS NULL THEN $1::timestamptz > now() - interval '30 days'
+			WHEN h.updated_at <= now() - interval '7 days' THEN false
+			ELSE h.keep_ms < 0 OR $1::timestamptz > now() - h.keep_ms * interval '1 millisecond' END`,
+		day.Add(24*time.Hour)).Scan(&keepers)
+	return len(keepers) > 0, err
 }
 
 // partitionGone tells whether name is no longer a partition of table (another

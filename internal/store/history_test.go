@@ -116,3 +116,57 @@ func TestAStartWithIDReuseNeverFindsTheArchivedRunOfItsID(t *testing.T) {
 		t.Fatalf("%d runs of the id, %v; want 1", n, err)
 	}
 }
+
+// A drop by a horizon computed before a namespace registered a longer retention keeps
+// the days whose runs_history partition holds that namespace's runs, in every history
+// table, and drops the days only namespaces past their retention hold.
+func TestADropKeepsTheDaysHoldingRunsANamespaceStillKeeps(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	day := func(daysAgo int) time.Time { return time.Now().UTC().Truncate(24*time.Hour).Add(-time.Duration(daysAgo) * 24 * time.Hour) }
+	if err := EnsureHistoryPartitions(ctx, pool, day(6), day(0)); err != nil {
+		t.Fatal(err)
+	}
+	// "keeper" keeps its runs 10 days, "brief" 2 days; "unknown" never registered (30 days).
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.history_retention (namespace, keep_ms) VALUES
+		('keeper', 864000000), ('brief', 172800000)`); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []struct {
+		ns      string
+		daysAgo int
+	}{{"keeper", 5}, {"brief", 4}, {"unknown", 3}, {"brief", 6}} {
+		at := day(r.daysAgo).Add(time.Hour)
+		if _, err := pool.Exec(ctx, `INSERT INTO kagzi.runs_history (run_id, namespace, workflow_id, workflow_type, status,
+			input, available_at, created_at, finished_at, updated_at)
+			VALUES ($1, $2, 'w', 't', 'COMPLETED', '1', $3, $3, $3, $3)`, uuid.New(), r.ns, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// An interrupted drop left the keeper's day detached.
+	if _, err := pool.Exec(ctx, `ALTER TABLE kagzi.runs_history DETACH PARTITION kagzi.`+HistoryPartitionName("runs_history", day(5))); err != nil {
+		t.Fatal(err)
+	}
+	dropped, err := DropHistoryBefore(ctx, pool, day(1)) // a horizon of "brief"'s retention alone
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []int{5, 3} {
+		for _, table := range HistoryTables {
+			if slices.Contains(dropped, HistoryPartitionName(table, day(d))) {
+				t.Errorf("dropped %s, which holds runs a namespace still keeps", HistoryPartitionName(table, day(d)))
+			}
+		}
+	}
+	for _, d := range []int{6, 4, 2} {
+		if !slices.Contains(dropped, HistoryPartitionName("steps_history", day(d))) ||
+			!slices.Contains(dropped, HistoryPartitionName("runs_history", day(d))) {
+			t.Errorf("kept the partitions of %v, which only runs past their retention hold: dropped %v", day(d), dropped)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs_history WHERE namespace IN ('keeper', 'unknown')`).Scan(&n); err != nil || n != 2 {
+		t.Fatalf("%d kept runs readable, %v; want 2", n, err)
+	}
+}
