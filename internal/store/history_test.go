@@ -124,7 +124,9 @@ func TestADropKeepsTheDaysHoldingRunsANamespaceStillKeeps(t *testing.T) {
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
-	day := func(daysAgo int) time.Time { return time.Now().UTC().Truncate(24*time.Hour).Add(-time.Duration(daysAgo) * 24 * time.Hour) }
+	day := func(daysAgo int) time.Time {
+		return time.Now().UTC().Truncate(24 * time.Hour).Add(-time.Duration(daysAgo) * 24 * time.Hour)
+	}
 	if err := EnsureHistoryPartitions(ctx, pool, day(6), day(0)); err != nil {
 		t.Fatal(err)
 	}
