@@ -34,6 +34,11 @@ type Context struct {
 type scope struct {
 	prefix string
 	branch bool
+	// parent is the scope a branch was started from, at the position at of its calls
+	// (nil for the root): a branch's history went past a point when its parent's did
+	// past the branch's start (see nextPatch).
+	parent *scope
+	at     int
 	mu     sync.Mutex
 	counts map[string]int
 	// pos counts the calls of the scope that take a position (all but Patched).
@@ -252,9 +257,18 @@ func (sc *scope) next(name string) (key string, pos int) {
 // and tells whether the scope's history goes past the current position.
 func (sc *scope) nextPatch(changeID string, h *history) (key string, replaying bool) {
 	sc.mu.Lock()
-	defer sc.mu.Unlock()
 	sc.counts["\x00patch:"+changeID]++
-	return sc.prefix + changeID + "#patch" + strconv.Itoa(sc.counts["\x00patch:"+changeID]), h.replaying(sc.prefix, sc.pos)
+	key, replaying = sc.prefix+changeID+"#patch"+strconv.Itoa(sc.counts["\x00patch:"+changeID]), h.replaying(sc.prefix, sc.pos)
+	sc.mu.Unlock()
+	// In a branch, the history went past this point too when the scope that started
+	// the branch (or one above it) recorded a call after the branch's start: the
+	// branch may have run to its end under older code (found from outside: a branch's
+	// new step ran on replay and changed a value the run had acted on). Not knowing
+	// how far the branch went then, Patched answers false: the older code's path.
+	for s := sc; !replaying && s.parent != nil; s = s.parent {
+		replaying = h.replaying(s.parent.prefix, s.at)
+	}
+	return key, replaying
 }
 
 // Patched reports whether this run reached this point under code that has the
@@ -270,6 +284,10 @@ func (sc *scope) nextPatch(changeID string, h *history) (key string, replaying b
 //	} else {
 //		// the old order, for runs that started before the deploy
 //	}
+//
+// In a branch (Go, Map), the history also went past the point when the scope that
+// started the branch recorded a call after the branch's start: Patched answers false
+// there, since the branch may have run to its end under the older code.
 //
 // Patched takes no position among the workflow's calls, so adding it does not shift
 // the steps recorded after it. An invalid changeID (empty, over 255 bytes, not UTF-8,

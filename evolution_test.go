@@ -504,3 +504,70 @@ func TestARerunOfARunCancelledBeforeAnyWorkerClaimedItRunsAsAttemptOne(t *testin
 		t.Fatalf("after it: attempt %d, %v (want 1)", info.Attempt, err)
 	}
 }
+
+// Patched inside a branch answers false for a run whose history went past the branch
+// under older code (found from outside: on replay the branch ran the new step and
+// changed a value the run had already acted on; with Map, once per item).
+func TestPatchedInABranchAnswersFalseWhenTheRunWentPastTheBranchUnderOlderCode(t *testing.T) {
+	for _, useMap := range []bool{false, true} {
+		t.Run(fmt.Sprintf("map=%v", useMap), func(t *testing.T) {
+			e := newEnv(t)
+			ctx := waitCtx(t)
+			var newStepRan atomic.Int32
+			define := func(patched bool) *kagzi.Workflow[int, string] {
+				branch := func(ctx *kagzi.Context, _ int) (int, error) {
+					total, err := kagzi.Step(ctx, "x", func(context.Context) (int, error) { return 10, nil })
+					if err != nil || !patched || !ctx.Patched("bonus") {
+						return total, err
+					}
+					bonus, err := kagzi.Step(ctx, "new", func(context.Context) (int, error) { newStepRan.Add(1); return 5, nil })
+					return total + bonus, err
+				}
+				return kagzi.Define("branchy", func(ctx *kagzi.Context, _ int) (string, error) {
+					var total int
+					if useMap {
+						outs, err := kagzi.Map(ctx, "items", []int{1, 2}, branch)
+						if err != nil {
+							return "", err
+						}
+						total = outs[0] + outs[1]
+					} else {
+						out, err := kagzi.Go(ctx, "br", func(ctx *kagzi.Context) (int, error) { return branch(ctx, 0) }).Get()
+						if err != nil {
+							return "", err
+						}
+						total = out
+					}
+					decided, err := kagzi.Step(ctx, "decide", func(context.Context) (int, error) { return total, nil })
+					if err != nil {
+						return "", err
+					}
+					if err := ctx.Sleep("nap", 400*time.Millisecond); err != nil {
+						return "", err
+					}
+					return fmt.Sprintf("decided on %d, total %d", decided, total), nil
+				})
+			}
+			stop := runWorker(t, e.client, fastWorker(), define(false))
+			inFlight, err := kagzi.Start(ctx, e.client, define(false), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eventually(t, "the old run to sleep", func() bool { return runStatus(t, e.client, inFlight.RunID) == kagzi.StatusSleeping })
+			stop() // deploy: the branch gains a patched step
+			runWorker(t, e.client, fastWorker(), define(true))
+			out, err := inFlight.Wait(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := "decided on 10, total 10"
+			if useMap {
+				want = "decided on 20, total 20"
+			}
+			if out != want || newStepRan.Load() != 0 {
+				t.Fatalf("the run in flight returned %q with the new step run %d times; want %q and none",
+					out, newStepRan.Load(), want)
+			}
+		})
+	}
+}

@@ -39,7 +39,7 @@ type Future[T any] struct {
 // function's goroutine or from a branch's, like Step.
 func Go[T any](ctx *Context, name string, fn func(ctx *Context) (T, error)) *Future[T] {
 	f := &Future[T]{parent: ctx, done: make(chan struct{})}
-	key, _, err := ctx.nextKey(name, kindBranch)
+	key, pos, err := ctx.nextKey(name, kindBranch)
 	if err == nil && fn == nil {
 		err = invalidArgument("branch %q: nil function", name)
 	}
@@ -48,17 +48,18 @@ func Go[T any](ctx *Context, name string, fn func(ctx *Context) (T, error)) *Fut
 		close(f.done)
 		return f
 	}
-	branch := ctx.branch(key)
+	branch := ctx.branch(key, pos)
 	go f.run(branch, fn)
 	return f
 }
 
-// branch returns a Context for a branch whose keys are prefixed with key.
-func (c *Context) branch(key string) *Context {
+// branch returns a Context for a branch whose keys are prefixed with key, started by
+// the call at position pos of c's scope.
+func (c *Context) branch(key string, pos int) *Context {
 	bctx, cancel := context.WithCancelCause(c.Context)
 	c.x.branches.Add(1)
 	return &Context{Context: bctx, x: c.x, sc: &scope{prefix: key + "/", branch: true,
-		counts: map[string]int{}, cancel: cancel}}
+		counts: map[string]int{}, cancel: cancel, parent: c.sc, at: pos}}
 }
 
 func (f *Future[T]) run(branch *Context, fn func(*Context) (T, error)) {
@@ -179,18 +180,19 @@ func Map[In, Out any](ctx *Context, name string, items []In, fn func(ctx *Contex
 		return nil, invalidArgument("map %q: nil function", name)
 	}
 	keys := make([]string, len(items))
+	positions := make([]int, len(items))
 	for i := range items {
-		key, _, err := ctx.nextKey(name, kindBranch)
+		key, pos, err := ctx.nextKey(name, kindBranch)
 		if err != nil {
 			return nil, err
 		}
-		keys[i] = key
+		keys[i], positions[i] = key, pos
 	}
 	m := &mapping{sem: make(chan struct{}, o.limit), failFast: !o.collectAll}
 	futures := make([]*Future[Out], len(items))
 	for i, item := range items {
 		futures[i] = &Future[Out]{parent: ctx, done: make(chan struct{})}
-		branch := m.add(ctx.branch(keys[i]))
+		branch := m.add(ctx.branch(keys[i], positions[i]))
 		go m.runItem(branch, func() {
 			futures[i].run(branch, func(c *Context) (Out, error) {
 				c.checkAlive() // cancelled while waiting for a slot
