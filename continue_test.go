@@ -332,3 +332,55 @@ func TestAKeyedChainKeepsItsKeyPlaceAheadOfRunsQueuedWhileItRan(t *testing.T) {
 		t.Fatalf("execution order %q, want the chain's three runs first, then the runs queued meanwhile", got)
 	}
 }
+
+var keyedChain = kagzi.Define("keyed-chain", func(ctx *kagzi.Context, n int) (int, error) {
+	m, err := kagzi.WaitSignal[string](ctx, "go", 0)
+	if err != nil {
+		return n, err
+	}
+	if m != "stop" {
+		return n, kagzi.ContinueAsNew(ctx, n+1)
+	}
+	received := 0
+	for {
+		if _, err := kagzi.WaitSignal[string](ctx, "data", 300*time.Millisecond); err != nil {
+			return received, nil
+		}
+		received++
+	}
+})
+
+// A keyed signal stored on a run and moved, not taken, to the run it continued as was
+// delivered: a retry sent to the first run's id returns nil, as the key promises
+// (found from outside: it returned ErrRunFinished), and stores nothing more.
+func TestARetryOfAKeyedSignalThatMovedWithAContinueAsNewReturnsNil(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	runWorker(t, e.client, fastWorker(), keyedChain)
+	run, err := kagzi.Start(ctx, e.client, keyedChain, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.Signal(ctx, run.RunID, "data", "payload", kagzi.SignalKey("webhook-1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.SignalWorkflow(ctx, run.WorkflowID, "go", "next"); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the run to continue as new", func() bool {
+		info, err := e.client.GetRun(ctx, run.RunID)
+		return err == nil && info.ContinuedAsRunID != ""
+	})
+	if err := e.client.Signal(ctx, run.RunID, "data", "payload", kagzi.SignalKey("webhook-1")); err != nil {
+		t.Fatalf("a retry of the keyed signal after it moved down the chain: %v, want nil", err)
+	}
+	if err := e.client.Signal(ctx, run.RunID, "data", "payload", kagzi.SignalKey("another")); !errors.Is(err, kagzi.ErrRunFinished) {
+		t.Fatalf("a new keyed signal to the finished run: %v, want ErrRunFinished", err)
+	}
+	if err := e.client.SignalWorkflow(ctx, run.WorkflowID, "go", "stop"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := run.Wait(ctx); err != nil || n != 1 {
+		t.Fatalf("the chain received %d data signals, %v; want the one", n, err)
+	}
+}

@@ -30,8 +30,9 @@ type signalOptions struct {
 // whose outcome is unknown (a timeout, a lost connection) with the same key is then
 // safe. The key is 1 to 255 bytes of UTF-8 without control characters; it is kept
 // with the run's signals (pruned with the run). Keys are a run's: a signal not yet
-// taken moves, with its key, to the run a continue-as-new starts, but the keys of the
-// signals the run took stay with it, so a retry sent after the run continued as new
+// taken moves, with its key, to the run a continue-as-new starts (a retry sent to the
+// first run's id then finds it there and returns nil), but the keys of the signals the
+// run took stay with it, so a retry sent by workflow id after the run continued as new
 // is stored again for the next run.
 func SignalKey(key string) SignalOption {
 	return func(o *signalOptions) { o.key, o.keySet = key, true }
@@ -115,6 +116,11 @@ func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, 
 	for err == nil && follow && !sent.Duplicate && sent.Status.Terminal() && sent.ContinuedAs != nil {
 		id = *sent.ContinuedAs
 		sent, err = store.SendSignal(ctx, db, store.SignalSend{Namespace: c.ns, RunID: id, Name: name, Payload: b, Key: key})
+	}
+	if err == nil && !follow && key != nil && !sent.Duplicate && sent.Status.Terminal() && sent.ContinuedAs != nil {
+		// A retry of a keyed signal whose first send was stored and then moved, not
+		// taken, to the run this one continued as: it was delivered, not refused.
+		sent.Duplicate, err = store.SignalKeyMoved(ctx, db, id, *key)
 	}
 	if err == nil && !sent.Duplicate && sent.Status.Terminal() {
 		err = fmt.Errorf("%w: run %s is %s", ErrRunFinished, id, sent.Status)

@@ -227,6 +227,24 @@ func SendSignal(ctx context.Context, db DBTX, s SignalSend) (SignalSent, error) 
 	}
 }
 
+// SignalKeyMoved tells whether a run that continued as new (runID) had a signal of key
+// that moved down its chain: whether a later run of the chain holds a signal of that
+// key (a signal the run had not taken moves with its key to the next run).
+func SignalKeyMoved(ctx context.Context, db DBTX, runID uuid.UUID, key string) (bool, error) {
+	var moved bool
+	rows, err := queryAfter(ctx, db, outcomeSetupSQL, `
+		WITH RECURSIVE chain AS (
+			SELECT continued_as_run_id AS run_id, 1 AS n FROM kagzi.runs_all WHERE run_id = $1
+			UNION ALL
+			SELECT r.continued_as_run_id, c.n + 1 FROM chain c JOIN kagzi.runs_all r ON r.run_id = c.run_id
+			WHERE c.run_id IS NOT NULL
+		)
+		SELECT EXISTS (SELECT 1 FROM chain c JOIN kagzi.signals_all s ON s.run_id = c.run_id AND s.key = $2)`,
+		runID, key)
+	err = firstRow{rows: rows, err: err}.Scan(&moved)
+	return moved, err
+}
+
 // ActiveRunID returns the active run of a workflow id, or ErrNotFound.
 func ActiveRunID(ctx context.Context, db DBTX, namespace, workflowID string) (uuid.UUID, error) {
 	var id uuid.UUID
