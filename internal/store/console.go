@@ -128,14 +128,14 @@ type TypeActivity struct {
 // activityByTypeSQL is ActivityByType's statement.
 var activityByTypeSQL = `
 		SELECT t.workflow_type,
-			count(*) FILTER (WHERE a.available_at <= now()),
-			count(*) FILTER (WHERE a.status = 'RUNNING' AND a.available_at <= now()),
-			count(*) FILTER (WHERE a.status = 'PENDING' AND a.available_at > now()),
-			count(*) FILTER (WHERE a.status = 'RUNNING' AND a.available_at > now()),
-			count(*) FILTER (WHERE a.status = 'SLEEPING' AND a.available_at > now()),
+			count(*) FILTER (WHERE a.available_at <= ` + readNowSQL + `),
+			count(*) FILTER (WHERE a.status = 'RUNNING' AND a.available_at <= ` + readNowSQL + `),
+			count(*) FILTER (WHERE a.status = 'PENDING' AND a.available_at > ` + readNowSQL + `),
+			count(*) FILTER (WHERE a.status = 'RUNNING' AND a.available_at > ` + readNowSQL + `),
+			count(*) FILTER (WHERE a.status = 'SLEEPING' AND a.available_at > ` + readNowSQL + `),
 			count(*) FILTER (WHERE a.takeovers > 0),
 			count(a.run_id),
-			min(greatest(a.available_at, a.created_at)) FILTER (WHERE a.available_at <= now())
+			min(greatest(a.available_at, a.created_at)) FILTER (WHERE a.available_at <= ` + readNowSQL + `)
 		FROM unnest($2::text[]) AS t(workflow_type)
 		LEFT JOIN LATERAL (` + activeRunsOfType + `) a ON true
 		GROUP BY t.workflow_type ORDER BY t.workflow_type`
@@ -172,7 +172,7 @@ var stuckRunsSQL = `
 		SELECT a.run_id, a.workflow_id, a.workflow_type, a.status, a.available_at, a.locked_by, a.lease_epoch, a.takeovers
 		FROM unnest($2::text[]) AS t(workflow_type)
 		CROSS JOIN LATERAL (` + activeRunsOfType + `) a
-		WHERE (a.status = 'RUNNING' AND a.available_at <= now()) OR a.takeovers > 0
+		WHERE (a.status = 'RUNNING' AND a.available_at <= ` + readNowSQL + `) OR a.takeovers > 0
 		ORDER BY a.available_at
 		LIMIT $4`
 

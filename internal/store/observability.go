@@ -44,26 +44,26 @@ WITH h AS MATERIALIZED (
 	FROM kagzi.flow_limits l
 	CROSS JOIN LATERAL (SELECT
 		(SELECT count(*) FROM kagzi.runs r WHERE r.namespace = $1 AND r.workflow_type = l.workflow_type
-			AND ` + inRunsClaimableSQL + ` AND r.available_at <= now()) AS plain,
+			AND ` + inRunsClaimableSQL + ` AND r.available_at <= ` + readNowSQL + `) AS plain,
 		(SELECT coalesce(sum(least(k.n, CASE WHEN l.key_concurrency IS NULL THEN k.n
 				ELSE greatest(l.key_concurrency - (SELECT count(*) FROM kagzi.runs h
 					WHERE h.namespace = $1 AND h.workflow_type = l.workflow_type AND h.flow_key = k.flow_key
 					  AND h.flow_key IS NOT NULL AND h.started_at IS NOT NULL
 					  AND h.status IN ('PENDING', 'RUNNING', 'SLEEPING')), 0) END)), 0)
 			FROM (SELECT r.flow_key, count(*) AS n FROM kagzi.runs r WHERE r.namespace = $1
-				AND r.workflow_type = l.workflow_type AND ` + inRunsKeyDueSQL + ` AND r.available_at <= now()
+				AND r.workflow_type = l.workflow_type AND ` + inRunsKeyDueSQL + ` AND r.available_at <= ` + readNowSQL + `
 				GROUP BY r.flow_key) k) AS keyed,
 		(SELECT count(*) FROM kagzi.runs h WHERE h.namespace = $1 AND h.workflow_type = l.workflow_type
-			AND h.holds_type_slot AND h.status = 'RUNNING' AND h.available_at > now() - ` + slotGraceSQL + `) AS holders
+			AND h.holds_type_slot AND h.status = 'RUNNING' AND h.available_at > ` + readNowSQL + ` - ` + slotGraceSQL + `) AS holders
 	) a
 	WHERE l.namespace = $1 AND (l.concurrency IS NOT NULL OR l.key_concurrency IS NOT NULL)
 ), s AS (
 	SELECT workflow_type,
-		count(*) FILTER (WHERE available_at <= now()) AS ready,
-		count(*) FILTER (WHERE status = 'RUNNING' AND available_at > now()) AS running,
-		count(*) FILTER (WHERE status <> 'RUNNING' AND available_at > now()) AS waiting,
-		coalesce((extract(epoch FROM now() - min(greatest(available_at, created_at))
-			FILTER (WHERE available_at <= now())) * 1000000)::bigint, 0) AS oldest
+		count(*) FILTER (WHERE available_at <= ` + readNowSQL + `) AS ready,
+		count(*) FILTER (WHERE status = 'RUNNING' AND available_at > ` + readNowSQL + `) AS running,
+		count(*) FILTER (WHERE status <> 'RUNNING' AND available_at > ` + readNowSQL + `) AS waiting,
+		coalesce((extract(epoch FROM ` + readNowSQL + ` - min(greatest(available_at, created_at))
+			FILTER (WHERE available_at <= ` + readNowSQL + `)) * 1000000)::bigint, 0) AS oldest
 	FROM (
 		SELECT r.workflow_type, r.status, r.available_at, r.created_at FROM kagzi.runs r
 		WHERE r.namespace = $1 AND ` + inRunsClaimableSQL + `

@@ -35,23 +35,12 @@ type WorkerRow struct {
 // (workerSilenceSQL). A worker's heartbeat marks the silent workers of its
 // namespace OFFLINE, but when every worker of a namespace died none is left to do it:
 // whoever reads the registry judges silence itself.
-const workerLiveSQL = `(w.status <> 'OFFLINE' AND w.last_heartbeat_at >= ` + registryNowSQL + ` - ` + workerSilenceSQL + `)`
+const workerLiveSQL = `(w.status <> 'OFFLINE' AND w.last_heartbeat_at >= ` + readNowSQL + ` - ` + workerSilenceSQL + `)`
 
 // workerStatusSQL is a worker's status as readers see it: OFFLINE once it is silent
 // for three heartbeat intervals, whether or not a heartbeat marked it so yet.
-const workerStatusSQL = `CASE WHEN w.status <> 'OFFLINE' AND w.last_heartbeat_at < ` + registryNowSQL + ` - ` + workerSilenceSQL + `
+const workerStatusSQL = `CASE WHEN w.status <> 'OFFLINE' AND w.last_heartbeat_at < ` + readNowSQL + ` - ` + workerSilenceSQL + `
 	THEN 'OFFLINE' ELSE w.status END`
-
-// registryNowSQL is the time a reader judges the workers' silence at: now(), but on a
-// hot standby (a Config.ReadPool replica) whose replay is behind what it received (or
-// that receives nothing) the commit time of the last transaction it replayed, so that a
-// lagging replica reads the heartbeats as of its data instead of taking every worker
-// for silent. A replica that replayed all it received uses now(): with the primary
-// idle (every worker dead, no heartbeat committed) the last replayed commit stays
-// behind, and would keep the dead workers ONLINE.
-const registryNowSQL = `(CASE WHEN pg_is_in_recovery()
-		AND pg_last_wal_receive_lsn() IS DISTINCT FROM pg_last_wal_replay_lsn()
-	THEN coalesce(pg_last_xact_replay_timestamp(), now()) ELSE now() END)`
 
 // workerSilenceSQL is how long a worker row w must go without a heartbeat for readers
 // to take it for dead: three of its intervals, and at least five seconds, so that a
@@ -288,7 +277,7 @@ var pendingTypesWithoutWorkerSQL = `
 		SELECT t.workflow_type FROM (` + unfinishedTypesSQL + `) t
 		WHERE EXISTS (
 			SELECT 1 FROM (` + unfinishedOfTypeSQL("r.version, r.available_at", "$1", "t.workflow_type",
-	"r.available_at <= now()", "5000") + `) x
+	"r.available_at <= "+readNowSQL, "5000") + `) x
 			WHERE NOT EXISTS (
 				SELECT 1 FROM kagzi.workers w
 				WHERE w.namespace = $1 AND ` + workerLiveSQL + ` AND t.workflow_type = ANY(w.workflow_types)
