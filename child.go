@@ -151,7 +151,7 @@ func (c *ChildRun[Out]) Get() (Out, error) {
 	for {
 		var o store.RunOutcome
 		err := ctx.write(func(cc context.Context, db *writer) (err error) {
-			o, err = db.runOutcome(cc, childID, x.run.Namespace, c.WorkflowID)
+			o, err = db.runOutcome(cc, childID, x.run.Namespace, c.WorkflowID, x.run.RunID)
 			return err
 		})
 		switch {

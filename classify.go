@@ -225,13 +225,13 @@ func reasonFor(cause error) exitReason {
 	}
 }
 
-// transient reports whether a failed statement may succeed if tried again.
 // closedPool reports whether err is pgxpool's refusal of a closed pool (it has no
 // error value of its own).
 func closedPool(err error) bool {
 	return errors.Is(err, ErrClosed) || strings.Contains(err.Error(), "closed pool")
 }
 
+// transient reports whether a failed statement may succeed if tried again.
 func transient(err error) bool {
 	var pgErr *pgconn.PgError
 	if errors.Is(err, store.ErrNotFound) {

@@ -533,6 +533,10 @@ func TestTwoArchivingWorkersMoveEachFinishedRunOnceWithItsSteps(t *testing.T) {
 	eventually(t, "every run to move into the history", func() bool {
 		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs`) == 0
 	})
+	// A pass counts what it archived once its batches are done: after they commit.
+	eventually(t, "the workers to count what they archived", func() bool {
+		return workers[0].ArchivedRuns()+workers[1].ArchivedRuns() >= n
+	})
 	if got := workers[0].ArchivedRuns() + workers[1].ArchivedRuns(); got != n {
 		t.Fatalf("the workers archived %d runs, want %d", got, n)
 	}

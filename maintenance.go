@@ -162,7 +162,7 @@ func (w *Worker) dropHistory(ctx context.Context) {
 			continue
 		}
 		// Without cancel: a lease taken as the worker stops is known, and released.
-		ok, err := store.TakeHistoryDrops(context.WithoutCancel(ctx), w.client.pool, w.ID(), 10*time.Minute)
+		ok, err := store.TakeHistoryDrops(context.WithoutCancel(ctx), w.client.pool, w.ID(), historyDropsLease)
 		if err != nil {
 			if ctx.Err() == nil {
 				w.logger.Warn("kagzi: taking the history drops' lease failed", "error", err)
@@ -172,7 +172,10 @@ func (w *Worker) dropHistory(ctx context.Context) {
 		if !ok {
 			continue
 		}
-		dropped, err := store.DropHistoryBefore(ctx, w.client.pool, horizon)
+		var dropped []string
+		if err = store.MarkHistoryDrops(ctx, w.client.pool, w.ID(), horizon); err == nil {
+			dropped, err = w.dropUnderLease(ctx, horizon)
+		}
 		if err != nil && ctx.Err() == nil {
 			w.logger.Warn("kagzi: dropping history partitions failed", "error", err)
 		}
@@ -186,6 +189,36 @@ func (w *Worker) dropHistory(ctx context.Context) {
 	}
 }
 
+// dropUnderLease drops the history partitions before horizon, renewing the drops'
+// lease every minute while it does: a pass that waits (a detach waits for the
+// transactions that read the history) keeps its lease, and with it its mark, so no
+// other pass begins meanwhile with another.
+func (w *Worker) dropUnderLease(ctx context.Context, horizon time.Time) ([]string, error) {
+	done := make(chan struct{})
+	renewed := make(chan struct{})
+	go func() {
+		defer close(renewed)
+		t := time.NewTicker(time.Minute)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				if _, err := store.TakeHistoryDrops(context.WithoutCancel(ctx), w.client.pool, w.ID(), historyDropsLease); err != nil && ctx.Err() == nil {
+					w.logger.Warn("kagzi: renewing the history drops' lease failed", "error", err)
+				}
+			}
+		}
+	}()
+	defer func() { close(done); <-renewed }()
+	return store.DropHistoryBefore(ctx, w.client.pool, horizon)
+}
+
+// historyDropsLease is how long a pass of history drops holds its lease without
+// renewing it (a process that died mid-pass leaves it for that long).
+const historyDropsLease = 10 * time.Minute
+
 // pruneArchived deletes the namespace's archived runs past its retention, which is
 // shorter than the one the partitions' drops go by (or than for ever).
 func (w *Worker) pruneArchived(ctx context.Context) {
@@ -198,49 +231,8 @@ func (w *Worker) pruneArchived(ctx context.Context) {
 	}
 }
 
-// batches.
-func (w *Worker) expireHistory(ctx context.Context) {
-	horizon, droppable, shorter, err := store.HistoryHorizon(ctx, w.client.pool, w.client.ns, w.client.retention)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.logger.Warn("kagzi: reading the history's retention failed", "error", err)
-		}
-		return
-	}
-	if droppable {
-		// Without cancel: a lease taken as the worker stops is known, and released.
-		if ok, err := store.TakeHistoryDrops(context.WithoutCancel(ctx), w.client.pool, w.ID(), 10*time.Minute); err != nil {
-			if ctx.Err() == nil {
-				w.logger.Warn("kagzi: taking the history drops' lease failed", "error", err)
-			}
-		} else if ok {
-			dropped, err := store.DropHistoryBefore(ctx, w.client.pool, horizon)
-			if err != nil && ctx.Err() == nil {
-				w.logger.Warn("kagzi: dropping history partitions failed", "error", err)
-			}
-			if len(dropped) > 0 {
-				w.historyDropped.Add(int64(len(dropped)))
-				w.logger.Info("kagzi: dropped history partitions", "partitions", dropped, "before", horizon)
-			}
-			if err := store.ReleaseHistoryDrops(context.WithoutCancel(ctx), w.client.pool, w.ID()); err != nil && ctx.Err() == nil {
-				w.logger.Warn("kagzi: releasing the history drops' lease failed", "error", err)
-			}
-		}
-	}
-	// A retention shorter than the one the partitions go by (or than for ever) deletes
-	// rows.
-	if w.client.retention < 0 || !shorter {
-		return
-	}
-	total := w.inBatches(ctx, "pruning archived runs", 10, 500, func(ctx context.Context, n int) (int64, error) {
-		return store.PruneHistory(ctx, w.client.pool, w.client.ns, w.client.retention, n)
-	})
-	if total > 0 {
-		w.pruned.Add(total)
-		w.logger.Info("kagzi: pruned archived runs", "runs", total, "retention", w.client.retention)
-	}
-}
-
+// pruneFinished deletes the namespace's finished runs still in the live tables past
+// the retention, a few batches of 500 a pass.
 func (w *Worker) pruneFinished(ctx context.Context) {
 	total := w.inBatches(ctx, "pruning finished runs", 10, 500, func(ctx context.Context, n int) (int64, error) {
 		return store.PruneFinished(ctx, w.client.pool, w.client.ns, w.client.retention, n)

@@ -106,12 +106,13 @@ func (w *writer) stepOutput(ctx context.Context, runID uuid.UUID, key string) ([
 	return store.GetStepOutput(ctx, w.pool, runID, key)
 }
 
-// runOutcome reads a run's status and result (a parent's child): those of the last
+// runOutcome reads the status and result of parent's child runID: those of the last
 // run of its chain. When the run itself is gone (its record passed the retention
 // while its chain went on continuing as new, or before the parent asked), the chain
-// is found by its workflow id, which a child never shares with another run. It
-// returns store.ErrNotFound when neither is there.
-func (w *writer) runOutcome(ctx context.Context, runID uuid.UUID, namespace, workflowID string) (store.RunOutcome, error) {
+// is found by its workflow id, if the newest run of that id is still parent's child
+// (an id the retention freed may have been taken by another run). It returns
+// store.ErrNotFound when neither is there.
+func (w *writer) runOutcome(ctx context.Context, runID uuid.UUID, namespace, workflowID string, parent uuid.UUID) (store.RunOutcome, error) {
 	o, err := store.GetRunOutcome(ctx, w.pool, runID)
 	if !errors.Is(err, store.ErrNotFound) || workflowID == "" {
 		return o, err
@@ -119,6 +120,9 @@ func (w *writer) runOutcome(ctx context.Context, runID uuid.UUID, namespace, wor
 	r, err := store.GetRunByWorkflowID(ctx, w.pool, namespace, workflowID)
 	if err != nil {
 		return store.RunOutcome{}, err
+	}
+	if r.ParentRunID == nil || *r.ParentRunID != parent {
+		return store.RunOutcome{}, store.ErrNotFound
 	}
 	return store.RunOutcome{Status: r.Status, Output: r.Output, Error: r.Error}, nil
 }

@@ -24,7 +24,9 @@ type healthService struct {
 // Check answers with the status of the last look, looking again first when it is
 // older than the health interval.
 func (h healthService) Check(ctx context.Context, in *healthpb.HealthCheckRequest) (*healthpb.HealthCheckResponse, error) {
-	h.s.freshHealth(ctx)
+	// The look is the service's, not the caller's: a probe that gives up sooner (a
+	// 1 s probe timeout) or cancels must not record the database as down for everyone.
+	h.s.freshHealth(context.WithoutCancel(ctx))
 	return h.Server.Check(ctx, in)
 }
 

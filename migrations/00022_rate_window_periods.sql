@@ -13,8 +13,10 @@ ALTER TABLE kagzi.flow_rates ADD COLUMN period_ms bigint;
 -- tenth of p_old_ms from p_start, into eleven slots of a tenth of p_new_ms whose last
 -- holds p_at. Each slot's starts are put at the slot's end (or p_at, if sooner): no
 -- earlier than they were made, so they count in every window they counted in, and
--- longer, never less; those that fall before the new window no longer count in any
--- window of the new period that ends now or later.
+-- longer, never less. Those that fall before the new window are kept in its first
+-- slot (they count one new period more than they need): a claim that read the limits
+-- before a change cuts the window back to the old period, and the next claim to the
+-- new one, and starts dropped on the way would be lost to the longer period.
 -- +goose StatementBegin
 CREATE FUNCTION kagzi.flow_rate_recut(p_start timestamptz, p_slots integer[], p_old_ms bigint, p_new_ms bigint,
     p_at timestamptz, OUT window_start timestamptz, OUT slots integer[])
@@ -31,9 +33,8 @@ BEGIN
         CONTINUE WHEN p_slots[i] IS NULL OR p_slots[i] <= 0;
         t := least(p_start + i * old_slot, p_at);
         j := floor(extract(epoch FROM t - window_start) / extract(epoch FROM new_slot))::integer + 1;
-        IF j >= 1 THEN
-            slots[least(j, 11)] := slots[least(j, 11)] + p_slots[i];
-        END IF;
+        j := greatest(least(j, 11), 1);
+        slots[j] := slots[j] + p_slots[i];
     END LOOP;
 END $$;
 -- +goose StatementEnd

@@ -227,9 +227,10 @@ func SendSignal(ctx context.Context, db DBTX, s SignalSend) (SignalSent, error) 
 	}
 }
 
-// SignalKeyMoved tells whether a run that continued as new (runID) had a signal of key
-// that moved down its chain: whether a later run of the chain holds a signal of that
-// key (a signal the run had not taken moves with its key to the next run).
+// SignalKeyMoved tells whether a later run of the chain of a run that continued as new
+// (runID) holds a signal of key: one the run had not taken, which moved with its key
+// to the next run, or one sent to a later run directly. Either way a signal of that
+// key reached the chain.
 func SignalKeyMoved(ctx context.Context, db DBTX, runID uuid.UUID, key string) (bool, error) {
 	var moved bool
 	rows, err := queryAfter(ctx, db, outcomeSetupSQL, `

@@ -195,11 +195,16 @@ func DeleteFlowLimits(ctx context.Context, db DBTX, namespace, workflowType stri
 // PruneFlowRates deletes the rate windows that count no start any more: a window's
 // eleven slots of a tenth of its period from window_start hold starts made up to 1.1
 // periods after it, each counted for a period, so a window begun more than 2.1
-// periods ago counts nothing (a period is at most a day; a window from before
-// migration 00022 has no period recorded and is taken as a day's).
+// periods ago counts nothing, by the period it was cut with and by its limit's now,
+// whichever is longer (the next claim cuts it to the limit's: a period lengthened
+// since keeps counting its starts). A period is at most a day; a window from before
+// migration 00022 has no period recorded and is taken as a day's; a window whose limit
+// is gone is pruned by its own. 2.2 leaves a margin.
 func PruneFlowRates(ctx context.Context, db DBTX, namespace string) (int64, error) {
-	tag, err := db.Exec(ctx, `DELETE FROM kagzi.flow_rates WHERE namespace = $1 AND window_start < now() - interval '1 day'
-		AND window_start < now() - 2.2 * coalesce(period_ms, 86400000) * interval '1 millisecond'`, namespace)
+	tag, err := db.Exec(ctx, `DELETE FROM kagzi.flow_rates w WHERE w.namespace = $1 AND w.window_start < now() - interval '1 day'
+		AND w.window_start < now() - 2.2 * interval '1 millisecond' * greatest(coalesce(w.period_ms, 86400000),
+			(SELECT CASE WHEN w.flow_key = '' THEN l.rate_period_ms ELSE l.key_rate_period_ms END
+			 FROM kagzi.flow_limits l WHERE l.namespace = w.namespace AND l.workflow_type = w.workflow_type))`, namespace)
 	return tag.RowsAffected(), err
 }
 

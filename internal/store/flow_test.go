@@ -602,11 +602,21 @@ func TestThePruneKeepsRateWindowsThatStillCountStarts(t *testing.T) {
 		{"old-window-of-no-recorded-period", "25 hours", nil},
 		{"long-gone-window-of-a-day", "3 days", ptr(day)},
 		{"day-old-window-of-an-hour", "25 hours", ptr(int64(time.Hour / time.Millisecond))},
+		{"day-old-window-of-an-hour-whose-limit-is-now-a-day", "25 hours", ptr(int64(time.Hour / time.Millisecond))},
 	} {
 		if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_rates (namespace, workflow_type, flow_key, window_start, slots, period_ms)
 			VALUES ('default', 'wf', $1, now() - $2::interval, '{0,0,0,0,0,0,0,0,0,0,1}', $3)`, w.key, w.age, w.period); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The type's key rate is a day now (a key's window: flow_key not empty); the
+	// window of the key named for it has not been cut again since.
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, key_rate, key_rate_period_ms)
+		VALUES ('default', 'wf', 1, $1)`, day); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.flow_rates SET workflow_type = 'other' WHERE flow_key <> 'day-old-window-of-an-hour-whose-limit-is-now-a-day'`); err != nil {
+		t.Fatal(err)
 	}
 	if _, err := PruneFlowRates(ctx, pool, "default"); err != nil {
 		t.Fatal(err)
@@ -615,10 +625,40 @@ func TestThePruneKeepsRateWindowsThatStillCountStarts(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT array_agg(flow_key ORDER BY flow_key) FROM kagzi.flow_rates`).Scan(&kept); err != nil {
 		t.Fatal(err)
 	}
-	want := []string{"day-old-window-of-a-day", "old-window-of-no-recorded-period", "two-days-old-window-of-a-day"}
+	want := []string{"day-old-window-of-a-day", "day-old-window-of-an-hour-whose-limit-is-now-a-day",
+		"old-window-of-no-recorded-period", "two-days-old-window-of-a-day"}
 	if fmt.Sprint(kept) != fmt.Sprint(want) {
 		t.Fatalf("kept %v, want %v", kept, want)
 	}
 }
 
 func ptr[T any](v T) *T { return &v }
+
+// A claim that read the limits before a period changed cuts the window back to the old
+// period after a claim under the new one cut it: the starts the longer period still
+// counts are not lost on the way (found in review: a 1 hour limit admitted a second
+// start after a claim of the old 1 second period).
+func TestARateWindowCutToAShorterPeriodAndBackStillCountsItsStarts(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	// One start 2 to 8 minutes ago, in a window of a 1 hour period (its tenth slot).
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_rates (namespace, workflow_type, flow_key, window_start, slots, period_ms)
+		VALUES ('default', 'wf', '', now() - interval '62 minutes', '{0,0,0,0,0,0,0,0,0,1,0}', 3600000)`); err != nil {
+		t.Fatal(err)
+	}
+	room := func(periodMs int64) int {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT kagzi.flow_rate_room('default', 'wf', '', 1, $1)`, periodMs).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := room(3600000); n != 0 {
+		t.Fatalf("room under 1 an hour with a start 8 minutes ago: %d, want 0", n)
+	}
+	room(1000) // a claim with the limits of before: 1 a second
+	if n := room(3600000); n != 0 {
+		t.Fatalf("room under 1 an hour again, after a cut to a second: %d, want 0 (the start is still counted)", n)
+	}
+}

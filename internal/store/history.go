@@ -162,20 +162,26 @@ const oldestArchivableSQL = `
 SELECT min(finished_at) FROM kagzi.runs
 WHERE namespace = $1 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
   AND finished_at < now() - $2::bigint * interval '1 millisecond'
-  AND ($3::bigint < 0 OR finished_at >= now() - $3::bigint * interval '1 millisecond')`
+  AND ($3::bigint < 0 OR finished_at >= now() - $3::bigint * interval '1 millisecond')
+  AND finished_at >= coalesce((SELECT dropping_before FROM kagzi.history_drops), '-infinity')`
 
 // archiveSQL moves up to $4 of the namespace's runs that finished more than $2 ms
 // ago (and, unless $3 < 0, less than the retention $3 ms ago: older ones are pruned,
 // not archived) into the history, with their steps, step attempts, signals, events
 // and listing entries, in one statement, and records the workflow ids of those started
 // with IDReuseNever in kagzi.history_ids (see reuseNeverSQL). Runs another transaction
-// holds are skipped.
+// holds are skipped. Runs that finished before the mark of a pass of history drops
+// (kagzi.history_drops.dropping_before, read FOR SHARE: see MarkHistoryDrops) wait
+// for the pass to end.
 const archiveSQL = `
-WITH pick AS (
+WITH drops AS (
+	SELECT dropping_before FROM kagzi.history_drops FOR SHARE
+), pick AS (
 	SELECT run_id, finished_at FROM kagzi.runs
 	WHERE namespace = $1 AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')
 	  AND finished_at < now() - $2::bigint * interval '1 millisecond'
 	  AND ($3::bigint < 0 OR finished_at >= now() - $3::bigint * interval '1 millisecond')
+	  AND finished_at >= coalesce((SELECT dropping_before FROM drops), '-infinity')
 	ORDER BY finished_at
 	LIMIT $4
 	FOR UPDATE SKIP LOCKED
@@ -336,9 +342,23 @@ func TakeHistoryDrops(ctx context.Context, db DBTX, holder string, lease time.Du
 	return ok, err
 }
 
-// ReleaseHistoryDrops gives holder's lease of TakeHistoryDrops back.
+// MarkHistoryDrops marks, for holder's pass of drops, the time before which it may
+// drop days (the start of the UTC day of horizon): no run that finished before it is
+// archived until ReleaseHistoryDrops, so no run is archived into a day the pass
+// checks and drops. The update waits for the archiving statements under way (they
+// read the mark FOR SHARE); those after it see the mark.
+func MarkHistoryDrops(ctx context.Context, db DBTX, holder string, horizon time.Time) error {
+	tag, err := db.Exec(ctx, `UPDATE kagzi.history_drops SET dropping_before = $2 WHERE holder = $1`,
+		holder, horizon.UTC().Truncate(24*time.Hour))
+	if err == nil && tag.RowsAffected() == 0 {
+		err = errors.New("kagzi: the history drops' lease was lost before the pass began")
+	}
+	return err
+}
+
+// ReleaseHistoryDrops gives holder's lease of TakeHistoryDrops back, and clears its mark.
 func ReleaseHistoryDrops(ctx context.Context, db DBTX, holder string) error {
-	_, err := db.Exec(ctx, `UPDATE kagzi.history_drops SET until = now() WHERE holder = $1`, holder)
+	_, err := db.Exec(ctx, `UPDATE kagzi.history_drops SET until = now(), dropping_before = NULL WHERE holder = $1`, holder)
 	return err
 }
 
@@ -347,10 +367,11 @@ func ReleaseHistoryDrops(ctx context.Context, db DBTX, holder string) error {
 // PostgreSQL 14 and later a partition is detached CONCURRENTLY (no lock that
 // blocks readers or the archiver), then dropped. A day whose runs_history partition
 // holds runs of a namespace that still keeps them (dayKeptBy) is not dropped, in any
-// table: the horizon is computed from the retentions registered when it was read,
-// and a namespace may have archived into the day since. The check is made before the
-// detach and again after it, when no run can be archived into the day any more; a
-// day found kept only then is attached again. It returns the partitions dropped.
+// table (and attached again if an interrupted drop left it detached): the horizon is
+// computed from the retentions registered when it was read, and a namespace may have
+// archived into the day since. The caller marks the pass first (MarkHistoryDrops), so
+// that nothing is archived into a day between its check and its drop. It returns the
+// partitions dropped.
 func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]string, error) {
 	var version int
 	if err := db.QueryRow(ctx, `SELECT current_setting('server_version_num')::int`).Scan(&version); err != nil {
@@ -433,21 +454,6 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 						continue
 					}
 					return dropped, fmt.Errorf("kagzi: detach history partition %s: %w", p.name, err)
-				}
-			}
-			if table == "runs_history" {
-				// Detached: no run can be archived into the day any more. Runs archived
-				// while the detach waited are seen now.
-				keep, err := dayKeptBy(ctx, db, p.name, day)
-				if err != nil {
-					return dropped, err
-				}
-				if keep {
-					kept[day] = true
-					if _, err := db.Exec(ctx, attach); err != nil {
-						return dropped, fmt.Errorf("kagzi: attach history partition %s again: %w", p.name, err)
-					}
-					continue
 				}
 			}
 			gone, err := dropTable(ctx, db, p.name)

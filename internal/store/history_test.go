@@ -172,3 +172,102 @@ func TestADropKeepsTheDaysHoldingRunsANamespaceStillKeeps(t *testing.T) {
 		t.Fatalf("%d kept runs readable, %v; want 2", n, err)
 	}
 }
+
+// A run that finishes before a drop pass's mark is not archived while the pass runs:
+// a namespace that registers and archives into a day in the middle of another's pass
+// keeps its run whole (found in review: the pass, held up after dropping the day's
+// runs partition, dropped the steps and the listing entry of a run archived meanwhile
+// into the partitions the archiver made again).
+func TestARunIsNotArchivedIntoADayWhileAPassOfDropsRuns(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	day := func(n int) time.Time {
+		return time.Now().UTC().Truncate(24 * time.Hour).Add(-time.Duration(n) * 24 * time.Hour)
+	}
+	d1, d2 := day(5), day(4)
+	if err := EnsureHistoryPartitions(ctx, pool, d1, day(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.history_retention (namespace, keep_ms) VALUES ('brief', 172800000)`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.runs_history (run_id, namespace, workflow_id, workflow_type, status,
+		input, available_at, created_at, finished_at, updated_at) VALUES ($1, 'brief', 'w', 't', 'COMPLETED', '1', $2, $2, $2, $2)`,
+		uuid.New(), d2.Add(time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := TakeHistoryDrops(ctx, pool, "dropper", time.Minute); err != nil || !ok {
+		t.Fatalf("the drops' lease: %v, %v", ok, err)
+	}
+	if err := MarkHistoryDrops(ctx, pool, "dropper", day(1)); err != nil {
+		t.Fatal(err)
+	}
+	// A transaction holds the pass up at day 2, after day 1's runs partition.
+	hold, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hold.Rollback(ctx) })
+	if _, err := hold.Exec(ctx, `LOCK TABLE kagzi.`+HistoryPartitionName("runs_history", d2)+` IN ACCESS EXCLUSIVE MODE`); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := DropHistoryBefore(ctx, pool, day(1))
+		done <- err
+	}()
+	for range 400 {
+		var n int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relname = $1`,
+			HistoryPartitionName("runs_history", d1)).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	// "keeper" (10 days) registers and tries to archive a run that finished on day 1.
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.history_retention (namespace, keep_ms) VALUES ('keeper', 864000000)`); err != nil {
+		t.Fatal(err)
+	}
+	id, at := uuid.New(), d1.Add(2*time.Hour)
+	if _, err := pool.Exec(ctx, `WITH r AS (INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
+		output, available_at, created_at, started_at, finished_at, updated_at)
+		VALUES ($1, 'keeper', 'k', 't', 'COMPLETED', '1', '2', $2, $2, $2, $2, $2)
+		RETURNING namespace, created_at, run_id, workflow_type)
+		INSERT INTO kagzi.runs_created SELECT * FROM r`, id, at); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.steps (run_id, step_key, name, kind, status) VALUES ($1, 's#1', 's', 'STEP', 'COMPLETED')`, id); err != nil {
+		t.Fatal(err)
+	}
+	during, cancel := context.WithTimeout(ctx, 20*time.Second) // an archive into the day waits on the pass
+	n, err := ArchiveFinished(during, pool, "keeper", time.Second, 240*time.Hour, 10)
+	cancel()
+	if err != nil || n != 0 {
+		t.Fatalf("archived %d runs during the pass, %v; want none before its mark", n, err)
+	}
+	if err := hold.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if err := ReleaseHistoryDrops(ctx, pool, "dropper"); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := ArchiveFinished(ctx, pool, "keeper", time.Second, 240*time.Hour, 10); err != nil || n != 1 {
+		t.Fatalf("archived %d runs after the pass, %v; want the keeper's", n, err)
+	}
+	var runs, steps, listed int
+	if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM kagzi.runs_history WHERE run_id = $1),
+		(SELECT count(*) FROM kagzi.steps_history WHERE run_id = $1),
+		(SELECT count(*) FROM kagzi.runs_created_history WHERE run_id = $1)`, id).Scan(&runs, &steps, &listed); err != nil {
+		t.Fatal(err)
+	}
+	if runs != 1 || steps != 1 || listed != 1 {
+		t.Fatalf("the keeper's archived run: %d run rows, %d steps, %d listing entries; want 1 each", runs, steps, listed)
+	}
+}

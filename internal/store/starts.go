@@ -604,14 +604,15 @@ func LiveWorkerRegistered(ctx context.Context, db DBTX, namespace, workflowType 
 // insertDebounced starts a run of a debounce key, or, when the key's run has not
 // started yet, gives that run the new input (the last start's input wins) and pushes
 // its start to the window from now, never past its debounce_until (the first start
-// plus the maximum wait) nor its deadline. inserted tells which. Its times are the
-// statement's (statement_timestamp), not its transaction's start: a StartTx in a
-// transaction begun earlier times its window from the start, as Start does.
+// plus the maximum wait) nor its deadline. inserted tells which. Its times, the run's
+// creation included, are the statement's (statement_timestamp), not its transaction's
+// start: a StartTx in a transaction begun earlier times its window from the start, as
+// Start does.
 var insertDebouncedRun = named(`
 WITH ins AS (
-	INSERT INTO kagzi.runs AS r (run_id, namespace, workflow_id, workflow_type, status, input, available_at,
+	INSERT INTO kagzi.runs AS r (run_id, namespace, workflow_id, workflow_type, status, input, created_at, available_at,
 		deadline_at, version, trace_carrier, attributes, priority, flow_key, debounce_key, debounce_until)
-	SELECT @run_id, @namespace, @workflow_id, @workflow_type, 'PENDING', @input,
+	SELECT @run_id, @namespace, @workflow_id, @workflow_type, 'PENDING', @input, statement_timestamp(),
 		least(statement_timestamp() + @window_ms * interval '1 millisecond', @deadline), @deadline,
 		coalesce(@version::text, CASE WHEN @newest_version THEN (`+newestVersionSQL+`) END), @carrier::jsonb,
 		@attributes::jsonb, @priority, nullif(@flow_key::text, ''), @debounce_key,

@@ -619,9 +619,8 @@ BEGIN
         CONTINUE WHEN p_slots[i] IS NULL OR p_slots[i] <= 0;
         t := least(p_start + i * old_slot, p_at);
         j := floor(extract(epoch FROM t - window_start) / extract(epoch FROM new_slot))::integer + 1;
-        IF j >= 1 THEN
-            slots[least(j, 11)] := slots[least(j, 11)] + p_slots[i];
-        END IF;
+        j := greatest(least(j, 11), 1);
+        slots[j] := slots[j] + p_slots[i];
     END LOOP;
 END $$;
 
@@ -816,6 +815,7 @@ CREATE TABLE kagzi.history_drops (
     id boolean DEFAULT true NOT NULL,
     holder text NOT NULL,
     until timestamp with time zone NOT NULL,
+    dropping_before timestamp with time zone,
     CONSTRAINT history_drops_id_check CHECK (id)
 );
 
