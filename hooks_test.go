@@ -534,3 +534,15 @@ func TestAPanickingHookLeavesTheOtherHooksOfAMultiHooksWhole(t *testing.T) {
 		t.Errorf("the panicking hook: %d StepBegin, %d StepEnd; want no End after a Begin that panicked", b, en)
 	}
 }
+
+type pointerHooks struct{ kagzi.NopHooks }
+
+// A nil pointer given as Hooks (a constructor's result whose error was ignored) is
+// refused by NewClient instead of panicking in every hook call.
+func TestNewClientRefusesANilPointerAsHooks(t *testing.T) {
+	e := newEnv(t)
+	var h *pointerHooks
+	if _, err := kagzi.NewClient(e.pool, kagzi.Config{Hooks: h, Logger: quietLogger()}); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Fatalf("NewClient with a nil *pointerHooks: %v, want ErrInvalidArgument", err)
+	}
+}

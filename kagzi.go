@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -245,6 +246,11 @@ func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
 	}
 	if cfg.MaxConnections < 0 {
 		return nil, invalidArgument("negative MaxConnections %d", cfg.MaxConnections)
+	}
+	if v := reflect.ValueOf(cfg.Hooks); cfg.Hooks != nil && v.Kind() == reflect.Pointer && v.IsNil() {
+		// A nil *T in the interface (a constructor's result whose error was ignored):
+		// every hook call would panic.
+		return nil, invalidArgument("Hooks is a nil %T: leave Hooks nil for none", cfg.Hooks)
 	}
 	if cfg.MaxConnections > 0 && connections(pool, cfg.DisableDirectConn) > cfg.MaxConnections {
 		n := connections(pool, cfg.DisableDirectConn)

@@ -412,6 +412,9 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 				table, p.name, day.Format(time.RFC3339), day.Add(24*time.Hour).Format(time.RFC3339))
 			if table == "runs_history" {
 				keep, err := dayKeptBy(ctx, db, p.name, day)
+				if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+					continue // another process dropped it meanwhile (a pass whose lease passed)
+				}
 				if err != nil {
 					return dropped, err
 				}

@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -269,5 +270,56 @@ func TestARunIsNotArchivedIntoADayWhileAPassOfDropsRuns(t *testing.T) {
 	}
 	if runs != 1 || steps != 1 || listed != 1 {
 		t.Fatalf("the keeper's archived run: %d run rows, %d steps, %d listing entries; want 1 each", runs, steps, listed)
+	}
+}
+
+// Two passes of drops at once (one whose lease passed while it waited, and the next)
+// both end without an error, and between them drop every partition once.
+func TestTwoPassesOfDropsAtOnceBothEndWithoutAnError(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	day := func(n int) time.Time {
+		return time.Now().UTC().Truncate(24 * time.Hour).Add(-time.Duration(n) * 24 * time.Hour)
+	}
+	if err := EnsureHistoryPartitions(ctx, pool, day(12), day(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.history_retention (namespace, keep_ms) VALUES ('brief', 3600000)`); err != nil {
+		t.Fatal(err)
+	}
+	for d := 12; d >= 2; d-- { // a run of "brief" in every day: each day's check reads its partition
+		at := day(d).Add(time.Hour)
+		if _, err := pool.Exec(ctx, `INSERT INTO kagzi.runs_history (run_id, namespace, workflow_id, workflow_type, status,
+			input, available_at, created_at, finished_at, updated_at) VALUES ($1, 'brief', 'w', 't', 'COMPLETED', '1', $2, $2, $2, $2)`,
+			uuid.New(), at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	seen := map[string]int{}
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			dropped, err := DropHistoryBefore(ctx, pool, day(1))
+			mu.Lock()
+			for _, name := range dropped {
+				seen[name]++
+			}
+			mu.Unlock()
+			errs <- err
+		}()
+	}
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("a pass of drops beside another: %v", err)
+		}
+	}
+	for d := 12; d >= 2; d-- {
+		for _, table := range HistoryTables {
+			if name := HistoryPartitionName(table, day(d)); seen[name] != 1 {
+				t.Errorf("%s reported dropped %d times, want once", name, seen[name])
+			}
+		}
 	}
 }
