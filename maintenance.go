@@ -140,7 +140,8 @@ func (w *Worker) archiveFinished(ctx context.Context) {
 
 // dropHistory drops, every PruneInterval, the history partitions of the days past the
 // longest retention of the namespaces (one process at a time, under a lease), unless
-// a namespace whose rows are in a day's partition still keeps them (see
+// a namespace whose rows are in a day's partition still keeps them, and attaches again
+// the partitions of kept days an interrupted pass left detached (see
 // store.DropHistoryBefore).
 func (w *Worker) dropHistory(ctx context.Context) {
 	t := time.NewTicker(w.cfg.PruneInterval)
@@ -159,7 +160,9 @@ func (w *Worker) dropHistory(ctx context.Context) {
 			continue
 		}
 		if !droppable {
-			continue
+			// Nothing to drop (a namespace keeps its runs for ever), but a pass still
+			// attaches again what an interrupted one left detached.
+			horizon = time.Time{}
 		}
 		// Without cancel: a lease taken as the worker stops is known, and released.
 		ok, err := store.TakeHistoryDrops(context.WithoutCancel(ctx), w.client.pool, w.ID(), historyDropsLease)

@@ -55,6 +55,12 @@ type waiterRegistration struct {
 // its registration has more than half its time left. A failure is logged: the waiter
 // then finds the end by looking at the run, a little later.
 func (c *Client) awaitEnds(ctx context.Context) {
+	if !c.notifier.Connects() {
+		// No direct connection (DisableDirectConn): nothing would hear the ends'
+		// notifications, and registering would make every end in the namespace send
+		// one under the server-wide lock of a notifying commit.
+		return
+	}
 	select {
 	case c.waiter.turn <- struct{}{}:
 	case <-ctx.Done():

@@ -73,3 +73,28 @@ func TestManyWaitsLookAtTheirRunsTogether(t *testing.T) {
 		}
 	}
 }
+
+// A client without a direct connection does not register as a waiter for run ends:
+// nothing of it would hear their notifications, and a registration makes every end
+// in the namespace notify (found from outside: 0 notifications before its first
+// wait, one per end after).
+func TestAClientWithoutADirectConnectionDoesNotRegisterAsAWaiter(t *testing.T) {
+	e := newEnv(t)
+	waiter, err := kagzi.NewClient(e.pool, kagzi.Config{DisableDirectConn: true, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wf := kagzi.Define("waited-without-listening", func(ctx *kagzi.Context, in int) (int, error) { return in, nil })
+	runWorker(t, e.client, fastWorker(), wf)
+	ctx := waitCtx(t)
+	run, err := kagzi.Start(ctx, e.client, wf, 7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := kagzi.RunOf[int](waiter, run.RunID).Wait(ctx); err != nil || out != 7 {
+		t.Fatalf("Wait: %v, %v", out, err)
+	}
+	if n := countRows(t, e.pool, `SELECT count(*) FROM kagzi.waiters`); n != 0 {
+		t.Fatalf("%d waiter registrations, want none from a client that cannot listen", n)
+	}
+}

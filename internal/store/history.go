@@ -367,7 +367,8 @@ func ReleaseHistoryDrops(ctx context.Context, db DBTX, holder string) error {
 // PostgreSQL 14 and later a partition is detached CONCURRENTLY (no lock that
 // blocks readers or the archiver), then dropped. A day whose runs_history partition
 // holds runs of a namespace that still keeps them (dayKeptBy) is not dropped, in any
-// table (and attached again if an interrupted drop left it detached): the horizon is
+// table; the partitions of every kept day (past the horizon or not) that an
+// interrupted drop left detached or pending their detach are attached again: the horizon is
 // computed from the retentions registered when it was read, and a namespace may have
 // archived into the day since. The caller marks the pass first (MarkHistoryDrops), so
 // that nothing is archived into a day between its check and its drop. It returns the
@@ -405,36 +406,31 @@ func DropHistoryBefore(ctx context.Context, db DBTX, horizon time.Time) ([]strin
 		}
 		for _, p := range parts {
 			day, ok := historyDay(table, p.name)
-			if !ok || day.Add(24*time.Hour).After(horizon) || kept[day] {
+			if !ok {
 				continue
 			}
-			attach := fmt.Sprintf(`ALTER TABLE kagzi.%s ATTACH PARTITION kagzi.%s FOR VALUES FROM ('%s') TO ('%s')`,
-				table, p.name, day.Format(time.RFC3339), day.Add(24*time.Hour).Format(time.RFC3339))
-			if table == "runs_history" {
-				keep, err := dayKeptBy(ctx, db, p.name, day)
+			keep := day.Add(24*time.Hour).After(horizon) || kept[day]
+			if !keep && table == "runs_history" {
+				k, err := dayKeptBy(ctx, db, p.name, day)
 				if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && pgErr.Code == "42P01" {
 					continue // another process dropped it meanwhile (a pass whose lease passed)
 				}
 				if err != nil {
 					return dropped, err
 				}
-				if keep {
-					kept[day] = true
-					// A partition an interrupted drop left detached, or pending its
-					// detach, is attached again: its runs are kept.
-					if p.pending != nil && *p.pending {
-						if _, err := db.Exec(ctx, fmt.Sprintf(`ALTER TABLE kagzi.%s DETACH PARTITION kagzi.%s FINALIZE`,
-							table, p.name)); err != nil {
-							return dropped, fmt.Errorf("kagzi: finish the detach of history partition %s: %w", p.name, err)
-						}
-					}
-					if p.pending == nil || *p.pending {
-						if _, err := db.Exec(ctx, attach); err != nil {
-							return dropped, fmt.Errorf("kagzi: attach history partition %s again: %w", p.name, err)
-						}
-					}
-					continue
+				if k {
+					kept[day], keep = true, true
 				}
+			}
+			if keep {
+				// A day kept, whatever the horizon: a partition of it an interrupted
+				// drop left detached, or pending its detach (a pass whose horizon was
+				// later than the next one's), is attached again, or the archiver finds
+				// no partition for the day's runs and moves none.
+				if err := attachAgain(ctx, db, table, p.name, p.pending, day); err != nil {
+					return dropped, err
+				}
+				continue
 			}
 			detach := fmt.Sprintf(`ALTER TABLE kagzi.%s DETACH PARTITION kagzi.%s`, table, p.name)
 			switch {
@@ -496,6 +492,31 @@ func dropHistoryIDsBefore(ctx context.Context, db DBTX, horizon time.Time) error
 			return nil
 		}
 	}
+}
+
+// attachAgain attaches a day's partition of table that an interrupted drop left
+// detached (pending nil) or pending its detach (true: the detach is finished first);
+// an attached one (false) is left alone. A partition another process attached or
+// dropped meanwhile is left to it.
+func attachAgain(ctx context.Context, db DBTX, table, name string, pending *bool, day time.Time) error {
+	if pending != nil && !*pending {
+		return nil
+	}
+	if pending != nil {
+		if _, err := db.Exec(ctx, fmt.Sprintf(`ALTER TABLE kagzi.%s DETACH PARTITION kagzi.%s FINALIZE`, table, name)); err != nil {
+			if gone, gerr := partitionGone(ctx, db, table, name); gerr != nil || !gone {
+				return fmt.Errorf("kagzi: finish the detach of history partition %s: %w", name, err)
+			}
+		}
+	}
+	if _, err := db.Exec(ctx, fmt.Sprintf(`ALTER TABLE kagzi.%s ATTACH PARTITION kagzi.%s FOR VALUES FROM ('%s') TO ('%s')`,
+		table, name, day.Format(time.RFC3339), day.Add(24*time.Hour).Format(time.RFC3339))); err != nil {
+		if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) && (pgErr.Code == "42P01" || pgErr.Code == "42P17") {
+			return nil // dropped, or attached, by another process meanwhile
+		}
+		return fmt.Errorf("kagzi: attach history partition %s again: %w", name, err)
+	}
+	return nil
 }
 
 // dropTable drops a detached history partition's table. A drop that a concurrent

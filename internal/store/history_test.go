@@ -331,3 +331,82 @@ func TestTwoPassesOfDropsAtOnceBothEndWithoutAnError(t *testing.T) {
 		}
 	}
 }
+
+// A partition an interrupted pass left pending its detach, of a day the next pass
+// keeps (its horizon is earlier), is attached again, and so is one left detached:
+// the archiver finds the day's partitions (found from outside: every archiving of the
+// namespace failed with "no partition found for row" until the day passed the
+// retention, up to 30 days).
+func TestAPassAttachesAgainThePartitionsOfAKeptDayAnInterruptedPassLeftDetached(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	d := time.Now().UTC().Truncate(24 * time.Hour).Add(-3 * 24 * time.Hour)
+	if err := EnsureHistoryPartitions(ctx, pool, d, d); err != nil {
+		t.Fatal(err)
+	}
+	runsPart, stepsPart := HistoryPartitionName("runs_history", d), HistoryPartitionName("steps_history", d)
+	// A reader holds the history; a concurrent detach of the day's runs partition
+	// waits for it, and is cancelled: the detach is left pending.
+	reader, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reader.Rollback(ctx) })
+	if _, err := reader.Exec(ctx, `SELECT count(*) FROM kagzi.runs_history`); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `SET statement_timeout = '500ms'`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `ALTER TABLE kagzi.runs_history DETACH PARTITION kagzi.`+runsPart+` CONCURRENTLY`); err == nil {
+		t.Fatal("the detach did not wait for the reader")
+	}
+	conn.Exec(ctx, `RESET statement_timeout`)
+	conn.Release()
+	if err := reader.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `ALTER TABLE kagzi.steps_history DETACH PARTITION kagzi.`+stepsPart); err != nil {
+		t.Fatal(err)
+	}
+	state := func(name string) string {
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT coalesce((SELECT CASE WHEN `+detachPending+` THEN 'pending' ELSE 'attached' END
+			FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid WHERE c.relname = $1), 'detached')`, name).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if got := state(runsPart); got != "pending" {
+		t.Fatalf("the runs partition is %s, want pending its detach", got)
+	}
+	// The next pass's horizon is a week ago: the day is kept.
+	if _, err := DropHistoryBefore(ctx, pool, d.Add(-7*24*time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{runsPart, stepsPart} {
+		if got := state(name); got != "attached" {
+			t.Errorf("%s is %s after the pass, want attached", name, got)
+		}
+	}
+	// The archiver moves a run of that day, with its step.
+	id, at := uuid.New(), d.Add(time.Hour)
+	if _, err := pool.Exec(ctx, `WITH r AS (INSERT INTO kagzi.runs (run_id, namespace, workflow_id, workflow_type, status, input,
+		output, available_at, created_at, started_at, finished_at, updated_at)
+		VALUES ($1, 'ns', 'k', 't', 'COMPLETED', '1', '2', $2, $2, $2, $2, $2)
+		RETURNING namespace, created_at, run_id, workflow_type)
+		INSERT INTO kagzi.runs_created SELECT * FROM r`, id, at); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.steps (run_id, step_key, name, kind, status) VALUES ($1, 's#1', 's', 'STEP', 'COMPLETED')`, id); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := ArchiveFinished(ctx, pool, "ns", time.Second, 240*time.Hour, 10); err != nil || n != 1 {
+		t.Fatalf("archived %d runs of the day, %v; want 1", n, err)
+	}
+}
