@@ -231,14 +231,29 @@ func closedPool(err error) bool {
 	return errors.Is(err, ErrClosed) || strings.Contains(err.Error(), "closed pool")
 }
 
-// transient reports whether a failed statement may succeed if tried again.
+// transient reports whether a failed statement may succeed if tried again: the
+// database could not be reached or the connection broke (see unavailable), the
+// attempt ran out of time, or the server refused it for a reason that passes
+// (connection, rollback such as a serialization failure or deadlock, resources,
+// shutdown, system). Anything else, an answer from the database (a step already
+// recorded, a row not found) as much as a value it refuses, is as final as the
+// statement: tried again it fails again. Judged the other way round (whatever the
+// server did not send was transient), a fenced write that found its step already
+// recorded, its first try having committed with the connection breaking before the
+// answer came, was retried for as long as the heartbeats renewed the run's lease:
+// for ever, the run stuck RUNNING on a live worker (found by a crash of PostgreSQL
+// under load).
 func transient(err error) bool {
-	var pgErr *pgconn.PgError
-	if errors.Is(err, store.ErrNotFound) {
-		return false // a row that is not there will not be there on the next try
+	if ok, _ := unavailable(err); ok {
+		return true
 	}
+	var connectErr *pgconn.ConnectError
+	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || errors.As(err, &connectErr) {
+		return true // the attempt's own time ran out, or no connection was made: nothing final
+	}
+	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
-		return true // no answer from the server: connection lost, timeout
+		return false
 	}
 	switch pgErr.Code[:2] {
 	case "08", "40", "53", "57", "58": // connection, rollback, resources, shutdown, system

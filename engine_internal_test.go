@@ -7,7 +7,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -184,8 +186,37 @@ func TestErrorsAreClassifiedIntoTheDetailTheyRecord(t *testing.T) {
 			t.Errorf("reasonFor(%v) = %d, want %d", cause, got, want)
 		}
 	}
-	if !transient(io.ErrUnexpectedEOF) || !transient(&pgconn.PgError{Code: "40001"}) || transient(&pgconn.PgError{Code: "23505"}) {
-		t.Error("transient: lost connections and serialization failures are worth another try, constraint violations are not")
+}
+
+// A fenced write is tried again only for a failure that passes: a lost connection,
+// the attempt's own timeout, a serialization failure. An answer of the database (a
+// step already recorded, a row not found) or a value it refuses is final: retried,
+// a write that found its step recorded by its own first try (whose answer the
+// connection lost) was retried for as long as the heartbeats kept the lease.
+func TestOnlyFailuresThatPassAreTriedAgain(t *testing.T) {
+	for _, c := range []struct {
+		err  error
+		want bool
+	}{
+		{io.ErrUnexpectedEOF, true},
+		{fmt.Errorf("write: %w", io.EOF), true},
+		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, true},
+		{context.DeadlineExceeded, true},
+		{&pgconn.PgError{Code: "40001"}, true},
+		{&pgconn.PgError{Code: "40P01"}, true},
+		{&pgconn.PgError{Code: "57P01"}, true},
+		{&pgconn.PgError{Code: "53300"}, true},
+		{store.ErrStepRecorded, false},
+		{fmt.Errorf("record: %w", store.ErrStepRecorded), false},
+		{store.ErrNotFound, false},
+		{store.ErrActiveRunExists, false},
+		{&pgconn.PgError{Code: "23505"}, false},
+		{&pgconn.PgError{Code: "22P02"}, false},
+		{errors.New("json: unsupported value"), false},
+	} {
+		if got := transient(c.err); got != c.want {
+			t.Errorf("transient(%v) = %v, want %v", c.err, got, c.want)
+		}
 	}
 }
 

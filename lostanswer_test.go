@@ -1,0 +1,248 @@
+package kagzi_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/kagzi/kagzi"
+	"github.com/kagzi/kagzi/internal/testdb"
+)
+
+// answerCutter forwards connections to a PostgreSQL server. Once armed, the first
+// request that carries its marker is delivered to the server, which runs and commits
+// it, and the connection is cut before the answer reaches the client: the client
+// sees a lost connection for a write that committed.
+type answerCutter struct {
+	ln     net.Listener
+	target string
+	marker []byte
+	armed  atomic.Bool
+	cuts   atomic.Int32
+	wg     sync.WaitGroup
+}
+
+func newAnswerCutter(t *testing.T, target string, marker string) *answerCutter {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &answerCutter{ln: ln, target: target, marker: []byte(marker)}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		p.wg.Wait()
+	})
+	return p
+}
+
+func (p *answerCutter) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.Dial("tcp", p.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		p.wg.Add(2)
+		var cut atomic.Bool // this connection's next answer is to be lost
+		go func() {         // client to server
+			defer p.wg.Done()
+			defer s.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 {
+					if p.armed.Load() && bytes.Contains(buf[:n], p.marker) && p.armed.CompareAndSwap(true, false) {
+						cut.Store(true)
+					}
+					if _, werr := s.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+		go func() { // server to client
+			defer p.wg.Done()
+			defer c.Close()
+			buf := make([]byte, 64<<10)
+			for {
+				n, err := s.Read(buf)
+				if n > 0 {
+					if cut.Load() {
+						// The server answered: the request ran to its end. The client
+						// never hears it.
+						p.cuts.Add(1)
+						_ = s.Close()
+						return
+					}
+					if _, werr := c.Write(buf[:n]); werr != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// proxiedClient returns a client of a new database whose connections go through an
+// answerCutter that cuts the answer of the first request carrying marker once armed.
+func proxiedClient(t *testing.T, ctx context.Context, marker string) (*kagzi.Client, *pgxpool.Pool, *answerCutter) {
+	t.Helper()
+	_, url := testdb.NewPool(t)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := newAnswerCutter(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), marker)
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	client := newClient(t, pool, "")
+	t.Cleanup(client.Close)
+	return client, pool, proxy
+}
+
+// longLeaseWorker is fastWorker with a lease far longer than the tests need: a run
+// whose execution gives up is taken over only after it, and a takeover shows.
+func longLeaseWorker() kagzi.WorkerConfig {
+	cfg := fastWorker()
+	cfg.LeaseDuration = 10 * time.Second
+	return cfg
+}
+
+// assertNotTakenOver fails the test when the run was claimed more than once: its
+// execution gave up instead of going on.
+func assertNotTakenOver(t *testing.T, ctx context.Context, pool *pgxpool.Pool, runID string) {
+	t.Helper()
+	var takeovers, epoch int
+	if err := pool.QueryRow(ctx, `SELECT takeovers, lease_epoch FROM kagzi.runs WHERE run_id = $1`,
+		runID).Scan(&takeovers, &epoch); err != nil {
+		t.Fatal(err)
+	}
+	if takeovers != 0 || epoch != 1 {
+		t.Fatalf("the run was taken over %d times (epoch %d): its execution gave up instead of going on", takeovers,
+			epoch)
+	}
+}
+
+// A step's record that commits while the connection breaks before its answer comes is
+// tried again, and the second try finds the step recorded, by the first: the run goes
+// on from the recorded step, and completes. (The "step already recorded" answer was
+// taken for a passing failure and tried again for as long as the heartbeats renewed
+// the run's lease: for ever, the run RUNNING on a live worker.)
+func TestAStepRecordWhoseAnswerTheConnectionLostIsNotTriedAgainForEver(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const marker = "lost-answer-3f9c1e"
+	client, pool, proxy := proxiedClient(t, ctx, marker)
+	var first, second atomic.Int32
+	wf := kagzi.Define("lost-answer", func(ctx *kagzi.Context, _ struct{}) (string, error) {
+		a, err := kagzi.Step(ctx, marker, func(context.Context) (string, error) {
+			first.Add(1)
+			proxy.armed.Store(true) // the record of this step loses its answer
+			return "a", nil
+		})
+		if err != nil {
+			return "", err
+		}
+		b, err := kagzi.Step(ctx, "after", func(context.Context) (string, error) {
+			second.Add(1)
+			return "b", nil
+		})
+		return a + b, err
+	})
+	stop := runWorker(t, client, longLeaseWorker(), wf)
+	defer stop()
+	run, err := kagzi.Start(ctx, client, wf, struct{}{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 40*time.Second)
+	defer wcancel()
+	out, err := run.Wait(wctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the run did not complete in 40 s after its step's record lost its answer (%d cut)",
+			proxy.cuts.Load())
+	}
+	if err != nil || out != "ab" {
+		t.Fatalf("result %q, %v; want \"ab\"", out, err)
+	}
+	if proxy.cuts.Load() != 1 {
+		t.Fatalf("%d answers cut, want 1 (the step's record)", proxy.cuts.Load())
+	}
+	assertNotTakenOver(t, ctx, pool, run.RunID)
+	if first.Load() != 1 || second.Load() != 1 {
+		t.Fatalf("step bodies ran %d and %d times, want once each", first.Load(), second.Load())
+	}
+}
+
+// A signal taken by a try whose answer the connection lost is the one the run
+// receives, and the next pending signal of the name stays for the next wait: tried
+// again, the take took the second signal and recorded nothing of it (a signal lost),
+// and the run slept waiting for a signal it had already received.
+func TestASignalTakeWhoseAnswerTheConnectionLostLosesNoSignal(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const marker = "lost-signal-7a2d40"
+	client, pool, proxy := proxiedClient(t, ctx, marker)
+	wf := kagzi.Define("lost-signal", func(ctx *kagzi.Context, _ struct{}) (int, error) {
+		a, err := kagzi.WaitSignal[int](ctx, marker, 0)
+		if err != nil {
+			return 0, err
+		}
+		b, err := kagzi.WaitSignal[int](ctx, marker, 0)
+		return 10*a + b, err
+	})
+	run, err := kagzi.Start(ctx, client, wf, struct{}{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Both signals wait before the run is claimed; the first take's answer is lost.
+	for _, v := range []int{1, 2} {
+		if err := client.Signal(ctx, run.RunID, marker, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	proxy.armed.Store(true)
+	stop := runWorker(t, client, longLeaseWorker(), wf)
+	defer stop()
+	wctx, wcancel := context.WithTimeout(ctx, 40*time.Second)
+	defer wcancel()
+	out, err := run.Wait(wctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("the run did not complete in 40 s after its signal take lost its answer (%d cut)", proxy.cuts.Load())
+	}
+	if err != nil || out != 12 {
+		t.Fatalf("result %d, %v; want 12 (the signals 1 then 2)", out, err)
+	}
+	if proxy.cuts.Load() != 1 {
+		t.Fatalf("%d answers cut, want 1 (the signal take)", proxy.cuts.Load())
+	}
+	assertNotTakenOver(t, ctx, pool, run.RunID)
+}
