@@ -279,13 +279,20 @@ type SignalTake struct {
 // takeSignal receives the oldest pending signal of the name for a WaitSignal step:
 // it marks the signal consumed by the step and records the step COMPLETED with its
 // payload; with no signal pending, it records the step WAITING with its timeout
-// (fixed the first time: a restart does not extend it).
+// (fixed the first time: a restart does not extend it). A step that already received
+// its signal (a try whose answer the connection lost, then tried again) takes no other
+// and returns the one it received: the second try took the next pending signal of the
+// name and recorded nothing of it (the step was COMPLETED), a signal lost; with none
+// pending, the run slept its hour before its replay found the first.
 var takeSignal = named(`
-WITH `+ownerSQL+`, sig AS (
+WITH `+ownerSQL+`, done AS (
+	SELECT status, output FROM kagzi.steps WHERE run_id = @run_id AND step_key = @step_key AND status <> 'WAITING'
+), sig AS (
 	UPDATE kagzi.signals SET consumed_by = @step_key
 	WHERE id = (
 		SELECT id FROM kagzi.signals
 		WHERE run_id = @run_id AND name = @name AND consumed_by IS NULL AND EXISTS (SELECT 1 FROM owner)
+		  AND NOT EXISTS (SELECT 1 FROM done)
 		ORDER BY id LIMIT 1
 		FOR UPDATE)
 	RETURNING payload
@@ -300,7 +307,8 @@ WITH `+ownerSQL+`, sig AS (
 	WHERE s.status = 'WAITING'
 	RETURNING status, output, wake_at
 )
-SELECT (SELECT count(*) FROM owner), (SELECT status FROM step), (SELECT output FROM step),
+SELECT (SELECT count(*) FROM owner), coalesce((SELECT status FROM step), (SELECT status FROM done)),
+	coalesce((SELECT output FROM step), (SELECT output FROM done)),
 	coalesce((SELECT wake_at FROM step), (SELECT wake_at FROM kagzi.steps WHERE run_id = @run_id AND step_key = @step_key)),
 	now()`,
 	append(fenceArgs[*SignalTake](),

@@ -181,3 +181,41 @@ func TestEveryFencedWriteOfALapsedSlotHolderWritesNothing(t *testing.T) {
 		t.Fatalf("a slot holder under a live lease: %v", err)
 	}
 }
+
+// A signal take tried again after its first try committed (its answer lost with the
+// connection) returns the signal the first took, and takes no other: the second try
+// took the next pending signal of the name and recorded nothing of it, a signal lost.
+func TestASignalTakeTriedAgainReturnsTheSignalItTookAndTakesNoOther(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	run := runningRun(t, pool, 1, false)
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.signals (run_id, name, payload) VALUES ($1, 'go', '1'), ($1, 'go', '2')`,
+		run); err != nil {
+		t.Fatal(err)
+	}
+	take := SignalTake{Fence: Fence{RunID: run, Epoch: 1}, Key: "go#1", Name: "go", Position: 1}
+	for try := 1; try <= 2; try++ {
+		w, err := TakeSignal(ctx, pool, take)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !w.Received || string(w.Payload) != "1" {
+			t.Fatalf("try %d: received %v with %s, want the first signal's 1", try, w.Received, w.Payload)
+		}
+	}
+	var pending []string
+	if err := pool.QueryRow(ctx, `SELECT coalesce(array_agg(payload::text ORDER BY id), '{}') FROM kagzi.signals
+		WHERE run_id = $1 AND consumed_by IS NULL`, run).Scan(&pending); err != nil {
+		t.Fatal(err)
+	}
+	if len(pending) != 1 || pending[0] != "2" {
+		t.Fatalf("signals still pending after two tries of one take: %v, want the second, 2", pending)
+	}
+	// The next wait of the name takes the second.
+	next := take
+	next.Key, next.Position = "go#2", 2
+	if w, err := TakeSignal(ctx, pool, next); err != nil || !w.Received || string(w.Payload) != "2" {
+		t.Fatalf("the next wait: received %v with %s (%v), want 2", w.Received, w.Payload, err)
+	}
+}
