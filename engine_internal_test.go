@@ -283,3 +283,40 @@ func TestAnIdleWorkerLooksForDeadWorkersLessOftenUntilWorkOrABusyPeerShowsUp(t *
 		t.Fatalf("an idle worker whose peer holds runs looks every %v, want %v", got, fast)
 	}
 }
+
+// An execution whose run this worker claimed again (its claim lost in a crash of the
+// database) ends without freeing a slot: the new execution holds the run's. It was
+// counted finishing and never uncounted, and the worker claimed one run more than
+// MaxConcurrent for good.
+func TestAnExecutionReplacedByANewClaimOfItsRunFreesNoSlotWhenItEnds(t *testing.T) {
+	w := &Worker{cfg: WorkerConfig{MaxConcurrent: 2}, active: map[uuid.UUID]*execution{},
+		finishingHolders: map[uuid.UUID]struct{}{}, slotFree: make(chan struct{}, 1)}
+	id := uuid.New()
+	old := &execution{run: store.ClaimedRun{Fence: store.Fence{RunID: id, Epoch: 1}, HoldsSlot: true},
+		cancel: func(error) {}}
+	w.active[id] = old
+	// The run is claimed again while old goes on (start, when old is not finishing).
+	again := &execution{run: store.ClaimedRun{Fence: store.Fence{RunID: id, Epoch: 1}, HoldsSlot: true},
+		cancel: func(error) {}}
+	w.active[id] = again
+	if got := w.freeSlots(); got != 1 {
+		t.Fatalf("free slots with the run claimed again: %d, want 1", got)
+	}
+	// old's function returns; its end is refused (lease lost) and it is done.
+	w.releaseSlot(old, false)
+	w.executionDone(old)
+	if got := w.freeSlots(); got != 1 || w.finishing != 0 || len(w.finishingHolders) != 0 {
+		t.Fatalf("after the replaced execution ended: %d free slots, %d finishing, %d finishing holders; want 1, 0, 0",
+			got, w.finishing, len(w.finishingHolders))
+	}
+	// The run's own execution still frees its slot as it ends.
+	w.releaseSlot(again, false)
+	if got := w.freeSlots(); got != 2 {
+		t.Fatalf("free slots once the run's execution is finishing: %d, want 2", got)
+	}
+	w.executionDone(again)
+	if got := w.freeSlots(); got != 2 || w.finishing != 0 || len(w.finishingHolders) != 0 {
+		t.Fatalf("after the run's execution ended: %d free slots, %d finishing, %d holders; want 2, 0, 0", got,
+			w.finishing, len(w.finishingHolders))
+	}
+}

@@ -402,9 +402,15 @@ const (
 // The claims do not count a finishing run against the limits (Claimer.Finishing):
 // its end frees its type slot and its key's place. A keyed run that continues as new
 // hands its place to its next run instead (keepsPlace), and stays counted.
+//
+// An execution that is no longer its run's (the run was claimed again by this worker,
+// its claim lost in a crash of the database, while this one went on) holds no slot:
+// start gave it to the new one. Counted finishing, it was never uncounted (its
+// executionDone leaves the run's entry, the new one's, alone), and the worker claimed
+// one run more than MaxConcurrent from then on.
 func (w *Worker) releaseSlot(x *execution, keepsPlace bool) {
 	w.mu.Lock()
-	if x.finishing || w.finishing >= finishingPerSlot*w.cfg.MaxConcurrent {
+	if x.finishing || w.active[x.run.RunID] != x || w.finishing >= finishingPerSlot*w.cfg.MaxConcurrent {
 		w.mu.Unlock()
 		return
 	}
