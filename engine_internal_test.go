@@ -320,3 +320,45 @@ func TestAnExecutionReplacedByANewClaimOfItsRunFreesNoSlotWhenItEnds(t *testing.
 			w.finishing, len(w.finishingHolders))
 	}
 }
+
+// A wait's new look due after the looker's sleep ends does not wake it: each wake reads
+// every pending look, and with a wake per new look thousands of waits cost a quadratic
+// amount of work. A look due before the sleep ends wakes it; the last look dropped
+// ends it.
+func TestOnlyALookDueBeforeTheLookersSleepEndsWakesIt(t *testing.T) {
+	c := &Client{}
+	ls := &c.looks
+	state := func() (scans int, sleepUntil time.Time, running bool) {
+		ls.mu.Lock()
+		defer ls.mu.Unlock()
+		return ls.scans, ls.sleepUntil, ls.running
+	}
+	waitFor := func(what string, ok func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for !ok() {
+			if time.Now().After(deadline) {
+				t.Fatalf("waited 10 s for %s", what)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	looks := []*runLook{c.lookAt(uuid.New(), time.Hour)}
+	waitFor("the looker to sleep", func() bool { _, until, _ := state(); return !until.IsZero() })
+	for i := range 1000 {
+		looks = append(looks, c.lookAt(uuid.New(), time.Hour+time.Duration(i+1)*time.Millisecond))
+	}
+	time.Sleep(20 * time.Millisecond)
+	if scans, _, _ := state(); scans != 1 {
+		t.Fatalf("the looker read its pending looks %d times for 1,000 looks due after its sleep, want once", scans)
+	}
+	looks = append(looks, c.lookAt(uuid.New(), 30*time.Minute))
+	waitFor("the earlier look to wake the looker", func() bool {
+		scans, until, _ := state()
+		return scans == 2 && !until.IsZero() && time.Until(until) < 31*time.Minute
+	})
+	for _, l := range looks {
+		c.dropLook(l)
+	}
+	waitFor("the looker to end once no look is pending", func() bool { _, _, running := state(); return !running })
+}

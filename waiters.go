@@ -99,6 +99,12 @@ type runLooks struct {
 	pending map[*runLook]struct{}
 	wake    chan struct{} // a new look, perhaps due before the looker's sleep ends
 	running bool          // the looker goroutine runs (it ends when nothing is pending)
+	// sleepUntil is when the looker's sleep ends (zero: it is not asleep, and reads
+	// pending again before it sleeps). Only a look due before it wakes the looker:
+	// each wake reads every pending look, and with thousands of waits a wake per new
+	// look made that quadratic.
+	sleepUntil time.Time
+	scans      int // reads of pending, for tests
 }
 
 // runLook is one wait's next look at its run.
@@ -128,23 +134,35 @@ func (c *Client) lookAt(id uuid.UUID, d time.Duration) *runLook {
 	ls.pending[l] = struct{}{}
 	start := !ls.running
 	ls.running = true
+	wake := !start && !ls.sleepUntil.IsZero() && l.at.Before(ls.sleepUntil)
 	ls.mu.Unlock()
 	if start {
 		go c.looker()
-	} else {
-		select {
-		case ls.wake <- struct{}{}:
-		default:
-		}
+	} else if wake {
+		ls.wakeLooker()
 	}
 	return l
 }
 
-// dropLook forgets a look that was not taken yet.
+// wakeLooker ends the looker's sleep (a wake already sent will do).
+func (ls *runLooks) wakeLooker() {
+	select {
+	case ls.wake <- struct{}{}:
+	default:
+	}
+}
+
+// dropLook forgets a look that was not taken yet. The last one ends the looker's
+// sleep, so that it ends rather than sleep until a look nobody waits for.
 func (c *Client) dropLook(l *runLook) {
-	c.looks.mu.Lock()
-	delete(c.looks.pending, l)
-	c.looks.mu.Unlock()
+	ls := &c.looks
+	ls.mu.Lock()
+	delete(ls.pending, l)
+	wake := len(ls.pending) == 0 && !ls.sleepUntil.IsZero()
+	ls.mu.Unlock()
+	if wake {
+		ls.wakeLooker()
+	}
 }
 
 // looker takes the due looks, each round all of those due within their early
@@ -153,11 +171,13 @@ func (c *Client) looker() {
 	ls := &c.looks
 	for {
 		ls.mu.Lock()
+		ls.sleepUntil = time.Time{}
 		if len(ls.pending) == 0 {
 			ls.running = false
 			ls.mu.Unlock()
 			return
 		}
+		ls.scans++
 		now := time.Now()
 		var due []*runLook
 		var next time.Time
@@ -168,6 +188,9 @@ func (c *Client) looker() {
 			} else if next.IsZero() || l.at.Before(next) {
 				next = l.at
 			}
+		}
+		if len(due) == 0 {
+			ls.sleepUntil = next
 		}
 		ls.mu.Unlock()
 		if len(due) > 0 {
