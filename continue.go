@@ -80,6 +80,13 @@ func (w *Worker) continueRun(x *execution, e ending) {
 			final, err = db.continueRun(ctx, store.ContinueWrite{Fence: x.run.Fence, Next: next, Input: input})
 			return err
 		})
+		if errors.Is(err, errLeaseLost) {
+			// A try whose answer the connection lost may have continued the run: then
+			// the next run is this execution's, and is counted and told as such.
+			if status, continued, ok := x.endedUnder(); ok && continued == next {
+				final, err = status, nil
+			}
+		}
 	}
 	switch {
 	case errors.Is(err, errLeaseLost):

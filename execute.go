@@ -5,6 +5,8 @@ import (
 	"errors"
 	"runtime/debug"
 
+	"github.com/google/uuid"
+
 	"github.com/kagzi/kagzi/internal/store"
 )
 
@@ -103,6 +105,13 @@ func (w *Worker) end(x *execution, e ending) {
 	last := x.takePending()
 	w.releaseSlot(x, false)
 	final, e, err := x.finish(e, last)
+	if errors.Is(err, errLeaseLost) {
+		// A try whose answer the connection lost may have ended the run: then the
+		// end is this execution's, and is counted and told as such.
+		if status, ok := x.endedUnderOwnFence(); ok {
+			final, err = status, nil
+		}
+	}
 	if err == nil {
 		// This client's waiters hear of the end from us, with what it recorded; others'
 		// from the end's own NOTIFY, when there are any (see waiters.go).
@@ -120,6 +129,23 @@ func (w *Worker) end(x *execution, e ending) {
 		w.failed.Add(1)
 	}
 	x.rt.endExecution(x, outcomeOf(e.status, err), e.detailBytes())
+}
+
+// endedUnderOwnFence reports the status the run ended with when its end was written
+// under this execution's claim (see store.EndedUnder); ok is false when it was not,
+// or the database cannot tell now.
+func (x *execution) endedUnderOwnFence() (RunStatus, bool) {
+	status, _, ok := x.endedUnder()
+	return status, ok
+}
+
+// endedUnder reports how the run ended when its end was written under this
+// execution's claim: its status and the run it continued as (see store.EndedUnder).
+func (x *execution) endedUnder() (RunStatus, uuid.UUID, bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), x.rt.cfg.LeaseDuration)
+	defer cancel()
+	status, next, ok, err := store.EndedUnder(ctx, x.rt.db.pool, x.run.Fence)
+	return status, next, ok && err == nil
 }
 
 // finish writes the run's end e in one statement with last, its held-back last step

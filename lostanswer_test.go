@@ -20,14 +20,17 @@ import (
 // answerCutter forwards connections to a PostgreSQL server. Once armed, the first
 // request that carries its marker is delivered to the server, which runs and commits
 // it, and the connection is cut before the answer reaches the client: the client
-// sees a lost connection for a write that committed.
+// sees a lost connection for a write that committed. With atCommit, the cut waits for
+// the connection's next request that commits (the marker's statement ran in a
+// transaction): the commit's answer is lost.
 type answerCutter struct {
-	ln     net.Listener
-	target string
-	marker []byte
-	armed  atomic.Bool
-	cuts   atomic.Int32
-	wg     sync.WaitGroup
+	ln       net.Listener
+	target   string
+	marker   []byte
+	atCommit bool
+	armed    atomic.Bool
+	cuts     atomic.Int32
+	wg       sync.WaitGroup
 }
 
 func newAnswerCutter(t *testing.T, target string, marker string) *answerCutter {
@@ -60,6 +63,7 @@ func (p *answerCutter) accept() {
 		}
 		p.wg.Add(2)
 		var cut atomic.Bool // this connection's next answer is to be lost
+		marked := false     // the marker went by; the cut waits for the commit
 		go func() {         // client to server
 			defer p.wg.Done()
 			defer s.Close()
@@ -68,6 +72,12 @@ func (p *answerCutter) accept() {
 				n, err := c.Read(buf)
 				if n > 0 {
 					if p.armed.Load() && bytes.Contains(buf[:n], p.marker) && p.armed.CompareAndSwap(true, false) {
+						if p.atCommit {
+							marked = true
+						} else {
+							cut.Store(true)
+						}
+					} else if marked && bytes.Contains(bytes.ToLower(buf[:n]), []byte("commit")) {
 						cut.Store(true)
 					}
 					if _, werr := s.Write(buf[:n]); werr != nil {
@@ -107,7 +117,8 @@ func (p *answerCutter) accept() {
 
 // proxiedClient returns a client of a new database whose connections go through an
 // answerCutter that cuts the answer of the first request carrying marker once armed.
-func proxiedClient(t *testing.T, ctx context.Context, marker string) (*kagzi.Client, *pgxpool.Pool, *answerCutter) {
+func proxiedClient(t *testing.T, ctx context.Context, marker string, hooks ...kagzi.Hooks) (*kagzi.Client,
+	*pgxpool.Pool, *answerCutter) {
 	t.Helper()
 	_, url := testdb.NewPool(t)
 	cfg, err := pgxpool.ParseConfig(url)
@@ -121,7 +132,14 @@ func proxiedClient(t *testing.T, ctx context.Context, marker string) (*kagzi.Cli
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	client := newClient(t, pool, "")
+	ccfg := kagzi.Config{Logger: quietLogger()}
+	if len(hooks) > 0 {
+		ccfg.Hooks = hooks[0]
+	}
+	client, err := kagzi.NewClient(pool, ccfg)
+	if err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(client.Close)
 	return client, pool, proxy
 }
@@ -245,4 +263,124 @@ func TestASignalTakeWhoseAnswerTheConnectionLostLosesNoSignal(t *testing.T) {
 		t.Fatalf("%d answers cut, want 1 (the signal take)", proxy.cuts.Load())
 	}
 	assertNotTakenOver(t, ctx, pool, run.RunID)
+}
+
+// outcomeHooks records the outcome of every execution that ended.
+type outcomeHooks struct {
+	kagzi.NopHooks
+	mu        sync.Mutex
+	outcomes  []kagzi.ExecutionOutcome
+	continued []string // ContinuedAsRunID of each
+}
+
+func (h *outcomeHooks) ExecutionEnd(_ context.Context, e *kagzi.ExecutionEvent) {
+	h.mu.Lock()
+	h.outcomes = append(h.outcomes, e.Outcome)
+	h.continued = append(h.continued, e.ContinuedAsRunID)
+	h.mu.Unlock()
+}
+
+// A run's end that committed while the connection lost its answer is the execution's
+// own: the next try, refused (the run is not RUNNING any more), finds the run ended
+// under the execution's claim, and the end is reported COMPLETED, not as a lease lost
+// to another worker (which kagziotel's counts of ended runs and the worker's own
+// missed).
+func TestARunEndWhoseAnswerTheConnectionLostIsReportedAsItsEnd(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const marker = "lost-end-58b2e1"
+	hooks := &outcomeHooks{}
+	client, pool, proxy := proxiedClient(t, ctx, marker, hooks)
+	wf := kagzi.Define("lost-end", func(ctx *kagzi.Context, _ struct{}) (string, error) {
+		if _, err := kagzi.Step(ctx, "last", func(context.Context) (int, error) {
+			proxy.armed.Store(true) // the run's end, which carries the output, loses its answer
+			return 1, nil
+		}); err != nil {
+			return "", err
+		}
+		return marker, nil
+	})
+	stop := runWorker(t, client, longLeaseWorker(), wf)
+	run, err := kagzi.Start(ctx, client, wf, struct{}{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 40*time.Second)
+	defer wcancel()
+	if out, err := run.Wait(wctx); err != nil || out != marker {
+		t.Fatalf("result %q, %v; want %q", out, err, marker)
+	}
+	stop()
+	if proxy.cuts.Load() != 1 {
+		t.Fatalf("%d answers cut, want 1 (the run's end)", proxy.cuts.Load())
+	}
+	assertNotTakenOver(t, ctx, pool, run.RunID)
+	hooks.mu.Lock()
+	defer hooks.mu.Unlock()
+	if len(hooks.outcomes) != 1 || hooks.outcomes[0] != kagzi.OutcomeCompleted {
+		t.Fatalf("executions ended %v, want one COMPLETED", hooks.outcomes)
+	}
+}
+
+// A continue-as-new that committed while the connection lost its answer is the
+// execution's own: its next run is reported (ExecutionEvent.ContinuedAsRunID, which
+// kagziotel counts as a run started) and the execution COMPLETED, not a lease lost.
+func TestAContinueAsNewWhoseAnswerTheConnectionLostIsReportedAsItsEnd(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const marker = "lost-continue-c41d07"
+	hooks := &outcomeHooks{}
+	client, pool, proxy := proxiedClient(t, ctx, marker, hooks)
+	proxy.atCommit = true // the continue is a transaction: its commit's answer is lost
+	wf := kagzi.Define("lost-continue", func(ctx *kagzi.Context, in string) (string, error) {
+		if in != "" {
+			return in, nil
+		}
+		if _, err := kagzi.Step(ctx, "first", func(context.Context) (int, error) {
+			proxy.armed.Store(true) // the continue, which carries the next input, loses its answer
+			return 1, nil
+		}); err != nil {
+			return "", err
+		}
+		return "", kagzi.ContinueAsNew(ctx, marker)
+	})
+	stop := runWorker(t, client, longLeaseWorker(), wf)
+	run, err := kagzi.Start(ctx, client, wf, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 40*time.Second)
+	defer wcancel()
+	if out, err := run.Wait(wctx); err != nil || out != marker {
+		t.Fatalf("result %q, %v; want %q", out, err, marker)
+	}
+	stop()
+	if proxy.cuts.Load() != 1 {
+		t.Fatalf("%d answers cut, want 1 (the continue)", proxy.cuts.Load())
+	}
+	assertNotTakenOver(t, ctx, pool, run.RunID)
+	var next string
+	if err := pool.QueryRow(ctx, `SELECT continued_as_run_id::text FROM kagzi.runs WHERE run_id = $1`,
+		run.RunID).Scan(&next); err != nil {
+		t.Fatal(err)
+	}
+	hooks.mu.Lock()
+	defer hooks.mu.Unlock()
+	// The two executions' ends are reported in either order.
+	continuing := 0
+	for i, o := range hooks.outcomes {
+		if o != kagzi.OutcomeCompleted || (hooks.continued[i] != "" && hooks.continued[i] != next) {
+			continuing = -1
+			break
+		}
+		if hooks.continued[i] == next {
+			continuing++
+		}
+	}
+	if len(hooks.outcomes) != 2 || continuing != 1 {
+		t.Fatalf("executions ended %v continuing as %q, want two COMPLETED, one continuing as %s", hooks.outcomes,
+			hooks.continued, next)
+	}
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/kagzi/kagzi/internal/vocab"
 )
@@ -166,4 +167,28 @@ VALUES ($1, $2, now() + $3 * interval '1 millisecond')
 ON CONFLICT (namespace, client_id) DO UPDATE SET expires_at = excluded.expires_at`,
 		namespace, clientID, ttl.Milliseconds())
 	return err
+}
+
+// EndedUnder reports the status a run ended with when its end was written under the
+// fence f (an end keeps the claim's epoch and token), and the run it continued as, if
+// it did. A worker whose end committed but whose answer the connection lost is refused
+// by its next try (the run is not RUNNING any more) and finds here that the end was
+// its own. ok is false when the run has not ended, or ended under another claim.
+func EndedUnder(ctx context.Context, db DBTX, f Fence) (status vocab.RunStatus, continuedAs uuid.UUID, ok bool,
+	err error) {
+	var s string
+	var next pgtype.UUID
+	err = db.QueryRow(ctx, `SELECT status, continued_as_run_id FROM kagzi.runs
+		WHERE run_id = $1 AND lease_epoch = $2 AND lease_token IS NOT DISTINCT FROM $3
+		  AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')`, f.RunID, f.Epoch, f.token()).Scan(&s, &next)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return "", uuid.Nil, false, nil
+	}
+	if err != nil {
+		return "", uuid.Nil, false, err
+	}
+	if next.Valid {
+		continuedAs = next.Bytes
+	}
+	return vocab.RunStatus(s), continuedAs, true, nil
 }
