@@ -24,6 +24,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,6 +84,18 @@ type Statement struct {
 	Build func(inputs []any) (sql string, args []any)
 }
 
+// A Lock is a statement that takes a transaction-level lock (pg_advisory_xact_lock,
+// say) for a request of QueryRowLocked: it runs in the request's transaction before
+// any statement of the batch, so that the request's statement, which takes its
+// snapshot when it begins, sees every transaction that held the lock before. Key
+// names the lock: a batch takes its requests' locks once each, in the order of their
+// keys, so that two batches never wait for each other's locks in opposite orders.
+type Lock struct {
+	Key  string
+	SQL  string
+	Args []any
+}
+
 // request is a Write (stmt set) or a plain QueryRow (sql set).
 type request struct {
 	ctx   context.Context
@@ -89,12 +103,32 @@ type request struct {
 	input any
 	sql   string
 	args  []any
+	lock  *Lock // QueryRowLocked's
 	dest  []any
 	done  chan error
 }
 
 // alone runs the request on its own, outside any batch.
 func (r *request) alone(db *pgxpool.Pool) error {
+	if r.lock != nil {
+		var b pgx.Batch
+		b.Queue(beginSQL)
+		b.Queue(r.lock.SQL, r.lock.Args...)
+		b.Queue(r.sql, r.args...)
+		b.Queue(commitSQL)
+		br := db.SendBatch(r.ctx, &b)
+		_, err := br.Exec()
+		if err == nil {
+			_, err = br.Exec()
+		}
+		if err == nil {
+			err = br.QueryRow().Scan(r.dest...)
+		}
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return err
+	}
 	if r.stmt == nil {
 		return db.QueryRow(r.ctx, r.sql, r.args...).Scan(r.dest...)
 	}
@@ -283,6 +317,10 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	// outside would fail them all. (A transaction block: SET TRANSACTION in a
 	// pipeline's implicit transaction works, but makes Postgres log a WARNING.)
 	b.Queue(beginSQL)
+	locks := batchLocks(batch)
+	for _, l := range locks {
+		b.Queue(l.SQL, l.Args...)
+	}
 	setup := false
 	if c.setup != "" {
 		for _, u := range units {
@@ -302,6 +340,11 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	br := c.pool.SendBatch(ctx, &b)
 	_, err := br.Exec()
 	failed := err != nil
+	for range locks {
+		if _, err := br.Exec(); err != nil {
+			failed = true
+		}
+	}
 	if setup {
 		if _, err := br.Exec(); err != nil {
 			failed = true
@@ -333,6 +376,22 @@ func (c *Committer) commit(ctx context.Context, batch []*request) {
 	for i, r := range batch {
 		r.done <- errs[i]
 	}
+}
+
+// batchLocks returns the locks of the batch's requests, once each, in the order of
+// their keys.
+func batchLocks(batch []*request) []*Lock {
+	var locks []*Lock
+	for _, r := range batch {
+		if r.lock != nil {
+			locks = append(locks, r.lock)
+		}
+	}
+	if len(locks) < 2 {
+		return locks
+	}
+	slices.SortFunc(locks, func(a, b *Lock) int { return strings.Compare(a.Key, b.Key) })
+	return slices.CompactFunc(locks, func(a, b *Lock) bool { return a.Key == b.Key })
 }
 
 // batchContext bounds a batch by its requests' deadlines: it ends at the latest of
@@ -471,6 +530,12 @@ func (c *Committer) QueryRow(ctx context.Context, sql string, args ...any) pgx.R
 	return &row{c: c, ctx: ctx, sql: sql, args: args}
 }
 
+// QueryRowLocked is QueryRow whose statement runs after lock, in the same transaction
+// (see Lock). Alone, it costs a transaction block of its own, in the same round trip.
+func (c *Committer) QueryRowLocked(ctx context.Context, lock Lock, sql string, args ...any) pgx.Row {
+	return &row{c: c, ctx: ctx, sql: sql, args: args, lock: &lock}
+}
+
 // Write queues an input of the statement s and waits until the batch that carries
 // it has committed, then scans the input's row into dest (pgx.ErrNoRows: none).
 func (c *Committer) Write(ctx context.Context, s *Statement, input any, dest ...any) error {
@@ -492,10 +557,11 @@ type row struct {
 	ctx  context.Context
 	sql  string
 	args []any
+	lock *Lock
 }
 
 func (r *row) Scan(dest ...any) error {
-	return r.c.do(&request{ctx: r.ctx, sql: r.sql, args: r.args, dest: dest})
+	return r.c.do(&request{ctx: r.ctx, sql: r.sql, args: r.args, lock: r.lock, dest: dest})
 }
 
 // do sends the request: at once on the caller's goroutine when nothing is in flight

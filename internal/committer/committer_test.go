@@ -354,3 +354,57 @@ func TestABatchToAServerThatDoesNotAnswerEndsAtItsCallersDeadlines(t *testing.T)
 		}
 	}
 }
+
+// A locked request's statement runs after its lock, in its transaction, alone or in a
+// batch: it waits while another transaction holds the lock, and then sees what that
+// transaction committed (its snapshot is taken after the lock). Batches of locked
+// requests on the same keys in every order take the locks in one order and never
+// deadlock.
+func TestALockedRequestSeesWhatTheLocksHolderCommitted(t *testing.T) {
+	c, pool, _ := setup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	lock := func(k int) committer.Lock {
+		return committer.Lock{Key: fmt.Sprint(k), SQL: `SELECT pg_advisory_xact_lock($1::bigint)`, Args: []any{int64(k)}}
+	}
+	for _, concurrent := range []int{1, 40} {
+		if _, err := pool.Exec(ctx, `TRUNCATE t`); err != nil {
+			t.Fatal(err)
+		}
+		holder, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for k := range 3 {
+			if _, err := holder.Exec(ctx, `SELECT pg_advisory_xact_lock($1::bigint)`, int64(k)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if _, err := holder.Exec(ctx, `INSERT INTO t VALUES (1, 1)`); err != nil {
+			t.Fatal(err)
+		}
+		counts := make(chan int, concurrent)
+		errs := make(chan error, concurrent)
+		for i := range concurrent {
+			go func() {
+				var n int
+				// Each request locks one key, in an order that differs from its neighbours'.
+				err := c.QueryRowLocked(ctx, lock((i*7)%3), `SELECT count(*) FROM t`).Scan(&n)
+				counts <- n
+				errs <- err
+			}()
+		}
+		time.Sleep(50 * time.Millisecond) // the requests go out and wait for the locks
+		if err := holder.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for range concurrent {
+			if err := <-errs; err != nil {
+				t.Fatal(err)
+			}
+			if n := <-counts; n != 1 {
+				t.Fatalf("%d concurrent: a locked request saw %d rows, want the lock holder's 1", concurrent, n)
+			}
+		}
+	}
+}

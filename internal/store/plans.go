@@ -62,6 +62,17 @@ const (
 
 // queryAfterWith is queryAfter with arguments for setup.
 func queryAfterWith(ctx context.Context, db DBTX, setup string, setupArgs []any, sql string, args ...any) (pgx.Rows, error) {
+	return queryAfterAll(ctx, db, []setupStmt{{setup, setupArgs}}, sql, args...)
+}
+
+// setupStmt is a statement queryAfterAll runs before its query.
+type setupStmt struct {
+	sql  string
+	args []any
+}
+
+// queryAfterAll is queryAfter with several setup statements, run in order.
+func queryAfterAll(ctx context.Context, db DBTX, setups []setupStmt, sql string, args ...any) (pgx.Rows, error) {
 	b, ok := db.(batcher)
 	if !ok {
 		return db.Query(ctx, sql, args...)
@@ -71,14 +82,16 @@ func queryAfterWith(ctx context.Context, db DBTX, setup string, setupArgs []any,
 	if !inTx {
 		batch.Queue(beginSQL)
 	}
-	batch.Queue(setup, setupArgs...)
+	for _, s := range setups {
+		batch.Queue(s.sql, s.args...)
+	}
 	batch.Queue(sql, args...)
 	if !inTx {
 		batch.Queue(commitSQL) // read by the rows' Close
 	}
-	before := 2 // the statements before the query: BEGIN and setup
+	before := len(setups) + 1 // the statements before the query: BEGIN and the setups
 	if inTx {
-		before = 1
+		before--
 	}
 	br := b.SendBatch(ctx, &batch)
 	for range before {
