@@ -219,3 +219,37 @@ func TestASignalTakeTriedAgainReturnsTheSignalItTookAndTakesNoOther(t *testing.T
 		t.Fatalf("the next wait: received %v with %s (%v), want 2", w.Received, w.Payload, err)
 	}
 }
+
+// A failed attempt's record written again (its first try committed, its answer lost
+// with the connection) is the same attempt: the step keeps its count and its history
+// one row for it, and the next attempt is the second. The second try counted a third.
+func TestAFailedAttemptRecordedTwiceIsOneAttempt(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	run := runningRun(t, pool, 1, false)
+	f := Fence{RunID: run, Epoch: 1}
+	began := time.Now()
+	failedAttempt := StepWrite{Fence: f, Key: "s#1", Name: "s", Status: vocab.StepFailed, StepStatus: vocab.StepRetrying,
+		Error: []byte(`{"message":"boom"}`), StartedAt: began, FinishedAt: began.Add(time.Millisecond)}
+	for try := 1; try <= 2; try++ {
+		if n, err := RecordStep(ctx, Direct(pool), failedAttempt); err != nil || n != 1 {
+			t.Fatalf("try %d of the first attempt's record: attempt %d, %v; want attempt 1", try, n, err)
+		}
+	}
+	second := StepWrite{Fence: f, Key: "s#1", Name: "s", Status: vocab.StepCompleted, StepStatus: vocab.StepCompleted,
+		Output: []byte(`1`), StartedAt: began.Add(time.Second), FinishedAt: began.Add(time.Second + time.Millisecond)}
+	if n, err := RecordStep(ctx, Direct(pool), second); err != nil || n != 2 {
+		t.Fatalf("the second attempt's record: attempt %d, %v; want attempt 2", n, err)
+	}
+	var attempts int
+	var history []string
+	if err := pool.QueryRow(ctx, `SELECT s.attempts, (SELECT array_agg(a.attempt || ' ' || a.status ORDER BY a.attempt)
+		FROM kagzi.step_attempts a WHERE a.run_id = s.run_id AND a.step_key = s.step_key)
+		FROM kagzi.steps s WHERE s.run_id = $1 AND s.step_key = 's#1'`, run).Scan(&attempts, &history); err != nil {
+		t.Fatal(err)
+	}
+	if attempts != 2 || fmt.Sprint(history) != "[1 FAILED 2 COMPLETED]" {
+		t.Fatalf("the step counts %d attempts with history %v, want 2 and [1 FAILED 2 COMPLETED]", attempts, history)
+	}
+}

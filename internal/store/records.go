@@ -63,7 +63,10 @@ owner AS (
 	FROM i JOIN owner o ON o.run_id = i.run_id AND o.lease_epoch = i.epoch AND o.lease_token IS NOT DISTINCT FROM i.token
 	ON CONFLICT (run_id, step_key) DO UPDATE SET
 		status = excluded.status, output = excluded.output, error = excluded.error,
-		attempts = s.attempts + 1, started_at = excluded.started_at, finished_at = excluded.finished_at,
+		-- The same attempt written again (a try whose answer the connection lost, then
+		-- tried again: its start time is the attempt's) is not another attempt.
+		attempts = s.attempts + CASE WHEN s.started_at = excluded.started_at THEN 0 ELSE 1 END,
+		started_at = excluded.started_at, finished_at = excluded.finished_at,
 		updated_at = now()
 	WHERE s.status <> 'COMPLETED'
 	RETURNING s.run_id, s.step_key, s.attempts
@@ -72,6 +75,7 @@ owner AS (
 	SELECT i.run_id, i.step_key, st.attempts, i.status, i.error, i.started_at, i.finished_at
 	FROM step st JOIN i ON i.run_id = st.run_id AND i.step_key = st.step_key
 	WHERE NOT (st.attempts = 1 AND i.status = 'COMPLETED')
+	ON CONFLICT (run_id, step_key, attempt) DO NOTHING
 )`
 	notified := "0::bigint"
 	if release {
