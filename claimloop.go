@@ -267,6 +267,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 	if free <= 0 {
 		return true, report, nil
 	}
+	w.handLostBack(ctx)
 	began := time.Now()
 	// A claim that reached the database commits whatever happens to ctx afterwards, so
 	// it is never abandoned half way: its runs would stay leased to a worker that
@@ -278,6 +279,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 	cancel()
 	w.hookClaim(ctx, free, len(claimed), began, err)
 	if err != nil {
+		w.lostClaim(report.Token, began, err)
 		return false, report, dbError("kagzi: claim", err)
 	}
 	if ctx.Err() != nil {

@@ -26,20 +26,24 @@ import (
 type answerCutter struct {
 	ln       net.Listener
 	target   string
-	marker   []byte
+	markers  [][]byte // a request carrying all of them
 	atCommit bool
 	armed    atomic.Bool
+	skip     atomic.Int32 // armed, the cutter lets this many marked requests pass first
 	cuts     atomic.Int32
 	wg       sync.WaitGroup
 }
 
-func newAnswerCutter(t *testing.T, target string, marker string) *answerCutter {
+func newAnswerCutter(t *testing.T, target string, markers ...string) *answerCutter {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &answerCutter{ln: ln, target: target, marker: []byte(marker)}
+	p := &answerCutter{ln: ln, target: target}
+	for _, m := range markers {
+		p.markers = append(p.markers, []byte(m))
+	}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(func() {
@@ -47,6 +51,19 @@ func newAnswerCutter(t *testing.T, target string, marker string) *answerCutter {
 		p.wg.Wait()
 	})
 	return p
+}
+
+// readyIdle is PostgreSQL's ReadyForQuery message outside a transaction block.
+var readyIdle = []byte{'Z', 0, 0, 0, 5, 'I'}
+
+// marked reports whether b carries all of the cutter's markers.
+func (p *answerCutter) marked(b []byte) bool {
+	for _, m := range p.markers {
+		if !bytes.Contains(b, m) {
+			return false
+		}
+	}
+	return true
 }
 
 func (p *answerCutter) accept() {
@@ -71,7 +88,7 @@ func (p *answerCutter) accept() {
 			for {
 				n, err := c.Read(buf)
 				if n > 0 {
-					if p.armed.Load() && bytes.Contains(buf[:n], p.marker) && p.armed.CompareAndSwap(true, false) {
+					if p.armed.Load() && p.marked(buf[:n]) && p.skip.Add(-1) < 0 && p.armed.CompareAndSwap(true, false) {
 						if p.atCommit {
 							marked = true
 						} else {
@@ -92,13 +109,22 @@ func (p *answerCutter) accept() {
 		go func() { // server to client
 			defer p.wg.Done()
 			defer c.Close()
+			var seen []byte // the swallowed answer's last bytes
 			buf := make([]byte, 64<<10)
 			for {
 				n, err := s.Read(buf)
 				if n > 0 {
 					if cut.Load() {
-						// The server answered: the request ran to its end. The client
-						// never hears it.
+						// The answer is swallowed up to the server's ReadyForQuery
+						// outside a transaction (the request ran to its end and
+						// committed), and the connection cut: the client never hears it.
+						seen = append(seen, buf[:n]...)
+						if !bytes.Contains(seen, readyIdle) {
+							if len(seen) > len(readyIdle) {
+								seen = seen[len(seen)-len(readyIdle):]
+							}
+							continue
+						}
 						p.cuts.Add(1)
 						_ = s.Close()
 						return
@@ -117,7 +143,7 @@ func (p *answerCutter) accept() {
 
 // proxiedClient returns a client of a new database whose connections go through an
 // answerCutter that cuts the answer of the first request carrying marker once armed.
-func proxiedClient(t *testing.T, ctx context.Context, marker string, hooks ...kagzi.Hooks) (*kagzi.Client,
+func proxiedClient(t *testing.T, ctx context.Context, markers []string, hooks ...kagzi.Hooks) (*kagzi.Client,
 	*pgxpool.Pool, *answerCutter) {
 	t.Helper()
 	_, url := testdb.NewPool(t)
@@ -125,7 +151,7 @@ func proxiedClient(t *testing.T, ctx context.Context, marker string, hooks ...ka
 	if err != nil {
 		t.Fatal(err)
 	}
-	proxy := newAnswerCutter(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), marker)
+	proxy := newAnswerCutter(t, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), markers...)
 	cfg.ConnConfig.Host, cfg.ConnConfig.Port = "127.0.0.1", uint16(proxy.ln.Addr().(*net.TCPAddr).Port)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -156,15 +182,20 @@ func longLeaseWorker() kagzi.WorkerConfig {
 // execution gave up instead of going on.
 func assertNotTakenOver(t *testing.T, ctx context.Context, pool *pgxpool.Pool, runID string) {
 	t.Helper()
-	var takeovers, epoch int
+	if takeovers, epoch := leaseCounts(t, ctx, pool, runID); takeovers != 0 || epoch != 1 {
+		t.Fatalf("the run was taken over %d times (epoch %d): its execution gave up instead of going on", takeovers,
+			epoch)
+	}
+}
+
+// leaseCounts returns how many times the run was taken over, and its lease epoch.
+func leaseCounts(t *testing.T, ctx context.Context, pool *pgxpool.Pool, runID string) (takeovers, epoch int) {
+	t.Helper()
 	if err := pool.QueryRow(ctx, `SELECT takeovers, lease_epoch FROM kagzi.runs WHERE run_id = $1`,
 		runID).Scan(&takeovers, &epoch); err != nil {
 		t.Fatal(err)
 	}
-	if takeovers != 0 || epoch != 1 {
-		t.Fatalf("the run was taken over %d times (epoch %d): its execution gave up instead of going on", takeovers,
-			epoch)
-	}
+	return takeovers, epoch
 }
 
 // A step's record that commits while the connection breaks before its answer comes is
@@ -177,7 +208,7 @@ func TestAStepRecordWhoseAnswerTheConnectionLostIsNotTriedAgainForEver(t *testin
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const marker = "lost-answer-3f9c1e"
-	client, pool, proxy := proxiedClient(t, ctx, marker)
+	client, pool, proxy := proxiedClient(t, ctx, []string{marker})
 	var first, second atomic.Int32
 	wf := kagzi.Define("lost-answer", func(ctx *kagzi.Context, _ struct{}) (string, error) {
 		a, err := kagzi.Step(ctx, marker, func(context.Context) (string, error) {
@@ -228,7 +259,7 @@ func TestASignalTakeWhoseAnswerTheConnectionLostLosesNoSignal(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	const marker = "lost-signal-7a2d40"
-	client, pool, proxy := proxiedClient(t, ctx, marker)
+	client, pool, proxy := proxiedClient(t, ctx, []string{marker})
 	wf := kagzi.Define("lost-signal", func(ctx *kagzi.Context, _ struct{}) (int, error) {
 		a, err := kagzi.WaitSignal[int](ctx, marker, 0)
 		if err != nil {
@@ -291,7 +322,7 @@ func TestARunEndWhoseAnswerTheConnectionLostIsReportedAsItsEnd(t *testing.T) {
 	defer cancel()
 	const marker = "lost-end-58b2e1"
 	hooks := &outcomeHooks{}
-	client, pool, proxy := proxiedClient(t, ctx, marker, hooks)
+	client, pool, proxy := proxiedClient(t, ctx, []string{marker}, hooks)
 	wf := kagzi.Define("lost-end", func(ctx *kagzi.Context, _ struct{}) (string, error) {
 		if _, err := kagzi.Step(ctx, "last", func(context.Context) (int, error) {
 			proxy.armed.Store(true) // the run's end, which carries the output, loses its answer
@@ -332,7 +363,7 @@ func TestAContinueAsNewWhoseAnswerTheConnectionLostIsReportedAsItsEnd(t *testing
 	defer cancel()
 	const marker = "lost-continue-c41d07"
 	hooks := &outcomeHooks{}
-	client, pool, proxy := proxiedClient(t, ctx, marker, hooks)
+	client, pool, proxy := proxiedClient(t, ctx, []string{marker}, hooks)
 	proxy.atCommit = true // the continue is a transaction: its commit's answer is lost
 	wf := kagzi.Define("lost-continue", func(ctx *kagzi.Context, in string) (string, error) {
 		if in != "" {
@@ -382,5 +413,89 @@ func TestAContinueAsNewWhoseAnswerTheConnectionLostIsReportedAsItsEnd(t *testing
 	if len(hooks.outcomes) != 2 || continuing != 1 {
 		t.Fatalf("executions ended %v continuing as %q, want two COMPLETED, one continuing as %s", hooks.outcomes,
 			hooks.continued, next)
+	}
+}
+
+// A claim that committed while the connection lost its answer leased its run to a
+// worker that does not know it holds it: the worker hands the run back before its next
+// claim, and the run runs at once, without a takeover. It waited for its lease to
+// pass, and was counted taken over (a run whose claims kept losing their answers
+// failed with RECOVERY_EXHAUSTED without ever running).
+func TestARunWhoseClaimLostItsAnswerIsHandedBackWithoutATakeover(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const typ, workerID = "lost-claim-0e6a93", "lost-claim-worker-0e6a93"
+	// The claim carries the worker's id and its types; nothing else does both.
+	client, pool, proxy := proxiedClient(t, ctx, []string{typ, workerID})
+	var ran atomic.Int32
+	wf := kagzi.Define(typ, func(ctx *kagzi.Context, _ struct{}) (string, error) {
+		ran.Add(1)
+		return "ran", nil
+	})
+	cfg := longLeaseWorker()
+	cfg.ID, cfg.DisableEagerStart = workerID, true
+	run, err := kagzi.Start(ctx, client, wf, struct{}{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The worker's registration passes, and its first claim, which takes the run,
+	// loses its answer.
+	proxy.skip.Store(1)
+	proxy.armed.Store(true)
+	stop := runWorker(t, client, cfg, wf)
+	defer stop()
+	wctx, wcancel := context.WithTimeout(ctx, 40*time.Second)
+	defer wcancel()
+	if out, err := run.Wait(wctx); err != nil || out != "ran" {
+		t.Fatalf("result %q, %v; want \"ran\"", out, err)
+	}
+	if proxy.cuts.Load() != 1 {
+		t.Fatalf("%d answers cut, want 1 (the claim)", proxy.cuts.Load())
+	}
+	if takeovers, _ := leaseCounts(t, ctx, pool, run.RunID); takeovers != 0 || ran.Load() != 1 {
+		t.Fatalf("the run was taken over %d times and ran %d times; want handed back (no takeover), run once",
+			takeovers, ran.Load())
+	}
+}
+
+// An eager start (its run inserted claimed by a worker of the process) that committed
+// while the connection lost its answer: the worker hands the run back, and a start of
+// the id again (the documented answer to ErrUnavailable) gets the run, which runs at
+// once, without a takeover.
+func TestAnEagerStartThatLostItsAnswerIsHandedBackWithoutATakeover(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const input = "lost-eager-start-9d14b2" // carried by the start alone
+	client, pool, proxy := proxiedClient(t, ctx, []string{input})
+	wf := kagzi.Define("lost-eager", func(ctx *kagzi.Context, in string) (string, error) { return in, nil })
+	stop := runWorker(t, client, longLeaseWorker(), wf)
+	defer stop()
+	// A first run makes sure the worker runs and takes eager starts.
+	warm, err := kagzi.Start(ctx, client, wf, "warm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := warm.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	proxy.armed.Store(true)
+	_, err = kagzi.Start(ctx, client, wf, input, kagzi.WithID("lost-eager-1"))
+	var unavailable *kagzi.UnavailableError
+	if !errors.As(err, &unavailable) || !unavailable.MayHaveCommitted {
+		t.Fatalf("a start whose answer was lost: %v, want an *UnavailableError that may have committed", err)
+	}
+	run, err := kagzi.Start(ctx, client, wf, input, kagzi.WithID("lost-eager-1"))
+	if err != nil || !run.AlreadyExists {
+		t.Fatalf("the start again: %+v, %v; want the run the first one committed", run, err)
+	}
+	wctx, wcancel := context.WithTimeout(ctx, 40*time.Second)
+	defer wcancel()
+	if out, err := run.Wait(wctx); err != nil || out != input {
+		t.Fatalf("result %q, %v; want %q", out, err, input)
+	}
+	if takeovers, _ := leaseCounts(t, ctx, pool, run.RunID); takeovers != 0 {
+		t.Fatalf("the run was taken over %d times; want handed back, no takeover", takeovers)
 	}
 }

@@ -322,6 +322,11 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 		eager.startEager(r, n.Carrier, began, st.HoldsSlot)
 	case eager != nil:
 		eager.releaseReservation()
+		if err != nil {
+			// A start that may have committed leased its run to the worker, which
+			// does not execute it: the worker hands it back (lostclaims.go).
+			eager.lostStart(n.RunID, err)
+		}
 		if err == nil && inserted && n.FlowKey == "" && !n.Eager.Limited && !st.BehindQueue {
 			// Its type has limits (an eager start of a run of no key is refused
 			// only then, or behind runs queued before it): the next eager starts of

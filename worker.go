@@ -80,7 +80,11 @@ type Worker struct {
 	finishingHolders map[uuid.UUID]struct{}
 	// handBack holds runs whose executions stopped for the shutdown.
 	handBack []store.Fence
-	slotFree chan struct{}
+	// lostClaims and lostStarts are claims and eager starts that may have leased
+	// runs to this worker without its knowing (see lostclaims.go).
+	lostClaims []store.LostClaim
+	lostStarts []store.Fence
+	slotFree   chan struct{}
 	// rt is what the executions need of the worker (set by Run).
 	rt *runtime
 	// claimer is who claims, with the worker's cursors in the concurrency-key queues

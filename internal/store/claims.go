@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/kagzi/kagzi/internal/vocab"
@@ -307,6 +308,11 @@ type ClaimReport struct {
 	// came back short admits again (zero: none held any back). Nothing announces it: a
 	// caller left with free slots claims again then.
 	RateNext time.Time
+	// Token is the claim's token (see Fence), also when the claim failed: a claim
+	// that failed once it was sent may have committed all the same, its runs leased
+	// under the token to a worker that does not know it holds them (LostClaimRuns
+	// finds them).
+	Token uuid.UUID
 }
 
 // claimedStepsSQL loads the recorded steps of runs the caller has just claimed ($1).
@@ -393,7 +399,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 	}
 	rows, err := queryAfterWith(ctx, db, setup, setupArgs, sql, args...)
 	if err != nil {
-		return nil, ClaimReport{}, err
+		return nil, ClaimReport{Token: token}, err
 	}
 	var resumed [][16]byte
 	// Most claims under load fill their slots: room for them all, up to a bound, so
@@ -415,7 +421,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 			&epoch, &cancelRequested, &r.Deadline, &createdAt, &dbNow, &availableAt, &r.Carrier, &hasSteps,
 			&takeovers, &key, &holds); err != nil {
 			rows.Close()
-			return nil, ClaimReport{}, err
+			return nil, ClaimReport{Token: token}, err
 		}
 		if !id.Valid { // a type's next key cursor, its next floors, its keys passed over, a rate's hold
 			if attempt.Valid {
@@ -459,7 +465,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 	}
 	rows.Close() // after the commit: Err tells whether it failed
 	if err := rows.Err(); err != nil {
-		return nil, ClaimReport{}, err
+		return nil, ClaimReport{Token: token}, err
 	}
 	if len(resumed) == 0 {
 		return claimed, report, nil
@@ -471,7 +477,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		return nil, ClaimReport{}, errors.Join(err, ReleaseRuns(rctx, db, held))
+		return nil, ClaimReport{Token: token}, errors.Join(err, ReleaseRuns(rctx, db, held))
 	}
 	return claimed, report, nil
 }
@@ -564,3 +570,39 @@ SELECT least(
 		FROM kagzi.flow_rates w JOIN kagzi.flow_limits l USING (namespace, workflow_type)
 		WHERE w.namespace = $1 AND w.workflow_type = ANY($2) AND w.flow_key <> '' AND l.key_rate IS NOT NULL
 	) rates WHERE n > now()))`
+
+// LostClaim is a claim whose answer the worker did not get: it may have committed.
+type LostClaim struct {
+	Namespace string
+	Types     []string
+	WorkerID  string
+	Token     uuid.UUID
+	// From and To bound, by the worker's clock, when the claim's leases end: the claim
+	// sets each run's available_at to the lease's end (LostClaimRuns widens the range
+	// by a lease on each side, for the difference of the clocks).
+	From, To time.Time
+	Lease    time.Duration
+}
+
+// LostClaimRuns returns the fences of the runs a lost claim leased, still RUNNING
+// under its token: a worker hands them back (ReleaseRuns) rather than leave them to
+// wait for their leases, and to be counted taken over when they pass (a lost claim
+// of a run that another claim's answer lost too counted as many takeovers, until the
+// run failed with RECOVERY_EXHAUSTED without ever running). One range of the
+// claimable index, by the leases' ends.
+func LostClaimRuns(ctx context.Context, db DBTX, l LostClaim) ([]Fence, error) {
+	rows, err := db.Query(ctx, `SELECT r.run_id, r.lease_epoch, r.lease_token FROM kagzi.runs r
+		WHERE r.namespace = $1 AND r.workflow_type = ANY ($2::text[]) AND r.status = 'RUNNING'
+		  AND r.available_at BETWEEN $3 AND $4 AND r.locked_by = $5 AND r.lease_token = $6`,
+		l.Namespace, l.Types, l.From.Add(-l.Lease), l.To.Add(l.Lease), l.WorkerID, l.Token)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Fence, error) {
+		var f Fence
+		var token pgtype.UUID
+		err := row.Scan(&f.RunID, &f.Epoch, &token)
+		f.Token = token.Bytes
+		return f, err
+	})
+}

@@ -1,0 +1,109 @@
+package kagzi
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// Lost claims. A claim (or an eager start, which inserts its run claimed by a worker
+// of its process) that fails once it was sent may have committed all the same: the
+// connection broke between the commit and its answer. Its runs are then RUNNING,
+// leased to a worker that knows nothing of them: no execution, no heartbeat. They
+// waited for their leases to pass, and the claim that took them then counted a
+// takeover (found from outside: a run whose claims kept losing their answers failed
+// with RECOVERY_EXHAUSTED without ever running). So the worker remembers such a
+// claim's token (the claim draws it) and, before its next claim, hands back the runs
+// still leased under it (store.LostClaimRuns, store.ReleaseRuns): PENDING, claimable
+// at once, no takeover counted. An eager start's run has no token: its fence is the
+// run's first epoch.
+
+// lostTTL is how long, in leases, a lost claim is looked for: past it, its runs'
+// leases passed long ago, and a claim took them over.
+const lostTTL = 3
+
+// mayHaveCommitted reports whether a statement that failed with err may have
+// committed: it was sent, and no answer of the server says it rolled back.
+func mayHaveCommitted(err error) bool {
+	var connectErr *pgconn.ConnectError
+	if err == nil || pgconn.SafeToRetry(err) || errors.As(err, &connectErr) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		_, may := unavailable(err) // the server's error: rolled back, unless a pooler's word for a lost server
+		return may
+	}
+	return true
+}
+
+// lostClaim remembers the claim with token, sent at sent, that failed with err, when
+// it may have committed.
+func (w *Worker) lostClaim(token uuid.UUID, sent time.Time, err error) {
+	if token == uuid.Nil || !mayHaveCommitted(err) {
+		return
+	}
+	l := store.LostClaim{Namespace: w.client.ns, Types: w.types, WorkerID: w.cfg.ID, Token: token,
+		From: sent.Add(w.cfg.LeaseDuration), To: time.Now().Add(w.cfg.LeaseDuration), Lease: w.cfg.LeaseDuration}
+	w.mu.Lock()
+	w.lostClaims = append(w.lostClaims, l)
+	w.mu.Unlock()
+	w.logger.Warn("kagzi: a claim failed after it was sent; its runs, if it committed, are handed back at the next claim",
+		"error", err)
+}
+
+// lostStart remembers the eager start of run (claimed by this worker in its insert)
+// that failed with err, when it may have committed.
+func (w *Worker) lostStart(run uuid.UUID, err error) {
+	if !mayHaveCommitted(err) {
+		return
+	}
+	w.mu.Lock()
+	w.lostStarts = append(w.lostStarts, store.Fence{RunID: run, Epoch: 1})
+	w.mu.Unlock()
+}
+
+// handLostBack hands back the runs of lost claims and eager starts that are still
+// leased under them. What it cannot do now (the database is still out of reach) it
+// tries again before the next claim.
+func (w *Worker) handLostBack(ctx context.Context) {
+	w.mu.Lock()
+	claims, fences := w.lostClaims, w.lostStarts
+	w.lostClaims, w.lostStarts = nil, nil
+	w.mu.Unlock()
+	if len(claims) == 0 && len(fences) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
+	defer cancel()
+	var keep []store.LostClaim
+	for _, l := range claims {
+		if time.Since(l.To) > lostTTL*w.cfg.LeaseDuration {
+			continue
+		}
+		held, err := store.LostClaimRuns(ctx, w.client.pool, l)
+		if err != nil {
+			keep = append(keep, l)
+			continue
+		}
+		fences = append(fences, held...)
+	}
+	var err error
+	if len(fences) > 0 {
+		err = store.ReleaseRuns(ctx, w.client.pool, fences)
+	}
+	if err == nil && len(fences) > 0 {
+		w.logger.Info("kagzi: handed back the runs of claims whose answers were lost", "runs", len(fences))
+	}
+	w.mu.Lock()
+	w.lostClaims = append(w.lostClaims, keep...)
+	if err != nil {
+		w.lostStarts = append(w.lostStarts, fences...)
+	}
+	w.mu.Unlock()
+}
