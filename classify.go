@@ -135,6 +135,17 @@ func poolerUnavailable(msg string) (ok, mayHaveCommitted bool) {
 	return false, false
 }
 
+// readError is wrapStoreErr for a read: a read that lost its connection wrote
+// nothing, whatever the driver could tell of its outcome.
+func readError(op string, err error) error {
+	err = wrapStoreErr(op, err)
+	var u *UnavailableError
+	if errors.As(err, &u) {
+		u.read, u.MayHaveCommitted = true, false
+	}
+	return err
+}
+
 // wrapStoreErr maps store errors to Kagzi's.
 func wrapStoreErr(op string, err error) error {
 	if errors.Is(err, store.ErrNotFound) {

@@ -362,3 +362,16 @@ func TestOnlyALookDueBeforeTheLookersSleepEndsWakesIt(t *testing.T) {
 	}
 	waitFor("the looker to end once no look is pending", func() bool { _, _, running := state(); return !running })
 }
+
+// A read that lost its connection wrote nothing: its UnavailableError says so, and
+// does not say it may have committed.
+func TestAReadThatLostItsConnectionIsUnavailableAndWroteNothing(t *testing.T) {
+	err := readError("kagzi: get run r", io.ErrUnexpectedEOF)
+	var u *UnavailableError
+	if !errors.As(err, &u) || u.MayHaveCommitted || !strings.Contains(err.Error(), "a read: nothing was written") {
+		t.Fatalf("a read's lost connection: %v (%+v), want an *UnavailableError of a read that did not commit", err, u)
+	}
+	if err := readError("kagzi: get run r", store.ErrNotFound); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("a read of nothing: %v, want ErrNotFound", err)
+	}
+}

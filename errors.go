@@ -66,12 +66,14 @@ type UnavailableError struct {
 	// MayHaveCommitted reports that the outcome is unknown: the connection broke
 	// after the request was sent, so it may have committed. It is false when the
 	// request provably did not commit: it was never sent, or the server answered it
-	// with an error (the statement, its own transaction, rolled back).
+	// with an error (the statement, its own transaction, rolled back), and for a
+	// read (GetRun, ListRuns, GetEvent and the like), which writes nothing.
 	MayHaveCommitted bool
 	// Err is the driver's error.
 	Err error
 
 	start bool // Op is a Start: the message says how to repeat it
+	read  bool // Op is a read: it wrote nothing
 }
 
 // Error names the request, says whether it may have committed and gives the cause.
@@ -82,6 +84,8 @@ func (e *UnavailableError) Error() string {
 		outcome = "the start may have committed; starting again with the same WithID is safe and returns the run if it did"
 	case e.start:
 		outcome = "the start did not commit"
+	case e.read:
+		outcome = "a read: nothing was written"
 	case e.MayHaveCommitted:
 		outcome = "the request may have committed"
 	default:

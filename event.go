@@ -62,7 +62,7 @@ func GetEvent[T any](ctx context.Context, c *Client, runID, key string) (T, erro
 	}
 	raw, err := store.GetEvent(ctx, c.pool, c.ns, id, key)
 	if err != nil {
-		return out, wrapStoreErr("kagzi: get event "+key+" of run "+runID, err)
+		return out, readError("kagzi: get event "+key+" of run "+runID, err)
 	}
 	if raw == nil {
 		return out, fmt.Errorf("%w: run %s has no event %q", errEventNotSet, runID, key)
@@ -75,7 +75,9 @@ func GetEvent[T any](ctx context.Context, c *Client, runID, key string) (T, erro
 
 // WaitEvent waits until the run sets the event key and returns its value, or until
 // timeout (ErrDeadlineExceeded) or ctx ends. It listens for the event's notification
-// and looks again every few seconds in case one was missed.
+// and looks again every few seconds in case one was missed. While the database is
+// unavailable it keeps waiting, looking again, until the timeout or ctx ends (whose
+// error then wraps ErrUnavailable too).
 func WaitEvent[T any](ctx context.Context, c *Client, runID, key string, timeout time.Duration) (T, error) {
 	var zero T
 	if c == nil {
@@ -96,18 +98,32 @@ func WaitEvent[T any](ctx context.Context, c *Client, runID, key string, timeout
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
 	poll := 250 * time.Millisecond
+	var down error // the database was unavailable at the last look
 	for {
 		out, err := GetEvent[T](ctx, c, runID, key)
-		if err == nil || !isNotSet(err) {
+		down = nil
+		switch {
+		case errors.Is(err, ErrUnavailable) && ctx.Err() == nil:
+			// The database is out of reach: the wait rides it out, as Run.Wait does,
+			// looking again until the timeout.
+			down = err
+		case err == nil || !isNotSet(err):
 			return out, err
 		}
 		t := time.NewTimer(poll)
 		select {
 		case <-ctx.Done():
 			t.Stop()
+			if down != nil {
+				return zero, fmt.Errorf("%w (the database was unavailable at the last look: %w)", ctx.Err(), down)
+			}
 			return zero, ctx.Err()
 		case <-deadline.C:
 			t.Stop()
+			if down != nil {
+				return zero, fmt.Errorf("%w: run %s did not set event %q within %v (the database was unavailable at the last look: %w)",
+					ErrDeadlineExceeded, runID, key, timeout, down)
+			}
 			return zero, fmt.Errorf("%w: run %s did not set event %q within %v", ErrDeadlineExceeded, runID, key, timeout)
 		case <-sub.C:
 		case <-t.C:

@@ -188,7 +188,7 @@ func (c *Client) GetLimits(ctx context.Context, workflowType string) (*Limits, e
 	}
 	l, err := store.GetFlowLimits(ctx, c.pool, c.ns, workflowType)
 	if err != nil {
-		return nil, wrapStoreErr("kagzi: get limits of "+workflowType, err)
+		return nil, readError("kagzi: get limits of "+workflowType, err)
 	}
 	out := limitsOf(l)
 	return &out, nil
@@ -199,7 +199,7 @@ func (c *Client) GetLimits(ctx context.Context, workflowType string) (*Limits, e
 func (c *Client) ListLimits(ctx context.Context) ([]Limits, error) {
 	rows, err := store.ListFlowLimits(ctx, c.pool, c.ns)
 	if err != nil {
-		return nil, dbError("kagzi: list limits", err)
+		return nil, readError("kagzi: list limits", err)
 	}
 	out := make([]Limits, len(rows))
 	for i, r := range rows {

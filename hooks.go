@@ -551,7 +551,7 @@ type QueueStat struct {
 func (c *Client) QueueStats(ctx context.Context) ([]QueueStat, error) {
 	rows, err := store.QueueStats(ctx, c.read, c.ns)
 	if err != nil {
-		return nil, dbError("kagzi: queue stats", err)
+		return nil, readError("kagzi: queue stats", err)
 	}
 	out := make([]QueueStat, len(rows))
 	for i, r := range rows {

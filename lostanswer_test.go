@@ -499,3 +499,34 @@ func TestAnEagerStartThatLostItsAnswerIsHandedBackWithoutATakeover(t *testing.T)
 		t.Fatalf("the run was taken over %d times; want handed back, no takeover", takeovers)
 	}
 }
+
+// WaitEvent rides out a read that lost its connection, as Run.Wait does: it looks
+// again, and returns the event once the run sets it. It returned ErrUnavailable at
+// the first broken connection.
+func TestWaitEventRidesOutAReadThatLostItsConnection(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	const key = "lost-read-5c0e77" // carried by the event's reads and its write
+	client, _, proxy := proxiedClient(t, ctx, []string{key})
+	wf := kagzi.Define("lost-read", func(ctx *kagzi.Context, _ struct{}) (int, error) {
+		if err := ctx.Sleep("wait", 500*time.Millisecond); err != nil {
+			return 0, err
+		}
+		return 0, ctx.SetEvent(key, 42)
+	})
+	stop := runWorker(t, client, longLeaseWorker(), wf)
+	defer stop()
+	run, err := kagzi.Start(ctx, client, wf, struct{}{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.armed.Store(true) // WaitEvent's first read loses its connection
+	v, err := kagzi.WaitEvent[int](ctx, client, run.RunID, key, 30*time.Second)
+	if err != nil || v != 42 {
+		t.Fatalf("WaitEvent: %d, %v; want 42 once the run set it", v, err)
+	}
+	if proxy.cuts.Load() != 1 {
+		t.Fatalf("%d answers cut, want 1 (the first read)", proxy.cuts.Load())
+	}
+}

@@ -76,7 +76,7 @@ func (c *Client) ListSignals(ctx context.Context, runID string, o ListOptions) (
 	}
 	rows, err := store.ListSignals(ctx, c.read, c.ns, id, after, limit+1)
 	if err != nil {
-		return nil, wrapStoreErr("kagzi: list signals of run "+runID, err)
+		return nil, readError("kagzi: list signals of run "+runID, err)
 	}
 	page := &SignalPage{Signals: make([]SignalInfo, 0, min(len(rows), limit))}
 	if len(rows) > limit {
@@ -113,7 +113,7 @@ func (c *Client) ListEvents(ctx context.Context, runID string, o ListOptions) (*
 	}
 	rows, err := store.ListEvents(ctx, c.read, c.ns, id, after, limit+1)
 	if err != nil {
-		return nil, wrapStoreErr("kagzi: list events of run "+runID, err)
+		return nil, readError("kagzi: list events of run "+runID, err)
 	}
 	page := &EventPage{Events: make([]EventInfo, 0, min(len(rows), limit))}
 	if len(rows) > limit {

@@ -174,11 +174,11 @@ func (c *Client) GetRun(ctx context.Context, runID string) (*RunInfo, error) {
 	}
 	r, err := store.GetRun(ctx, c.pool, c.ns, id)
 	if err != nil {
-		return nil, wrapStoreErr("kagzi: get run "+runID, err)
+		return nil, readError("kagzi: get run "+runID, err)
 	}
 	info := c.decodeRunInfo(runInfo(r))
 	if info.Hold, err = c.hold(ctx, r); err != nil {
-		return nil, dbError("kagzi: get run "+runID, err)
+		return nil, readError("kagzi: get run "+runID, err)
 	}
 	return &info, nil
 }
@@ -191,11 +191,11 @@ func (c *Client) GetRunByWorkflowID(ctx context.Context, workflowID string) (*Ru
 	}
 	r, err := store.GetRunByWorkflowID(ctx, c.pool, c.ns, workflowID)
 	if err != nil {
-		return nil, wrapStoreErr("kagzi: get run of workflow id "+workflowID, err)
+		return nil, readError("kagzi: get run of workflow id "+workflowID, err)
 	}
 	info := c.decodeRunInfo(runInfo(r))
 	if info.Hold, err = c.hold(ctx, r); err != nil {
-		return nil, dbError("kagzi: get run of workflow id "+workflowID, err)
+		return nil, readError("kagzi: get run of workflow id "+workflowID, err)
 	}
 	return &info, nil
 }
@@ -280,7 +280,7 @@ func (c *Client) listRuns(ctx context.Context, db store.DBTX, f RunFilter) (*Run
 	p.Limit++ // one more tells whether there is a next page
 	runs, err := store.ListRuns(ctx, db, p)
 	if err != nil {
-		return nil, dbError("kagzi: list runs", err)
+		return nil, readError("kagzi: list runs", err)
 	}
 	page := &RunPage{}
 	if len(runs) > want {
@@ -511,7 +511,7 @@ func (c *Client) ListSteps(ctx context.Context, runID string) ([]StepInfo, error
 	}
 	steps, err := store.ListSteps(ctx, c.pool, c.ns, id)
 	if err != nil {
-		return nil, wrapStoreErr("kagzi: list steps of run "+runID, err)
+		return nil, readError("kagzi: list steps of run "+runID, err)
 	}
 	out := make([]StepInfo, 0, len(steps))
 	for _, s := range steps {

@@ -301,7 +301,7 @@ func (c *Client) GetSchedule(ctx context.Context, id string) (*ScheduleInfo, err
 	}
 	row, err := store.GetSchedule(ctx, c.pool, c.ns, id)
 	if err != nil {
-		return nil, wrapStoreErr("kagzi: get schedule "+id, err)
+		return nil, readError("kagzi: get schedule "+id, err)
 	}
 	return c.decodeScheduleInfo(scheduleInfo(row)), nil
 }
@@ -356,7 +356,7 @@ func (c *Client) ListSchedules(ctx context.Context, f ScheduleFilter) (*Schedule
 	p.Limit++ // one more tells whether there is a next page
 	rows, err := store.ListSchedules(ctx, c.read, p)
 	if err != nil {
-		return nil, dbError("kagzi: list schedules", err)
+		return nil, readError("kagzi: list schedules", err)
 	}
 	page := &SchedulePage{Schedules: make([]ScheduleInfo, 0, min(len(rows), want))}
 	if len(rows) > want {

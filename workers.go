@@ -58,7 +58,7 @@ func (c *Client) GetWorker(ctx context.Context, workerID string) (*WorkerInfo, e
 	}
 	w, err := store.GetWorker(ctx, c.pool, c.ns, workerID)
 	if err != nil {
-		return nil, wrapStoreErr("kagzi: get worker "+workerID, err)
+		return nil, readError("kagzi: get worker "+workerID, err)
 	}
 	info := workerInfo(w)
 	return &info, nil
@@ -113,7 +113,7 @@ func (c *Client) ListWorkers(ctx context.Context, f WorkerFilter) (*WorkerPage, 
 	p.Limit++
 	rows, err := store.ListWorkers(ctx, c.read, p)
 	if err != nil {
-		return nil, dbError("kagzi: list workers", err)
+		return nil, readError("kagzi: list workers", err)
 	}
 	page := &WorkerPage{}
 	if len(rows) > want {
