@@ -67,6 +67,8 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 			l.claimNow = l.more
 		case <-w.floorHit:
 			l.claimNow, l.more = true, true
+		case <-w.lostDue:
+			l.claimNow = true // handLostBack goes first
 		case n := <-sub.C:
 			l.notified(n)
 			// Take what else has arrived before claiming: one claim serves every run
@@ -263,11 +265,11 @@ const passedKeysRetry = 20 * time.Millisecond
 // that it got as many runs as it asked for, or had no free slot (a freed slot calls
 // again); report what else the claim said (see store.ClaimReport).
 func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport, err error) {
+	w.handLostBack(ctx)
 	free := w.freeSlots()
 	if free <= 0 {
 		return true, report, nil
 	}
-	w.handLostBack(ctx)
 	began := time.Now()
 	// A claim that reached the database commits whatever happens to ctx afterwards, so
 	// it is never abandoned half way: its runs would stay leased to a worker that

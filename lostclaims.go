@@ -66,6 +66,10 @@ func (w *Worker) lostStart(run uuid.UUID, err error) {
 	w.mu.Lock()
 	w.lostStarts = append(w.lostStarts, store.Fence{RunID: run, Epoch: 1})
 	w.mu.Unlock()
+	select { // the claim loop hands it back now, not at its next poll
+	case w.lostDue <- struct{}{}:
+	default:
+	}
 }
 
 // handLostBack hands back the runs of lost claims and eager starts that are still

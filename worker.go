@@ -95,8 +95,9 @@ type Worker struct {
 	floors, keyFloors *store.Floors
 	// wakeTypes maps the wake topic of each of the worker's types to the type.
 	wakeTypes map[string]string
-	// floorHit tells the claim loop that the floors' probe lowered a floor.
-	floorHit chan struct{}
+	// floorHit tells the claim loop that the floors' probe lowered a floor, lostDue
+	// that an eager start lost its answer (its run may be to hand back).
+	floorHit, lostDue chan struct{}
 }
 
 // idleGoroutineTime is how long a worker keeps a goroutine that has no run to execute.
@@ -118,7 +119,7 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 		db: committer.New(client.pool, 256), ends: committer.New(client.pool, maxEndsBatch),
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
 		active: map[uuid.UUID]*execution{}, finishingHolders: map[uuid.UUID]struct{}{},
-		slotFree: make(chan struct{}, 1), floorHit: make(chan struct{}, 1), wakeTypes: map[string]string{},
+		slotFree: make(chan struct{}, 1), floorHit: make(chan struct{}, 1), lostDue: make(chan struct{}, 1), wakeTypes: map[string]string{},
 		floors: store.NewFloors(), keyFloors: store.NewFloors()}
 	w.ends.GatherWhenBusy(endsGather, endsGatherMin, w.backlog.Load)
 	for _, c := range []*committer.Committer{w.db, w.ends} {
