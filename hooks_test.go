@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/kagzi/kagzi"
 )
 
@@ -544,5 +546,52 @@ func TestNewClientRefusesANilPointerAsHooks(t *testing.T) {
 	var h *pointerHooks
 	if _, err := kagzi.NewClient(e.pool, kagzi.Config{Hooks: h, Logger: quietLogger()}); !errors.Is(err, kagzi.ErrInvalidArgument) {
 		t.Fatalf("NewClient with a nil *pointerHooks: %v, want ErrInvalidArgument", err)
+	}
+}
+
+// Found from outside: with synchronous_commit off for the database, a crash of
+// PostgreSQL lost run ends that Wait had returned. Kagzi leaves the setting to the
+// operator, and a worker says so when it starts.
+func TestAWorkerWarnsWhenItsDatabaseCommitsWithoutWaitingForTheFlush(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var name string
+	if err := e.pool.QueryRow(ctx, `SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	warned := func(off bool) bool {
+		t.Helper()
+		setting := "on"
+		if off {
+			setting = "off"
+		}
+		if _, err := e.pool.Exec(ctx, `ALTER DATABASE "`+name+`" SET synchronous_commit = `+setting); err != nil {
+			t.Fatal(err)
+		}
+		pool, err := pgxpool.New(ctx, e.url) // new sessions take the database's setting
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		var logs syncBuffer
+		c, err := kagzi.NewClient(pool, kagzi.Config{
+			Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		stop := runWorker(t, c, fastWorker(), greet)
+		defer stop()
+		// The worker looks before it registers: once it is registered, it has looked.
+		eventually(t, "the worker to register", func() bool {
+			return countRows(t, pool, `SELECT count(*) FROM kagzi.workers WHERE status = 'ONLINE'`) > 0
+		})
+		return strings.Contains(logs.String(), "synchronous_commit is off")
+	}
+	if !warned(true) {
+		t.Fatal("a worker on a database with synchronous_commit off did not warn")
+	}
+	if warned(false) {
+		t.Fatal("a worker on a database with synchronous_commit on warned")
 	}
 }

@@ -199,6 +199,7 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.checkSchema(ctx); err != nil {
 		return err
 	}
+	w.checkDurability(ctx)
 	if err := w.client.addWorker(w); err != nil {
 		return err
 	}
@@ -312,6 +313,22 @@ func (w *Worker) checkSchema(ctx context.Context) error {
 			"schema_version", current, "library_schema_version", latest)
 	}
 	return nil
+}
+
+// checkDurability warns when the worker's sessions commit without waiting for the
+// WAL's flush (synchronous_commit off for the server, the database or the role): a
+// crash of PostgreSQL then loses the last commits, step records and run ends that a
+// Wait had already returned among them, and the claims' safety (a write recorded
+// under a claim puts the claim on disk: see store.ClaimRuns) no longer holds. Kagzi
+// does not override the setting.
+func (w *Worker) checkDurability(ctx context.Context) {
+	var setting string
+	err := w.client.pool.QueryRow(ctx, `SELECT current_setting('synchronous_commit')`).Scan(&setting)
+	if err == nil && setting == "off" {
+		w.logger.Warn("kagzi: synchronous_commit is off for this database or role: a crash of PostgreSQL may lose "+
+			"the last steps and run ends recorded, results already returned among them; set it on for Kagzi's role",
+			"worker", w.cfg.ID)
+	}
 }
 
 // register records the worker in the registry, ONLINE. The runs the worker holds
