@@ -33,7 +33,7 @@ func SetLivenessKey(ctx context.Context, db DBTX, namespace, workerID string, ke
 // reapDeadWorkersSQL finds the namespace's workers that record a liveness key whose
 // lock no session holds any more (their process died, or lost its connection), marks
 // them OFFLINE, makes their RUNNING runs claimable now (giving their type slots back),
-// and notifies those runs' types.
+// ahead of the runs queued since each first started, and notifies those runs' types.
 // It fences the runs it frees (their lease epoch moves on): a worker taken for dead may
 // be alive (its sessions were terminated), and its writes and heartbeats for those runs
 // must fail from now on, not renew a lease that no limit counts any more.
@@ -53,19 +53,24 @@ WITH held AS (
 	  AND NOT EXISTS (SELECT 1 FROM held h WHERE h.key = w.liveness_key)
 	RETURNING w.worker_id
 ), freed AS (
-	UPDATE kagzi.runs r SET available_at = now(), updated_at = now(), lease_epoch = r.lease_epoch + 1,
+	-- A freed run takes its place in the queue from when it first started, not from
+	-- now: it is work begun, and the claims take it before the runs queued since (a
+	-- run of a type at its concurrency limit was taken over after the whole backlog,
+	-- tens of seconds after the kill).
+	UPDATE kagzi.runs r SET available_at = least(now(), coalesce(r.started_at, r.created_at)), updated_at = now(),
+		lease_epoch = r.lease_epoch + 1,
 		holds_type_slot = false -- fenced: its slot is free at once (see slotGraceSQL)
 	FROM dead d
 	WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = d.worker_id AND r.available_at > now()
 	  AND EXISTS (SELECT 1 FROM dead) -- read no run when no worker died, whichever side the plan joins first
-	RETURNING r.workflow_type
+	RETURNING r.workflow_type, r.available_at
 )
 SELECT (SELECT count(*) FROM dead), (SELECT count(*) FROM freed),
 	EXISTS (SELECT 1 FROM kagzi.workers o WHERE o.namespace = $1 AND o.worker_id <> $2 AND o.status <> 'OFFLINE'
 		AND o.active_runs > 0),
 	(SELECT count(pg_notify('` + Channel + `', 'w|' || octet_length($1::text) || ':' || $1 || '|' || t.workflow_type
-		|| '|' || (extract(epoch FROM now()) * 1000)::bigint))
-	 FROM (SELECT DISTINCT workflow_type FROM freed) t),
+		|| '|' || (extract(epoch FROM t.at) * 1000)::bigint))
+	 FROM (SELECT workflow_type, min(available_at) AS at FROM freed GROUP BY workflow_type) t), -- the time lowers the floors
 	EXISTS (SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
 		AND l.pid = pg_backend_pid() AND ((l.classid::bigint << 32) | l.objid::bigint) = $3)`
 

@@ -102,15 +102,19 @@ func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow, held [][16]byte, 
 			started_at = now(), last_heartbeat_at = now(), stopped_at = NULL
 		RETURNING 1
 		), freed AS (
-			UPDATE kagzi.runs r SET available_at = now(), updated_at = now(), lease_epoch = r.lease_epoch + 1,
+			-- In the queue from when each first started, as a reap frees them (see
+			-- reapDeadWorkersSQL).
+			UPDATE kagzi.runs r SET available_at = least(now(), coalesce(r.started_at, r.created_at)), updated_at = now(),
+				lease_epoch = r.lease_epoch + 1,
 				holds_type_slot = false -- fenced: its slot is free at once (see slotGraceSQL)
 			WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = $2 AND r.available_at > now()
 			  AND r.run_id <> ALL (coalesce($11::uuid[], '{}'))
-			RETURNING r.workflow_type
+			RETURNING r.workflow_type, r.available_at
 		)
 		SELECT (SELECT count(*) FROM reg) + (SELECT count(pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':'
-			|| $1 || '|' || t.workflow_type || '|' || (extract(epoch FROM now()) * 1000)::bigint))
-			FROM (SELECT DISTINCT workflow_type FROM freed) t), EXISTS (SELECT 1 FROM live)`,
+			|| $1 || '|' || t.workflow_type || '|' || (extract(epoch FROM t.at) * 1000)::bigint))
+			FROM (SELECT workflow_type, min(available_at) AS at FROM freed GROUP BY workflow_type) t),
+			EXISTS (SELECT 1 FROM live)`,
 		w.Namespace, w.WorkerID, w.Hostname, w.PID, w.Version, labels, w.WorkflowTypes,
 		w.MaxConcurrent, w.HeartbeatInterval.Milliseconds(), w.WorkflowVersions, held, ownKey).Scan(&freed, &liveBefore)
 	return liveBefore, err

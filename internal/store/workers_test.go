@@ -292,3 +292,39 @@ func TestRegisteringUnderALiveWorkersIDTellsThatItWasLive(t *testing.T) {
 		return false
 	})
 }
+
+// A run freed by a reap is work begun: the claims take it before the runs queued
+// since it first started. Freed at now(), a run of a type at its concurrency limit
+// waited behind the whole backlog (28 s after a kill -9 with 9 runs queued).
+func TestARunFreedByAReapIsClaimedBeforeTheRunsQueuedSinceItStarted(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version,
+		workflow_types, max_concurrent, heartbeat_interval_ms, status, active_runs, liveness_key)
+		VALUES ('default', 'w', 'h', 1, 'v', '{wf}', 10, 1000, 'ONLINE', 1, 4242)`); err != nil {
+		t.Fatal(err)
+	}
+	begun := runningRun(t, pool, 1, false) // locked by w, the dead worker
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET started_at = now() - interval '20 seconds' WHERE run_id = $1`,
+		begun); err != nil {
+		t.Fatal(err)
+	}
+	queued := uuid.New() // started after it, queued since
+	if err := InsertRuns(ctx, pool, "default", "wf", nil, []uuid.UUID{queued}, [][]byte{[]byte(`1`)}, [][]byte{nil},
+		time.Now().Add(-10*time.Second), nil); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := ReapDeadWorkers(ctx, pool, "default", "me", 1); err != nil || r.Runs != 1 {
+		t.Fatalf("reap: %+v, %v; want the dead worker's run", r, err)
+	}
+	claimer := Claimer{Namespace: "default", Types: []string{"wf"}, Versions: []string{""}, WorkerID: "other",
+		Lease: time.Minute, Cursors: map[string]string{}}
+	claimed, _, err := ClaimRuns(ctx, pool, claimer, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(claimed) != 1 || claimed[0].RunID != begun {
+		t.Fatalf("the claim of one run took %+v, want the run begun before the queued one (%s)", claimed, begun)
+	}
+}
