@@ -394,3 +394,52 @@ func TestAStartTimeOrDeadlinePastTheDatabasesRangeLeavesTheCallersTransactionUsa
 		t.Fatalf("%d of the caller's rows and %d runs committed, want 8 and none", orders, runs)
 	}
 }
+
+// A Workflow not made by Define (a variable or struct field never assigned) is refused
+// as Define("", nil) is: found from outside, Start stored runs of workflow type "" and
+// a worker registered it, then panicked on its nil function at the claim.
+func TestAZeroWorkflowIsRefusedByStartStartTxStartManyStartChildAndNewWorker(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var zero kagzi.Workflow[string, string]
+	var holder struct {
+		Flow kagzi.Workflow[string, string]
+	}
+	for name, wf := range map[string]*kagzi.Workflow[string, string]{"a zero variable": &zero, "a zero field": &holder.Flow} {
+		if _, err := kagzi.Start(ctx, e.client, wf, "x"); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("Start of %s: %v, want ErrInvalidArgument", name, err)
+		}
+		if _, err := kagzi.StartMany(ctx, e.client, wf, []string{"x"}); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("StartMany of %s: %v, want ErrInvalidArgument", name, err)
+		}
+		if _, err := kagzi.NewWorker(e.client, fastWorker(), wf); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("NewWorker of %s: %v, want ErrInvalidArgument", name, err)
+		}
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := kagzi.StartTx(ctx, tx, e.client, wf, "x"); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("StartTx of %s: %v, want ErrInvalidArgument", name, err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var childErr error
+	parent := kagzi.Define("zero-child-parent", func(ctx *kagzi.Context, _ int) (string, error) {
+		_, childErr = kagzi.StartChild(ctx, "child", &zero, "x")
+		return "done", nil
+	})
+	runToEnd(t, e, parent)
+	if !errors.Is(childErr, kagzi.ErrInvalidArgument) {
+		t.Errorf("StartChild of a zero Workflow: %v, want ErrInvalidArgument", childErr)
+	}
+	var n int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE workflow_type <> 'zero-child-parent'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d runs of a zero Workflow stored, want none", n)
+	}
+}

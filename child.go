@@ -50,8 +50,8 @@ func StartChild[In, Out any](ctx *Context, name string, wf *Workflow[In, Out], i
 	if wf == nil {
 		return nil, invalidArgument("child %q: nil workflow", name)
 	}
-	if wf.err != nil {
-		return nil, wf.err
+	if err := wf.invalid(); err != nil {
+		return nil, err
 	}
 	var o startOptions
 	for _, opt := range opts {

@@ -149,11 +149,11 @@ func StartTx[In, Out any](ctx context.Context, tx pgx.Tx, c *Client, wf *Workflo
 }
 
 func startTyped[In, Out any](ctx context.Context, c *Client, tx pgx.Tx, wf *Workflow[In, Out], input In, opts []StartOption) (*Run[Out], error) {
-	if c == nil || wf == nil {
-		return nil, invalidArgument("nil client or workflow")
+	if c == nil {
+		return nil, invalidArgument("nil client")
 	}
-	if wf.err != nil {
-		return nil, wf.err
+	if err := wf.invalid(); err != nil {
+		return nil, err
 	}
 	b, err := json.Marshal(input)
 	if err != nil {

@@ -19,11 +19,11 @@ import (
 // hooks (Config.Hooks) are called for each run: every StartBegin before the insert
 // (each run stores the carrier its StartBegin filled), every StartEnd after it.
 func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], inputs []In, opts ...StartOption) ([]*Run[Out], error) {
-	if c == nil || wf == nil {
-		return nil, invalidArgument("nil client or workflow")
+	if c == nil {
+		return nil, invalidArgument("nil client")
 	}
-	if wf.err != nil {
-		return nil, wf.err
+	if err := wf.invalid(); err != nil {
+		return nil, err
 	}
 	o := startOptions{version: &wf.version}
 	for _, opt := range opts {

@@ -50,7 +50,8 @@ func WithWorkflowRetry(r Retry) DefineOption { return func(o *workflowOptions) {
 //
 // A name that is empty, longer than 255 bytes or contains control characters, or a
 // nil fn, makes the definition invalid: Start and NewWorker then return an error
-// wrapping ErrInvalidArgument.
+// wrapping ErrInvalidArgument. A Workflow not made by Define (a zero value, such as a
+// variable or struct field never assigned Define's result) is refused the same way.
 func Define[In, Out any](name string, fn func(ctx *Context, input In) (Out, error), opts ...DefineOption) *Workflow[In, Out] {
 	var o workflowOptions
 	nilOption := false
@@ -85,6 +86,21 @@ func validVersion(v string) error {
 	return nil
 }
 
+// invalid returns why the definition cannot be started or registered (nil: it can):
+// a nil *Workflow, a zero Workflow that Define did not make, or what Define found
+// wrong. Its errors wrap ErrInvalidArgument.
+func (w *Workflow[In, Out]) invalid() error {
+	switch {
+	case w == nil:
+		return invalidArgument("nil workflow")
+	case w.err != nil:
+		return w.err
+	case w.fn == nil: // Define refuses a nil fn in err: this Workflow is a zero value
+		return invalidArgument("a zero Workflow, not made by Define: make workflow definitions with Define")
+	}
+	return nil
+}
+
 // Name returns the workflow type.
 func (w *Workflow[In, Out]) Name() string { return w.name }
 
@@ -110,10 +126,10 @@ type definition struct {
 }
 
 func (w *Workflow[In, Out]) definition() *definition {
-	if w == nil { // a typed nil *Workflow in a Definition
-		return &definition{err: invalidArgument("nil workflow")}
+	if err := w.invalid(); err != nil { // a typed nil *Workflow in a Definition, a zero Workflow
+		return &definition{err: err}
 	}
-	return &definition{name: w.name, version: w.version, err: w.err, retry: w.retry, run: func(ctx *Context, input []byte) ([]byte, error) {
+	return &definition{name: w.name, version: w.version, retry: w.retry, run: func(ctx *Context, input []byte) ([]byte, error) {
 		var in In
 		if err := unmarshalQuiet(input, &in); err != nil {
 			return nil, &detailError{detail: ErrorDetail{
