@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/kagzi/kagzi"
 )
 
@@ -441,5 +443,118 @@ func TestAZeroWorkflowIsRefusedByStartStartTxStartManyStartChildAndNewWorker(t *
 	}
 	if n != 0 {
 		t.Fatalf("%d runs of a zero Workflow stored, want none", n)
+	}
+}
+
+// encoding/json passes the bytes of a json.RawMessage (or a MarshalJSON's result)
+// through unchecked, so a payload may hold bytes that are not UTF-8, which
+// PostgreSQL refuses. They are refused before anything is sent, as a NUL character
+// is: found from outside, StartByNameTx, StartTx and SignalTx sent them, and the
+// database's refusal aborted the caller's transaction with its own rows.
+func TestBytesThatAreNotUTF8AreRefusedBeforeAnythingIsSentAndTheCallersTransactionStaysUsable(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	bad := json.RawMessage("{\"note\":\"\xff\"}")
+	raw := kagzi.Define("raw-utf8", func(ctx *kagzi.Context, in json.RawMessage) (string, error) { return "", nil })
+	target, err := e.client.StartByName(ctx, "raw-utf8", json.RawMessage(`{"note":"ok"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE orders (id int)`); err != nil {
+		t.Fatal(err)
+	}
+	inTx := map[string]func(tx pgx.Tx) error{
+		"StartByNameTx": func(tx pgx.Tx) error { _, err := e.client.StartByNameTx(ctx, tx, "raw-utf8", bad); return err },
+		"StartTx":       func(tx pgx.Tx) error { _, err := kagzi.StartTx(ctx, tx, e.client, raw, bad); return err },
+		"SignalTx":      func(tx pgx.Tx) error { return e.client.SignalTx(ctx, tx, target.RunID, "go", bad) },
+		"StartTx WithAttributes": func(tx pgx.Tx) error {
+			_, err := kagzi.StartTx(ctx, tx, e.client, raw, json.RawMessage(`{}`), kagzi.WithAttributes(map[string]any{"a": bad}))
+			return err
+		},
+	}
+	for name, call := range inTx {
+		tx, err := e.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES (1)`); err != nil {
+			t.Fatal(err)
+		}
+		if err := call(tx); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES (2)`); err != nil {
+			t.Errorf("%s: the caller's transaction after the refused call: %v", name, err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Errorf("%s: commit: %v", name, err)
+		}
+	}
+	outside := map[string]func() error{
+		"StartByName": func() error { _, err := e.client.StartByName(ctx, "raw-utf8", bad); return err },
+		"Start":       func() error { _, err := kagzi.Start(ctx, e.client, raw, bad); return err },
+		"StartMany":   func() error { _, err := kagzi.StartMany(ctx, e.client, raw, []json.RawMessage{bad}); return err },
+		"Signal":      func() error { return e.client.Signal(ctx, target.RunID, "go", bad) },
+		"CreateSchedule": func() error {
+			_, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "s", WorkflowType: "raw-utf8", Cron: "0 * * * *", Input: bad})
+			return err
+		},
+		"ListRuns by attribute": func() error {
+			_, err := e.client.ListRuns(ctx, kagzi.RunFilter{Attributes: map[string]any{"a": bad}})
+			return err
+		},
+	}
+	for name, call := range outside {
+		if err := call(); !errors.Is(err, kagzi.ErrInvalidArgument) {
+			t.Errorf("%s: %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	var orders, runs, signals, schedules int
+	if err := e.pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM orders), (SELECT count(*) FROM kagzi.runs),
+		(SELECT count(*) FROM kagzi.signals), (SELECT count(*) FROM kagzi.schedules)`).Scan(&orders, &runs, &signals, &schedules); err != nil {
+		t.Fatal(err)
+	}
+	if orders != 2*len(inTx) || runs != 1 || signals != 0 || schedules != 0 {
+		t.Fatalf("%d of the caller's rows, %d runs, %d signals and %d schedules committed, want %d, 1 (the signals' target), none and none",
+			orders, runs, signals, schedules, 2*len(inTx))
+	}
+}
+
+// A workflow's own payloads with bytes that are not UTF-8 fail where they are made,
+// as those with a NUL character do: a step's output the step (INVALID_OUTPUT), an
+// event its SetEvent, the run's output the run (INVALID_OUTPUT), none of them retried.
+func TestBytesThatAreNotUTF8InAWorkflowsPayloadsFailTheStepTheEventOrTheRunWithInvalidOutput(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	bad := json.RawMessage("\"\xff\"")
+	var stepErr, eventErr error
+	wf := kagzi.Define("raw-utf8-out", func(ctx *kagzi.Context, _ int) (json.RawMessage, error) {
+		_, stepErr = kagzi.Step(ctx, "s", func(context.Context) (json.RawMessage, error) { return bad, nil })
+		eventErr = ctx.SetEvent("e", bad)
+		return bad, nil
+	})
+	runWorker(t, e.client, fastWorker(), wf)
+	run, err := kagzi.Start(ctx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = run.Wait(ctx)
+	var we *kagzi.WorkflowError
+	if !errors.As(err, &we) || we.Detail.Code != kagzi.CodeInvalidOutput {
+		t.Fatalf("a run whose output is not UTF-8: %v, want a WorkflowError with code %s", err, kagzi.CodeInvalidOutput)
+	}
+	var se *kagzi.StepError
+	if !errors.As(stepErr, &se) || se.Detail.Code != kagzi.CodeInvalidOutput || !se.Detail.NonRetryable {
+		t.Errorf("a step whose output is not UTF-8: %v, want a non-retryable StepError with code %s", stepErr, kagzi.CodeInvalidOutput)
+	}
+	if !errors.Is(eventErr, kagzi.ErrInvalidArgument) || !errors.Is(eventErr, kagzi.ErrNonRetryable) {
+		t.Errorf("SetEvent of a value that is not UTF-8: %v, want ErrInvalidArgument and NonRetryable", eventErr)
+	}
+	info, err := e.client.GetRun(ctx, run.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Attempt != 1 {
+		t.Errorf("the run ended at attempt %d, want 1", info.Attempt)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -220,9 +221,16 @@ func inputCodecError(run *store.ClaimedRun, err error) error {
 		Message: fmt.Sprintf("input of run %s cannot be read: %v", run.RunID, err)}}
 }
 
-// encodeRunOutput applies the codec to a run's output; its error fails the run at
-// once (INVALID_OUTPUT). The size limit is checked by the caller, on what this returns.
+// encodeRunOutput applies the codec to a run's output, or without one checks that
+// PostgreSQL can store it (storableJSON); its error fails the run at once
+// (INVALID_OUTPUT). The size limit is checked by the caller, on what this returns.
 func (c *payloads) encodeRunOutput(run *store.ClaimedRun, out []byte) ([]byte, error) {
+	if c.codec == nil {
+		if why := unstorable(out); why != "" {
+			return nil, &detailError{detail: ErrorDetail{Code: CodeInvalidOutput, NonRetryable: true,
+				Subject: run.WorkflowType, Message: fmt.Sprintf("output of run %s %s", run.RunID, why)}}
+		}
+	}
 	enc, err := c.encode(out)
 	if err != nil {
 		return nil, &detailError{detail: ErrorDetail{Code: CodeInvalidOutput, NonRetryable: true,
@@ -231,14 +239,29 @@ func (c *payloads) encodeRunOutput(run *store.ClaimedRun, out []byte) ([]byte, e
 	return enc, nil
 }
 
-// storableJSON refuses JSON that PostgreSQL's jsonb cannot hold: a string with a NUL
-// character (the escape \u0000). The error wraps ErrInvalidArgument and names what.
-// (A codec's envelope holds base64 only.)
+// storableJSON refuses JSON that PostgreSQL's jsonb cannot hold (see unstorable).
+// The error wraps ErrInvalidArgument and names what. (A codec's envelope holds base64
+// only.)
 func storableJSON(what string, b []byte) error {
-	if jsonHasNUL(b) {
-		return invalidArgument("%s holds a NUL character (\\u0000 in its JSON), which PostgreSQL cannot store", what)
+	if why := unstorable(b); why != "" {
+		return invalidArgument("%s %s", what, why)
 	}
 	return nil
+}
+
+// unstorable says why PostgreSQL's jsonb cannot hold valid JSON b, "" when it can: a
+// string with a NUL character (the escape \u0000), or bytes that are not UTF-8
+// (encoding/json lets them through in a json.RawMessage or a MarshalJSON's result).
+// PostgreSQL would refuse the whole statement, aborting the transaction it was part
+// of, so they are refused before anything is sent.
+func unstorable(b []byte) string {
+	switch {
+	case jsonHasNUL(b):
+		return "holds a NUL character (\\u0000 in its JSON), which PostgreSQL cannot store"
+	case !utf8.Valid(b):
+		return "holds bytes that are not UTF-8, which PostgreSQL cannot store"
+	}
+	return ""
 }
 
 // jsonHasNUL reports whether valid JSON b has a string with a NUL character.

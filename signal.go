@@ -52,7 +52,10 @@ func (c *Client) Signal(ctx context.Context, runID, name string, payload any, op
 // ends: keep tx short, as the run's worker waits for it to write the run. In a
 // REPEATABLE READ or SERIALIZABLE transaction, a run whose row changed after tx's
 // snapshot (a heartbeat, a step's end) makes the signal fail with PostgreSQL's
-// serialization failure (SQLSTATE 40001): roll back and retry the transaction.
+// serialization failure (SQLSTATE 40001): roll back and retry the transaction. An
+// invalid run id, name, option or payload (one PostgreSQL cannot store too: a NUL
+// character, bytes that are not UTF-8) is refused with ErrInvalidArgument before
+// anything is sent, so the transaction stays usable.
 func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, runID, name string, payload any, opts ...SignalOption) error {
 	if tx == nil {
 		return invalidArgument("nil transaction")

@@ -134,7 +134,8 @@ func Start[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], i
 
 // StartTx is Start inside the caller's transaction: the run exists, and workers hear
 // of it, only if tx commits. Use it to start a workflow atomically with the
-// application's own writes. Invalid options and inputs are refused before anything
+// application's own writes. Invalid options and inputs (inputs PostgreSQL cannot
+// store too: a NUL character, bytes that are not UTF-8) are refused before anything
 // is sent, so the transaction stays usable. In a REPEATABLE READ or SERIALIZABLE
 // transaction, a start whose WithID another transaction took after tx's snapshot was
 // taken fails with PostgreSQL's serialization failure (a *pgconn.PgError, SQLSTATE
@@ -169,16 +170,20 @@ func startTyped[In, Out any](ctx context.Context, c *Client, tx pgx.Tx, wf *Work
 }
 
 // StartByName starts a run of the workflow type name, for callers that do not have
-// its Go definition at hand. It reports an unavailable database as Start does. input is encoded with encoding/json (a json.RawMessage
-// is stored as it is, once checked to be valid JSON). The type need not be
-// registered by any worker yet: the run waits PENDING until a worker for it runs,
-// and the client logs a warning the first time it starts such a type (RequireWorker
-// makes it an error instead).
+// its Go definition at hand. It reports an unavailable database as Start does. input
+// is encoded with encoding/json (a json.RawMessage is stored as it is, once checked to
+// be valid JSON that PostgreSQL can store: UTF-8 without NUL characters; else
+// ErrInvalidArgument, nothing sent). The type need not be registered by any worker
+// yet: the run waits PENDING until a worker for it runs, and the client logs a
+// warning the first time it starts such a type (RequireWorker makes it an error
+// instead).
 func (c *Client) StartByName(ctx context.Context, workflowType string, input any, opts ...StartOption) (*Run[json.RawMessage], error) {
 	return c.startByName(ctx, nil, workflowType, input, opts)
 }
 
-// StartByNameTx is StartByName inside the caller's transaction.
+// StartByNameTx is StartByName inside the caller's transaction. As under StartTx,
+// invalid options and inputs are refused before anything is sent, so the transaction
+// stays usable.
 func (c *Client) StartByNameTx(ctx context.Context, tx pgx.Tx, workflowType string, input any, opts ...StartOption) (*Run[json.RawMessage], error) {
 	if tx == nil {
 		return nil, invalidArgument("nil transaction")
