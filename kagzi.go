@@ -342,10 +342,19 @@ func (c *Client) connectDirect(ctx context.Context) (conn *pgx.Conn, err error) 
 }
 
 // Close closes the client's LISTEN connection, which otherwise stays open for 30
-// seconds after the last worker or Wait using it stopped. The pool is
-// the application's and stays open. A closed client may be used again: the
-// connection reopens when needed.
-func (c *Client) Close() { c.notifier.Close() }
+// seconds after the last worker or Wait using it stopped (retrying to connect, all
+// that time, to a database that went away), and ends the goroutines that share its
+// starts' commits (which otherwise end after 10 seconds without a start). It returns
+// once they and the goroutine that listened have ended: the client then holds no
+// goroutine and no connection of its own. Call it once the client's workers have
+// stopped: it stops the listening under them too (their notifications and liveness
+// locks), whoever still uses it. The pool is the application's and stays open. A
+// closed client may be used again: the connection and the goroutines come back when
+// needed.
+func (c *Client) Close() {
+	c.notifier.Close()
+	c.starts.EndIdle()
+}
 
 // Namespace returns the client's namespace.
 func (c *Client) Namespace() string { return c.ns }

@@ -19,7 +19,9 @@
 // KAGZI_DATABASE_URL or DATABASE_URL names (else postgres@127.0.0.1:5432), cloned
 // from a template that holds Kagzi's migrated schema, and drops it when the test
 // ends; tests using it can run in parallel. Options.Pool uses a pool of yours instead
-// (migrated by New), in a namespace of the Env's own.
+// (migrated by New), in a namespace of the Env's own. When the test ends, before the
+// database is dropped, the Env stops its worker and closes its client (see
+// kagzi.Client.Close): no goroutine or connection of the Env outlives its test.
 //
 // # Time
 //
@@ -175,6 +177,9 @@ func NewWithOptions(t testing.TB, o Options, workflows ...kagzi.Definition) *Env
 		t.Fatalf("kagzitest: %v", err)
 	}
 	e.Client = client
+	// Registered after the database's own cleanup, so it runs before the database is
+	// dropped: the worker stops and the client's connection closes while they can.
+	t.Cleanup(e.stop)
 	for _, wf := range workflows {
 		e.names[wf.Name()] = true
 	}
@@ -182,7 +187,6 @@ func NewWithOptions(t testing.TB, o Options, workflows ...kagzi.Definition) *Env
 		if err := e.startWorker(); err != nil {
 			t.Fatalf("kagzitest: %v", err)
 		}
-		t.Cleanup(e.stop)
 	}
 	return e
 }
@@ -549,7 +553,9 @@ func (e *Env) restart() {
 	}
 }
 
-// stop stops the worker for good, when the test ends.
+// stop stops the worker for good and closes the client, when the test ends: nothing
+// of the Env's outlives its test (its client's LISTEN connection would otherwise
+// linger, retrying against the dropped database).
 func (e *Env) stop() {
 	e.restarting.Lock()
 	defer e.restarting.Unlock()
@@ -563,4 +569,5 @@ func (e *Env) stop() {
 			e.T.Errorf("kagzitest: worker: %v", err)
 		}
 	}
+	e.Client.Close()
 }

@@ -64,6 +64,15 @@ type Committer struct {
 	running int
 	pending int
 	idle    time.Duration
+	// demand is the senders of RunOnDemand started since the last EndIdle (nil:
+	// none yet). Guarded by mu.
+	demand *demand
+}
+
+// demand is a generation of RunOnDemand's senders, which EndIdle ends.
+type demand struct {
+	quit chan struct{} // closed by EndIdle
+	wg   sync.WaitGroup
 }
 
 // SetupMergedBatches makes every batch that holds a merged statement run sql first,
@@ -174,7 +183,7 @@ func (c *Committer) Run(ctx context.Context, senders int) {
 	for range senders {
 		go func() {
 			defer func() { done <- struct{}{} }()
-			c.send(ctx)
+			c.send(ctx, nil)
 		}()
 	}
 	for range senders {
@@ -199,9 +208,31 @@ func (c *Committer) arrive() {
 	c.pending++
 	for c.running < c.want {
 		c.running++
-		go c.send(context.Background())
+		if c.demand == nil {
+			c.demand = &demand{quit: make(chan struct{})}
+		}
+		d := c.demand
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			c.send(context.Background(), d.quit)
+		}()
 	}
 	c.mu.Unlock()
+}
+
+// EndIdle ends the senders of RunOnDemand, each as soon as no request is about to be
+// queued (at once when none is under way), and returns when they have ended. A
+// request that comes later starts senders again.
+func (c *Committer) EndIdle() {
+	c.mu.Lock()
+	d := c.demand
+	c.demand = nil
+	c.mu.Unlock()
+	if d != nil {
+		close(d.quit)
+		d.wg.Wait()
+	}
 }
 
 func (c *Committer) leave() {
@@ -222,7 +253,9 @@ func (c *Committer) idleEnd() bool {
 	return true
 }
 
-func (c *Committer) send(ctx context.Context) {
+// send sends batches until ctx is done or, for a sender of RunOnDemand, until it is
+// idle, or quit is closed (EndIdle) and no request is about to be queued.
+func (c *Committer) send(ctx context.Context, quit <-chan struct{}) {
 	batch := make([]*request, 0, c.maxBatch)
 	var last time.Time // when this sender's last batch went
 	hold := false      // whether the next batch waits until gather after it
@@ -244,6 +277,11 @@ func (c *Committer) send(ctx context.Context) {
 			}
 			busy = false
 			continue
+		case <-quit:
+			if c.idleEnd() {
+				return
+			}
+			continue // a request is about to be queued: take it first
 		case r := <-c.reqs:
 			batch = append(batch, r)
 			busy = true

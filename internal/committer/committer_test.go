@@ -408,3 +408,50 @@ func TestALockedRequestSeesWhatTheLocksHolderCommitted(t *testing.T) {
 		}
 	}
 }
+
+// EndIdle ends the senders RunOnDemand started before it returns (a Client's Close,
+// so that a closed client holds no goroutine), and later requests start them again.
+func TestEndIdleEndsTheOnDemandSendersBeforeItReturnsAndLaterRequestsStartThemAgain(t *testing.T) {
+	t.Parallel()
+	url := testdb.New(t)
+	pool, err := pgxpool.New(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	if _, err := pool.Exec(context.Background(), `CREATE TABLE t (id int PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	c := committer.New(pool, 64)
+	c.RunOnDemand(2, time.Hour) // idle senders would outlive the test but for EndIdle
+	next := 0
+	insertMany := func() {
+		t.Helper()
+		var wg sync.WaitGroup
+		errs := make(chan error, 50)
+		for range 50 {
+			next++
+			id := next
+			wg.Go(func() {
+				errs <- c.QueryRow(context.Background(), `INSERT INTO t VALUES ($1) RETURNING id`, id).Scan(new(int))
+			})
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for round := range 3 {
+		for c.Senders() == 0 { // concurrent requests: some go through senders
+			insertMany()
+		}
+		c.EndIdle()
+		if n := c.Senders(); n != 0 {
+			t.Fatalf("round %d: %d senders after EndIdle, want none", round, n)
+		}
+	}
+	c.EndIdle() // none to end
+}

@@ -57,6 +57,9 @@ type Notifier struct {
 	lingers *time.Timer        // stops an idle listener
 	wake    context.CancelFunc // interrupts the listener's wait for a notification
 	dirty   bool               // keepers changed since the listener last looked at them
+	// ended is closed when the last listener started has returned (its connection
+	// closed, its keepers told); nil: none was started.
+	ended chan struct{}
 }
 
 // A Keeper keeps session state on the notifier's connection: the liveness lock of a
@@ -163,8 +166,12 @@ func (n *Notifier) use() {
 	}
 	if n.stop == nil && n.connect != nil {
 		ctx, cancel := context.WithCancel(context.Background())
-		n.stop = cancel
-		go n.listen(ctx)
+		ended := make(chan struct{})
+		n.stop, n.ended = cancel, ended
+		go func() {
+			defer close(ended)
+			n.listen(ctx)
+		}()
 	}
 }
 
@@ -209,10 +216,12 @@ func (s *Subscription) Close() {
 	})
 }
 
-// Close stops the listener at once, whatever its subscribers.
+// Close stops the listener at once, whatever its subscribers, and returns once it
+// has returned: its connection is closed and its keepers were told (Lost). A listener
+// that stopped lingering is waited for too. A later Subscribe or Keep starts a new
+// one. It must not be called from a Keeper's method (the listener's goroutine).
 func (n *Notifier) Close() {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.lingers != nil {
 		n.lingers.Stop()
 		n.lingers = nil
@@ -220,6 +229,11 @@ func (n *Notifier) Close() {
 	if n.stop != nil {
 		n.stop()
 		n.stop = nil
+	}
+	ended := n.ended
+	n.mu.Unlock()
+	if ended != nil {
+		<-ended
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -260,5 +261,39 @@ func TestTheListenerKeepsNothingPerNotificationWhileAKeeperIsRegistered(t *testi
 	}
 	if grew := int64(heapObjects()) - int64(before); grew > 5000 {
 		t.Fatalf("the heap grew by %d objects over 20,000 notifications, want none kept per notification", grew)
+	}
+}
+
+// Close returns once the listener has ended, its connection closed: a client closed
+// before its database goes away (a test's, dropped) leaves nothing behind that would
+// try to reconnect.
+func TestCloseReturnsOnceTheListenerEndedAndClosedItsConnection(t *testing.T) {
+	t.Parallel()
+	url := testdb.New(t)
+	var conns []*pgx.Conn
+	var mu sync.Mutex
+	n := notifier.New(func(ctx context.Context) (*pgx.Conn, error) {
+		conn, err := pgx.Connect(ctx, url)
+		if err == nil {
+			mu.Lock()
+			conns = append(conns, conn)
+			mu.Unlock()
+		}
+		return conn, err
+	}, "kagzi", slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for round := range 2 { // a closed notifier listens again for its next subscriber
+		sub := n.Subscribe("d|run")
+		select {
+		case <-sub.C: // "connected: look again"
+		case <-time.After(10 * time.Second):
+			t.Fatal("no connected signal")
+		}
+		n.Close()
+		mu.Lock()
+		if len(conns) != round+1 || !conns[round].IsClosed() {
+			t.Errorf("round %d: Close returned with %d connections made, the last still open", round, len(conns))
+		}
+		mu.Unlock()
+		sub.Close()
 	}
 }
