@@ -79,6 +79,9 @@ func (r *BulkResult) skipped(reason BulkSkipReason) {
 // f.PageSize is ignored; f.PageToken must be empty. On an error it returns what it
 // did so far with the error. f.OldestFirst is ignored too: the walk is newest first.
 func (c *Client) CancelRuns(ctx context.Context, f RunFilter) (BulkResult, error) {
+	if err := c.usable("CancelRuns"); err != nil {
+		return BulkResult{}, err
+	}
 	return c.bulk(ctx, "cancel", f, func(ids []uuid.UUID) ([]store.BulkOutcome, error) {
 		return store.CancelRuns(ctx, c.pool, c.ns, ids)
 	}, c.cancelOne, cancelOutcome)
@@ -92,6 +95,9 @@ func (c *Client) CancelRuns(ctx context.Context, f RunFilter) (BulkResult, error
 //
 // It walks and batches the matches as CancelRuns does, with the same guarantees.
 func (c *Client) RerunRuns(ctx context.Context, f RunFilter) (BulkResult, error) {
+	if err := c.usable("RerunRuns"); err != nil {
+		return BulkResult{}, err
+	}
 	return c.bulk(ctx, "rerun", f, func(ids []uuid.UUID) ([]store.BulkOutcome, error) {
 		return store.RerunRuns(ctx, c.pool, c.ns, ids)
 	}, c.rerunOne, rerunOutcome)

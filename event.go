@@ -50,8 +50,8 @@ func (c *Context) SetEvent(key string, value any) error {
 // ErrNotFound when the run does not exist or has not set the event.
 func GetEvent[T any](ctx context.Context, c *Client, runID, key string) (T, error) {
 	var out T
-	if c == nil {
-		return out, invalidArgument("GetEvent: nil client")
+	if err := c.usable("GetEvent"); err != nil {
+		return out, err
 	}
 	id, err := parseRunID(runID)
 	if err != nil {
@@ -80,8 +80,8 @@ func GetEvent[T any](ctx context.Context, c *Client, runID, key string) (T, erro
 // error then wraps ErrUnavailable too).
 func WaitEvent[T any](ctx context.Context, c *Client, runID, key string, timeout time.Duration) (T, error) {
 	var zero T
-	if c == nil {
-		return zero, invalidArgument("WaitEvent: nil client")
+	if err := c.usable("WaitEvent"); err != nil {
+		return zero, err
 	}
 	id, err := parseRunID(runID)
 	if err != nil {

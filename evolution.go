@@ -20,6 +20,9 @@ import (
 // debounced run leaves its debounce when rerun (RunInfo.DebounceKey is empty after):
 // later starts of its debounce key start or join another run.
 func (c *Client) Rerun(ctx context.Context, runID string) error {
+	if err := c.usable("Rerun"); err != nil {
+		return err
+	}
 	id, err := parseRunID(runID)
 	if err != nil {
 		return err
@@ -62,6 +65,9 @@ type ForkOptions struct {
 // origin's child: when a copied StartChild's child is still running and its result is
 // not among the copied steps, Fork returns ErrInvalidArgument and starts nothing.
 func (c *Client) Fork(ctx context.Context, runID, fromStep string, o ForkOptions) (*Run[json.RawMessage], error) {
+	if err := c.usable("Fork"); err != nil {
+		return nil, err
+	}
 	id, err := parseRunID(runID)
 	if err != nil {
 		return nil, err

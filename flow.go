@@ -162,6 +162,9 @@ const lateHoldersWait = 2 * time.Second
 // those of claims under way meanwhile (SetLimits waits up to 2 s for them). Invalid limits (negative, over MaxLimit, a rate without a period in
 // MinRatePeriod..MaxRatePeriod or not a whole number of milliseconds, none at all) are ErrInvalidArgument and change nothing.
 func (c *Client) SetLimits(ctx context.Context, l Limits) (*Limits, error) {
+	if err := c.usable("SetLimits"); err != nil {
+		return nil, err
+	}
 	if err := l.validate(); err != nil {
 		return nil, err
 	}
@@ -183,6 +186,9 @@ func (c *Client) SetLimits(ctx context.Context, l Limits) (*Limits, error) {
 
 // GetLimits reads the limits of a workflow type; ErrNotFound when it has none.
 func (c *Client) GetLimits(ctx context.Context, workflowType string) (*Limits, error) {
+	if err := c.usable("GetLimits"); err != nil {
+		return nil, err
+	}
 	if err := validName("workflow type", workflowType); err != nil {
 		return nil, err
 	}
@@ -197,6 +203,9 @@ func (c *Client) GetLimits(ctx context.Context, workflowType string) (*Limits, e
 // ListLimits lists the limits of every workflow type of the client's namespace that
 // has some, by type.
 func (c *Client) ListLimits(ctx context.Context) ([]Limits, error) {
+	if err := c.usable("ListLimits"); err != nil {
+		return nil, err
+	}
 	rows, err := store.ListFlowLimits(ctx, c.pool, c.ns)
 	if err != nil {
 		return nil, readError("kagzi: list limits", err)
@@ -211,6 +220,9 @@ func (c *Client) ListLimits(ctx context.Context) ([]Limits, error) {
 // DeleteLimits removes the limits of a workflow type: its runs are claimed as fast as
 // workers have slots. ErrNotFound when it had none.
 func (c *Client) DeleteLimits(ctx context.Context, workflowType string) error {
+	if err := c.usable("DeleteLimits"); err != nil {
+		return err
+	}
 	if err := validName("workflow type", workflowType); err != nil {
 		return err
 	}

@@ -25,8 +25,8 @@ func RunOf[Out any](c *Client, runID string) *Run[Out] {
 // any request or process; see RunOf. It reads the run: ErrNotFound when the id has
 // none in the client's namespace.
 func RunOfWorkflow[Out any](ctx context.Context, c *Client, workflowID string) (*Run[Out], error) {
-	if c == nil {
-		return nil, invalidArgument("RunOfWorkflow: nil client")
+	if err := c.usable("RunOfWorkflow"); err != nil {
+		return nil, err
 	}
 	info, err := c.GetRunByWorkflowID(ctx, workflowID)
 	if err != nil {

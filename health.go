@@ -72,9 +72,15 @@ const readPoolPingTimeout = time.Second
 // worker can take. Use it for readiness and liveness probes. It takes no lock: the
 // schema version is read with a plain query of goose's version table (none: version
 // 0), so a migration in progress elsewhere does not hold it up, and it creates nothing.
+// Of a nil or zero Client it reports DatabaseError (ErrInvalidArgument's text), not
+// healthy.
 func (c *Client) Health(ctx context.Context) *HealthReport {
 	h := &HealthReport{}
 	h.LatestSchemaVersion, _ = schema.Latest()
+	if err := c.usable("Health"); err != nil {
+		h.DatabaseError = err.Error()
+		return h
+	}
 	c.mu.Lock()
 	for w := range c.workers {
 		lh := LocalWorkerHealth{ID: w.cfg.ID, ActiveRuns: w.beat().ActiveRuns, AbandonedSteps: w.abandoned.Load()}

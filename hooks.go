@@ -549,6 +549,9 @@ type QueueStat struct {
 // scrape, not for a hot path.
 // With Config.ReadPool it reads from it (a replica may lag the primary).
 func (c *Client) QueueStats(ctx context.Context) ([]QueueStat, error) {
+	if err := c.usable("QueueStats"); err != nil {
+		return nil, err
+	}
 	rows, err := store.QueueStats(ctx, c.read, c.ns)
 	if err != nil {
 		return nil, readError("kagzi: queue stats", err)

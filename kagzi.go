@@ -117,7 +117,10 @@ const DefaultRetention = 30 * 24 * time.Hour
 const DefaultArchiveAfter = 15 * time.Minute
 
 // Client starts, reads and cancels runs in one namespace. It is safe for concurrent
-// use; create one per namespace and share it.
+// use; create one per namespace and share it. Make it with NewClient: every method
+// (and function taking a Client) that can fail refuses a nil Client, or a zero one,
+// with an error wrapping ErrInvalidArgument; the others return their zero value
+// (Close does nothing).
 type Client struct {
 	// id tells this client's registration as a waiter for run ends from others'
 	// (see waiters.go).
@@ -308,13 +311,28 @@ func connections(pool *pgxpool.Pool, noDirect bool) int {
 	return n
 }
 
+// usable refuses a nil Client, or one not made by NewClient (a zero value, which has
+// no pool), with ErrInvalidArgument naming the call op. Every exported method that
+// can fail calls it first: a nil check, on every path.
+func (c *Client) usable(op string) error {
+	if c == nil || c.pool == nil {
+		return invalidArgument("%s: a nil or zero Client (make one with NewClient)", op)
+	}
+	return nil
+}
+
 // Connections returns the most connections the client opens: its pool's MaxConns,
 // plus 1 for its direct connection (the LISTEN connection, which also holds its
 // workers' liveness locks) unless Config.DisableDirectConn. Its workers add none.
 // Config.ReadPool's connections are not counted. A process's share of the server's
 // max_connections is the sum over its clients (clients sharing a pool count its
-// MaxConns once); see docs/deployment.md.
-func (c *Client) Connections() int { return connections(c.pool, c.noDirect) }
+// MaxConns once); see docs/deployment.md. A nil or zero Client opens none: 0.
+func (c *Client) Connections() int {
+	if c.usable("Connections") != nil {
+		return 0
+	}
+	return connections(c.pool, c.noDirect)
+}
 
 // connectDirect opens the client's direct connection (not the pool's): the LISTEN
 // connection, which also holds its workers' liveness locks. Its configuration is
@@ -350,14 +368,23 @@ func (c *Client) connectDirect(ctx context.Context) (conn *pgx.Conn, err error) 
 // stopped: it stops the listening under them too (their notifications and liveness
 // locks), whoever still uses it. The pool is the application's and stays open. A
 // closed client may be used again: the connection and the goroutines come back when
-// needed.
+// needed. Close of a nil or zero Client, which holds nothing, does nothing.
 func (c *Client) Close() {
+	if c.usable("Close") != nil {
+		return
+	}
 	c.notifier.Close()
 	c.starts.EndIdle()
 }
 
-// Namespace returns the client's namespace.
-func (c *Client) Namespace() string { return c.ns }
+// Namespace returns the client's namespace ("" for a nil or zero Client, which has
+// none).
+func (c *Client) Namespace() string {
+	if c.usable("Namespace") != nil {
+		return ""
+	}
+	return c.ns
+}
 
 // Migrate applies Kagzi's schema migrations (the goose files in the migrations
 // package) to the database of pool. It applies them itself, as goose would (Kagzi

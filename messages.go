@@ -56,6 +56,9 @@ type EventPage struct {
 // not, in the order they were sent. A run of another namespace is ErrNotFound.
 // With Config.ReadPool it reads from it (a replica may lag the primary).
 func (c *Client) ListSignals(ctx context.Context, runID string, o ListOptions) (*SignalPage, error) {
+	if err := c.usable("ListSignals"); err != nil {
+		return nil, err
+	}
 	id, err := parseRunID(runID)
 	if err != nil {
 		return nil, err
@@ -97,6 +100,9 @@ func (c *Client) ListSignals(ctx context.Context, runID string, o ListOptions) (
 // each with its latest value. A run of another namespace is ErrNotFound.
 // With Config.ReadPool it reads from it (a replica may lag the primary).
 func (c *Client) ListEvents(ctx context.Context, runID string, o ListOptions) (*EventPage, error) {
+	if err := c.usable("ListEvents"); err != nil {
+		return nil, err
+	}
 	id, err := parseRunID(runID)
 	if err != nil {
 		return nil, err

@@ -168,6 +168,9 @@ func parseRunID(runID string) (uuid.UUID, error) {
 // GetRun reads a run of the client's namespace. A run of another namespace is
 // ErrNotFound.
 func (c *Client) GetRun(ctx context.Context, runID string) (*RunInfo, error) {
+	if err := c.usable("GetRun"); err != nil {
+		return nil, err
+	}
 	id, err := parseRunID(runID)
 	if err != nil {
 		return nil, err
@@ -186,6 +189,9 @@ func (c *Client) GetRun(ctx context.Context, runID string) (*RunInfo, error) {
 // GetRunByWorkflowID reads the run of a workflow id: the active one if there is one,
 // else the newest.
 func (c *Client) GetRunByWorkflowID(ctx context.Context, workflowID string) (*RunInfo, error) {
+	if err := c.usable("GetRunByWorkflowID"); err != nil {
+		return nil, err
+	}
 	if err := validName("workflow id", workflowID); err != nil {
 		return nil, err
 	}
@@ -266,6 +272,9 @@ type RunPage struct {
 //
 // With Config.ReadPool, ListRuns reads from it (a replica may lag the primary).
 func (c *Client) ListRuns(ctx context.Context, f RunFilter) (*RunPage, error) {
+	if err := c.usable("ListRuns"); err != nil {
+		return nil, err
+	}
 	return c.listRuns(ctx, c.read, f)
 }
 
@@ -505,6 +514,9 @@ type AttemptInfo struct {
 // recorded, each with every attempt. A step that is running now, and has not
 // finished an attempt yet, is not listed.
 func (c *Client) ListSteps(ctx context.Context, runID string) ([]StepInfo, error) {
+	if err := c.usable("ListSteps"); err != nil {
+		return nil, err
+	}
 	id, err := parseRunID(runID)
 	if err != nil {
 		return nil, err
@@ -533,6 +545,9 @@ func (c *Client) ListSteps(ctx context.Context, runID string) ([]StepInfo, error
 // completion that races with the cancel loses. Cancelling a CANCELLED run is a no-op;
 // cancelling a COMPLETED or FAILED one returns ErrRunFinished and changes nothing.
 func (c *Client) Cancel(ctx context.Context, runID string) error {
+	if err := c.usable("Cancel"); err != nil {
+		return err
+	}
 	return c.cancel(ctx, c.pool, runID)
 }
 
@@ -540,6 +555,9 @@ func (c *Client) Cancel(ctx context.Context, runID string) error {
 // worker and waiters hear of it, only if tx commits. Until then the transaction holds
 // the run's row lock, so the run's own writes wait for it.
 func (c *Client) CancelTx(ctx context.Context, tx pgx.Tx, runID string) error {
+	if err := c.usable("CancelTx"); err != nil {
+		return err
+	}
 	if tx == nil {
 		return invalidArgument("nil transaction")
 	}

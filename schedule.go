@@ -275,6 +275,9 @@ func validScheduleID(id string) error {
 // with what is wrong, and an id that is taken ErrAlreadyExists; neither writes
 // anything. Schedulers hear of the new schedule at once.
 func (c *Client) CreateSchedule(ctx context.Context, s Schedule) (*ScheduleInfo, error) {
+	if err := c.usable("CreateSchedule"); err != nil {
+		return nil, err
+	}
 	d, spec, err := c.validSchedule(s)
 	if err != nil {
 		return nil, err
@@ -296,6 +299,9 @@ func (c *Client) CreateSchedule(ctx context.Context, s Schedule) (*ScheduleInfo,
 
 // GetSchedule reads a schedule of the client's namespace; ErrNotFound if there is none.
 func (c *Client) GetSchedule(ctx context.Context, id string) (*ScheduleInfo, error) {
+	if err := c.usable("GetSchedule"); err != nil {
+		return nil, err
+	}
 	if err := validScheduleID(id); err != nil {
 		return nil, err
 	}
@@ -332,6 +338,9 @@ type SchedulePage struct {
 // ListSchedules lists the namespace's schedules by id, a page at a time.
 // With Config.ReadPool it reads from it (a replica may lag the primary).
 func (c *Client) ListSchedules(ctx context.Context, f ScheduleFilter) (*SchedulePage, error) {
+	if err := c.usable("ListSchedules"); err != nil {
+		return nil, err
+	}
 	if f.WorkflowType == "" {
 		f.WorkflowType = f.Workflow
 	}
@@ -376,6 +385,9 @@ func (c *Client) ListSchedules(ctx context.Context, f ScheduleFilter) (*Schedule
 // resumes it without back-fill (as ResumeSchedule). Invalid input returns
 // ErrInvalidArgument and changes nothing; an unknown id returns ErrNotFound.
 func (c *Client) UpdateSchedule(ctx context.Context, s Schedule) (*ScheduleInfo, error) {
+	if err := c.usable("UpdateSchedule"); err != nil {
+		return nil, err
+	}
 	d, spec, err := c.validSchedule(s)
 	if err != nil {
 		return nil, err
@@ -408,6 +420,9 @@ func (c *Client) UpdateSchedule(ctx context.Context, s Schedule) (*ScheduleInfo,
 // alone (they keep its id, see RunFilter.ScheduleID). An unknown id returns
 // ErrNotFound.
 func (c *Client) DeleteSchedule(ctx context.Context, id string) error {
+	if err := c.usable("DeleteSchedule"); err != nil {
+		return err
+	}
 	if err := validScheduleID(id); err != nil {
 		return err
 	}
@@ -418,6 +433,9 @@ func (c *Client) DeleteSchedule(ctx context.Context, id string) error {
 // by OverlapBufferOne is dropped. Pausing a paused schedule changes nothing; an
 // unknown id returns ErrNotFound.
 func (c *Client) PauseSchedule(ctx context.Context, id string) error {
+	if err := c.usable("PauseSchedule"); err != nil {
+		return err
+	}
 	if err := validScheduleID(id); err != nil {
 		return err
 	}
@@ -428,6 +446,9 @@ func (c *Client) PauseSchedule(ctx context.Context, id string) error {
 // first one after now; the ticks it missed while paused never fire. Resuming an
 // active schedule changes nothing; an unknown id returns ErrNotFound.
 func (c *Client) ResumeSchedule(ctx context.Context, id string) error {
+	if err := c.usable("ResumeSchedule"); err != nil {
+		return err
+	}
 	if err := validScheduleID(id); err != nil {
 		return err
 	}
@@ -454,6 +475,9 @@ func (c *Client) ResumeSchedule(ctx context.Context, id string) error {
 // ScheduleTick); its workflow id is "<schedule id>@trigger/<run id>". The schedule's
 // next tick does not move. An unknown id returns ErrNotFound.
 func (c *Client) TriggerSchedule(ctx context.Context, id string) (*Run[json.RawMessage], error) {
+	if err := c.usable("TriggerSchedule"); err != nil {
+		return nil, err
+	}
 	if err := validScheduleID(id); err != nil {
 		return nil, err
 	}

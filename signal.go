@@ -44,6 +44,9 @@ func SignalKey(key string) SignalOption {
 // wakes at once. Signalling a finished run returns ErrRunFinished and stores nothing
 // (unless SignalKey finds the signal already stored).
 func (c *Client) Signal(ctx context.Context, runID, name string, payload any, opts ...SignalOption) error {
+	if err := c.usable("Signal"); err != nil {
+		return err
+	}
 	return c.signal(ctx, c.pool, runID, name, payload, opts, false)
 }
 
@@ -57,6 +60,9 @@ func (c *Client) Signal(ctx context.Context, runID, name string, payload any, op
 // character, bytes that are not UTF-8) is refused with ErrInvalidArgument before
 // anything is sent, so the transaction stays usable.
 func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, runID, name string, payload any, opts ...SignalOption) error {
+	if err := c.usable("SignalTx"); err != nil {
+		return err
+	}
 	if tx == nil {
 		return invalidArgument("nil transaction")
 	}
@@ -68,6 +74,9 @@ func (c *Client) SignalTx(ctx context.Context, tx pgx.Tx, runID, name string, pa
 // on to the run that took over the workflow id: a workflow id that always has an
 // active run never gives ErrRunFinished.
 func (c *Client) SignalWorkflow(ctx context.Context, workflowID, name string, payload any, opts ...SignalOption) error {
+	if err := c.usable("SignalWorkflow"); err != nil {
+		return err
+	}
 	if err := validName("workflow id", workflowID); err != nil {
 		return err
 	}

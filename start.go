@@ -143,6 +143,9 @@ func Start[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], i
 // transaction. Under READ COMMITTED (PostgreSQL's default) the start returns that run
 // with AlreadyExists instead.
 func StartTx[In, Out any](ctx context.Context, tx pgx.Tx, c *Client, wf *Workflow[In, Out], input In, opts ...StartOption) (*Run[Out], error) {
+	if err := c.usable("StartTx"); err != nil {
+		return nil, err
+	}
 	if tx == nil {
 		return nil, invalidArgument("nil transaction")
 	}
@@ -150,8 +153,8 @@ func StartTx[In, Out any](ctx context.Context, tx pgx.Tx, c *Client, wf *Workflo
 }
 
 func startTyped[In, Out any](ctx context.Context, c *Client, tx pgx.Tx, wf *Workflow[In, Out], input In, opts []StartOption) (*Run[Out], error) {
-	if c == nil {
-		return nil, invalidArgument("nil client")
+	if err := c.usable("Start"); err != nil {
+		return nil, err
 	}
 	if err := wf.invalid(); err != nil {
 		return nil, err
@@ -178,6 +181,9 @@ func startTyped[In, Out any](ctx context.Context, c *Client, tx pgx.Tx, wf *Work
 // warning the first time it starts such a type (RequireWorker makes it an error
 // instead).
 func (c *Client) StartByName(ctx context.Context, workflowType string, input any, opts ...StartOption) (*Run[json.RawMessage], error) {
+	if err := c.usable("StartByName"); err != nil {
+		return nil, err
+	}
 	return c.startByName(ctx, nil, workflowType, input, opts)
 }
 
@@ -185,6 +191,9 @@ func (c *Client) StartByName(ctx context.Context, workflowType string, input any
 // invalid options and inputs are refused before anything is sent, so the transaction
 // stays usable.
 func (c *Client) StartByNameTx(ctx context.Context, tx pgx.Tx, workflowType string, input any, opts ...StartOption) (*Run[json.RawMessage], error) {
+	if err := c.usable("StartByNameTx"); err != nil {
+		return nil, err
+	}
 	if tx == nil {
 		return nil, invalidArgument("nil transaction")
 	}
@@ -491,7 +500,10 @@ func (c *Client) warnNoWorker(workflowType string, version *string) {
 func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 	var zero Out
 	if r == nil || r.client == nil {
-		return zero, invalidArgument("Wait on a nil or zero Run; get one from Start, RunOf or RunOfWorkflow")
+		return zero, invalidArgument("Wait on a nil or zero Run, or on one of a nil Client; get one from Start, RunOf or RunOfWorkflow")
+	}
+	if err := r.client.usable("Wait"); err != nil {
+		return zero, err
 	}
 	id, err := uuid.Parse(r.RunID)
 	if err != nil {

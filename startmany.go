@@ -19,8 +19,8 @@ import (
 // hooks (Config.Hooks) are called for each run: every StartBegin before the insert
 // (each run stores the carrier its StartBegin filled), every StartEnd after it.
 func StartMany[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], inputs []In, opts ...StartOption) ([]*Run[Out], error) {
-	if c == nil {
-		return nil, invalidArgument("nil client")
+	if err := c.usable("StartMany"); err != nil {
+		return nil, err
 	}
 	if err := wf.invalid(); err != nil {
 		return nil, err

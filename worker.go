@@ -20,7 +20,9 @@ import (
 )
 
 // Worker claims and executes runs of the workflow types it registered, in its
-// client's namespace. Start it with Run.
+// client's namespace. Make it with NewWorker and start it with Run, which refuses a
+// nil or zero Worker with ErrInvalidArgument (its other methods then return their
+// zero value).
 type Worker struct {
 	client   *Client
 	cfg      WorkerConfig
@@ -106,8 +108,8 @@ const idleGoroutineTime = 10 * time.Second
 // NewWorker returns a worker for the given workflows. Each workflow type may be
 // registered once.
 func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Worker, error) {
-	if client == nil {
-		return nil, invalidArgument("nil client")
+	if err := client.usable("NewWorker"); err != nil {
+		return nil, err
 	}
 	if len(workflows) == 0 {
 		return nil, invalidArgument("a worker needs at least one workflow")
@@ -143,24 +145,59 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 	return w, nil
 }
 
-// ID returns the worker's id.
-func (w *Worker) ID() string { return w.cfg.ID }
+// usable refuses a nil Worker, or one not made by NewWorker (a zero value, which has
+// no client), with ErrInvalidArgument naming the call op.
+func (w *Worker) usable(op string) error {
+	if w == nil || w.client == nil {
+		return invalidArgument("%s: a nil or zero Worker (make one with NewWorker)", op)
+	}
+	return nil
+}
+
+// ID returns the worker's id ("" for a nil or zero Worker, which has none).
+func (w *Worker) ID() string {
+	if w.usable("ID") != nil {
+		return ""
+	}
+	return w.cfg.ID
+}
 
 // PrunedRuns returns how many finished runs this worker deleted under the client's
-// Retention.
-func (w *Worker) PrunedRuns() int64 { return w.pruned.Load() }
+// Retention (0 for a nil or zero Worker).
+func (w *Worker) PrunedRuns() int64 {
+	if w.usable("PrunedRuns") != nil {
+		return 0
+	}
+	return w.pruned.Load()
+}
 
 // ArchivedRuns returns how many finished runs this worker moved into the history
-// (see Config.ArchiveAfter).
-func (w *Worker) ArchivedRuns() int64 { return w.archived.Load() }
+// (see Config.ArchiveAfter; 0 for a nil or zero Worker).
+func (w *Worker) ArchivedRuns() int64 {
+	if w.usable("ArchivedRuns") != nil {
+		return 0
+	}
+	return w.archived.Load()
+}
 
 // DroppedHistoryPartitions returns how many history partitions (one per table and
-// day) this worker dropped under the retention.
-func (w *Worker) DroppedHistoryPartitions() int64 { return w.historyDropped.Load() }
+// day) this worker dropped under the retention (0 for a nil or zero Worker).
+func (w *Worker) DroppedHistoryPartitions() int64 {
+	if w.usable("DroppedHistoryPartitions") != nil {
+		return 0
+	}
+	return w.historyDropped.Load()
+}
 
 // AbandonedSteps returns how many step goroutines this worker abandoned because they
-// ignored their timeout (see WithTimeout). They may still be running.
-func (w *Worker) AbandonedSteps() int64 { return w.abandoned.Load() }
+// ignored their timeout (see WithTimeout). They may still be running. 0 for a nil or
+// zero Worker.
+func (w *Worker) AbandonedSteps() int64 {
+	if w.usable("AbandonedSteps") != nil {
+		return 0
+	}
+	return w.abandoned.Load()
+}
 
 // Run claims and executes runs until ctx is done, then drains: it stops claiming,
 // waits up to DrainTimeout for running workflows to finish, and hands the runs still
@@ -168,13 +205,16 @@ func (w *Worker) AbandonedSteps() int64 { return w.abandoned.Load() }
 // attempts do not count). It returns nil after a drain; an error when it cannot start
 // (ErrSchemaNotMigrated: the schema is not migrated, or older than this library's;
 // ErrAlreadyExists: another running worker of the client has its ID;
-// ErrInvalidArgument: the worker is already running); and ErrClosed when the pool is
-// closed under it.
+// ErrInvalidArgument: the worker is already running, or is nil or a zero Worker not
+// made by NewWorker); and ErrClosed when the pool is closed under it.
 //
 // Claims are batched to the free slots; new runs, wake times and cancels arrive by
 // LISTEN/NOTIFY on one connection per Client (see NewClient), timers wake the worker
 // for known wake times, and it polls every PollInterval only as a fallback.
 func (w *Worker) Run(ctx context.Context) error {
+	if err := w.usable("Run"); err != nil {
+		return err
+	}
 	if !w.running.CompareAndSwap(false, true) {
 		return invalidArgument("worker %s is already running (Run was called again before it returned)", w.cfg.ID)
 	}

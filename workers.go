@@ -53,6 +53,9 @@ func workerInfo(w store.WorkerRow) WorkerInfo {
 
 // GetWorker reads a worker of the client's namespace from the registry.
 func (c *Client) GetWorker(ctx context.Context, workerID string) (*WorkerInfo, error) {
+	if err := c.usable("GetWorker"); err != nil {
+		return nil, err
+	}
 	if err := validName("worker id", workerID); err != nil {
 		return nil, err
 	}
@@ -84,6 +87,9 @@ type WorkerPage struct {
 // ListWorkers lists the workers of the client's namespace from the registry.
 // With Config.ReadPool it reads from it (a replica may lag the primary).
 func (c *Client) ListWorkers(ctx context.Context, f WorkerFilter) (*WorkerPage, error) {
+	if err := c.usable("ListWorkers"); err != nil {
+		return nil, err
+	}
 	p := store.ListWorkersParams{Namespace: c.ns, WorkflowType: f.WorkflowType, Limit: f.PageSize}
 	var err error
 	if f.WorkflowType != "" {
