@@ -148,6 +148,13 @@ func TestBadFlagValuesExitTwoAndFailuresOfTheDatabaseExitOne(t *testing.T) {
 		{[]string{"serve-admin", "--token", "   "}, "blank"},
 		{[]string{"schedules", "show", "bad\tid"}, "control character"},
 		{[]string{"schedules", "pause", strings.Repeat("x", 201)}, "longer than"},
+		// Found from outside: the limits commands exited 1 for a TYPE that is no name.
+		{[]string{"limits", "get", ""}, "empty workflow type"},
+		{[]string{"limits", "get", "bad\ttype"}, "control character"},
+		{[]string{"limits", "set", "", "--concurrency", "1"}, "empty workflow type"},
+		{[]string{"limits", "set", "bad\ttype", "--concurrency", "1"}, "control character"},
+		{[]string{"limits", "delete", ""}, "empty workflow type"},
+		{[]string{"limits", "delete", strings.Repeat("x", 256)}, "longer than"},
 	} {
 		r := kagziCmd(t, f.url, c.args...)
 		if r.code != 2 || !strings.Contains(r.stderr, c.want) || !strings.Contains(r.stderr, "kagzi help") {

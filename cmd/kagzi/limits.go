@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/kagzi/kagzi"
 )
@@ -63,7 +66,8 @@ func (a *app) limitsGet(ctx context.Context, args []string) error {
 	defer pool.Close()
 	l, err := client.GetLimits(ctx, pos[0])
 	if err != nil {
-		return notFound(err, "workflow type "+pos[0]+" has no limits in namespace "+a.namespace)
+		// A TYPE that is no valid name is a usage error (exit 2), refused before asking.
+		return notFound(refusedUnasked(fs.Name(), pool, err), "workflow type "+pos[0]+" has no limits in namespace "+a.namespace)
 	}
 	if a.json {
 		return a.printJSON(limitsOf(l))
@@ -93,6 +97,11 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 	defer pool.Close()
 	set, err := client.SetLimits(ctx, l)
 	if err != nil {
+		if invalidName(l.WorkflowType) {
+			// A TYPE that is no valid name is a usage error (exit 2), refused before
+			// asking; limits the library refuses stay a failure (exit 1).
+			return refusedUnasked(fs.Name(), pool, err)
+		}
 		return err
 	}
 	if a.json {
@@ -114,7 +123,8 @@ func (a *app) limitsDelete(ctx context.Context, args []string) error {
 	}
 	defer pool.Close()
 	if err := client.DeleteLimits(ctx, pos[0]); err != nil {
-		return notFound(err, "workflow type "+pos[0]+" has no limits in namespace "+a.namespace)
+		// A TYPE that is no valid name is a usage error (exit 2), refused before asking.
+		return notFound(refusedUnasked(fs.Name(), pool, err), "workflow type "+pos[0]+" has no limits in namespace "+a.namespace)
 	}
 	if a.json {
 		return a.printJSON(struct {
@@ -123,6 +133,13 @@ func (a *app) limitsDelete(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(a.stdout, "limits of %s deleted\n", pos[0])
 	return nil
+}
+
+// invalidName tells whether the library refuses s as a workflow type (or namespace,
+// or id): empty, longer than 255 bytes, not UTF-8, or holding a control character. It
+// only tells which of the library's refusals is a usage error: the library decides.
+func invalidName(s string) bool {
+	return s == "" || len(s) > 255 || !utf8.ValidString(s) || strings.ContainsFunc(s, unicode.IsControl)
 }
 
 func (a *app) printLimits(all ...kagzi.Limits) {
