@@ -364,7 +364,9 @@ func (c *Client) connectDirect(ctx context.Context) (conn *pgx.Conn, err error) 
 // that time, to a database that went away), and ends the goroutines that share its
 // starts' commits (which otherwise end after 10 seconds without a start). It returns
 // once they and the goroutine that listened have ended: the client then holds no
-// goroutine and no connection of its own. Call it once the client's workers have
+// goroutine and no connection of its own (starts made meanwhile keep their
+// goroutines busy: Close waits for them at most a second, and they end once the
+// starts stop). Call it once the client's workers have
 // stopped: it stops the listening under them too (their notifications and liveness
 // locks), whoever still uses it. The pool is the application's and stays open. A
 // closed client may be used again: the connection and the goroutines come back when

@@ -222,18 +222,35 @@ func (c *Committer) arrive() {
 }
 
 // EndIdle ends the senders of RunOnDemand, each as soon as no request is about to be
-// queued (at once when none is under way), and returns when they have ended. A
+// queued (at once when none is under way), and returns when they have ended, or after
+// endIdleWait while requests keep them busy (they end once the requests stop). A
 // request that comes later starts senders again.
 func (c *Committer) EndIdle() {
 	c.mu.Lock()
 	d := c.demand
 	c.demand = nil
 	c.mu.Unlock()
-	if d != nil {
-		close(d.quit)
+	if d == nil {
+		return
+	}
+	close(d.quit)
+	ended := make(chan struct{})
+	go func() {
 		d.wg.Wait()
+		close(ended)
+	}()
+	// Senders still busy with requests that keep coming end once these stop; the
+	// caller is not held for them longer than endIdleWait.
+	t := time.NewTimer(endIdleWait)
+	defer t.Stop()
+	select {
+	case <-ended:
+	case <-t.C:
 	}
 }
+
+// endIdleWait bounds how long EndIdle waits for senders busy with requests.
+const endIdleWait = time.Second
 
 func (c *Committer) leave() {
 	c.mu.Lock()
@@ -265,7 +282,8 @@ func (c *Committer) send(ctx context.Context, quit <-chan struct{}) {
 		defer t.Stop()
 		idle = t.C
 	}
-	busy := false // whether a request came since the last tick
+	busy := false     // whether a request came since the last tick
+	quitting := false // quit was closed: end as soon as no request is about to come
 	for {
 		batch = batch[:0]
 		select {
@@ -281,7 +299,11 @@ func (c *Committer) send(ctx context.Context, quit <-chan struct{}) {
 			if c.idleEnd() {
 				return
 			}
-			continue // a request is about to be queued: take it first
+			// A request is about to be queued: take it first, and end after the
+			// batch that carries it if no other is under way (not selecting quit
+			// again, which stays closed: the loop would spin until the request came).
+			quit, quitting = nil, true
+			continue
 		case r := <-c.reqs:
 			batch = append(batch, r)
 			busy = true
@@ -306,6 +328,9 @@ func (c *Committer) send(ctx context.Context, quit <-chan struct{}) {
 			c.holdUntil.Store(last.Add(c.gather).UnixNano())
 		}
 		c.commit(ctx, batch)
+		if quitting && c.idleEnd() {
+			return
+		}
 	}
 }
 
