@@ -102,6 +102,12 @@ type WorkerConfig struct {
 	// a run whose step kills its process (os.Exit, an out-of-memory kill, a crash in
 	// cgo) would otherwise be taken over for ever. Hand-backs of a graceful shutdown
 	// are not takeovers. Default DefaultMaxTakeovers; negative: no limit.
+	//
+	// Every takeover counts, whatever its cause: the runs executing beside a run that
+	// kills its process die with it, are taken over as often, and fail with it (as do
+	// runs whose leases pass during database outages longer than the lease, over and
+	// over). Run code that may crash its process (cgo, unbounded memory) in workers of
+	// their own process, or raise the limit where crash loops are expected.
 	MaxTakeovers int
 }
 
