@@ -188,6 +188,25 @@ func assertNotTakenOver(t *testing.T, ctx context.Context, pool *pgxpool.Pool, r
 	}
 }
 
+// assertCutOnce fails the test unless the cutter cut exactly one answer, what's.
+func (p *answerCutter) assertCutOnce(t *testing.T, what string) {
+	t.Helper()
+	if n := p.cuts.Load(); n != 1 {
+		t.Fatalf("%d answers cut, want 1 (%s)", n, what)
+	}
+}
+
+// awaitResult waits up to 40 s for the run's result and fails the test unless it is
+// want.
+func awaitResult[Out comparable](t *testing.T, ctx context.Context, run *kagzi.Run[Out], want Out) {
+	t.Helper()
+	wctx, cancel := context.WithTimeout(ctx, 40*time.Second)
+	defer cancel()
+	if out, err := run.Wait(wctx); err != nil || out != want {
+		t.Fatalf("result %v, %v; want %v", out, err, want)
+	}
+}
+
 // leaseCounts returns how many times the run was taken over, and its lease epoch.
 func leaseCounts(t *testing.T, ctx context.Context, pool *pgxpool.Pool, runID string) (takeovers, epoch int) {
 	t.Helper()
@@ -241,9 +260,7 @@ func TestAStepRecordWhoseAnswerTheConnectionLostIsNotTriedAgainForEver(t *testin
 	if err != nil || out != "ab" {
 		t.Fatalf("result %q, %v; want \"ab\"", out, err)
 	}
-	if proxy.cuts.Load() != 1 {
-		t.Fatalf("%d answers cut, want 1 (the step's record)", proxy.cuts.Load())
-	}
+	proxy.assertCutOnce(t, "the step's record")
 	assertNotTakenOver(t, ctx, pool, run.RunID)
 	if first.Load() != 1 || second.Load() != 1 {
 		t.Fatalf("step bodies ran %d and %d times, want once each", first.Load(), second.Load())
@@ -290,9 +307,7 @@ func TestASignalTakeWhoseAnswerTheConnectionLostLosesNoSignal(t *testing.T) {
 	if err != nil || out != 12 {
 		t.Fatalf("result %d, %v; want 12 (the signals 1 then 2)", out, err)
 	}
-	if proxy.cuts.Load() != 1 {
-		t.Fatalf("%d answers cut, want 1 (the signal take)", proxy.cuts.Load())
-	}
+	proxy.assertCutOnce(t, "the signal take")
 	assertNotTakenOver(t, ctx, pool, run.RunID)
 }
 
@@ -337,15 +352,9 @@ func TestARunEndWhoseAnswerTheConnectionLostIsReportedAsItsEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, wcancel := context.WithTimeout(ctx, 40*time.Second)
-	defer wcancel()
-	if out, err := run.Wait(wctx); err != nil || out != marker {
-		t.Fatalf("result %q, %v; want %q", out, err, marker)
-	}
+	awaitResult(t, ctx, run, marker)
 	stop()
-	if proxy.cuts.Load() != 1 {
-		t.Fatalf("%d answers cut, want 1 (the run's end)", proxy.cuts.Load())
-	}
+	proxy.assertCutOnce(t, "the run's end")
 	assertNotTakenOver(t, ctx, pool, run.RunID)
 	hooks.mu.Lock()
 	defer hooks.mu.Unlock()
@@ -382,15 +391,9 @@ func TestAContinueAsNewWhoseAnswerTheConnectionLostIsReportedAsItsEnd(t *testing
 	if err != nil {
 		t.Fatal(err)
 	}
-	wctx, wcancel := context.WithTimeout(ctx, 40*time.Second)
-	defer wcancel()
-	if out, err := run.Wait(wctx); err != nil || out != marker {
-		t.Fatalf("result %q, %v; want %q", out, err, marker)
-	}
+	awaitResult(t, ctx, run, marker)
 	stop()
-	if proxy.cuts.Load() != 1 {
-		t.Fatalf("%d answers cut, want 1 (the continue)", proxy.cuts.Load())
-	}
+	proxy.assertCutOnce(t, "the continue")
 	assertNotTakenOver(t, ctx, pool, run.RunID)
 	var next string
 	if err := pool.QueryRow(ctx, `SELECT continued_as_run_id::text FROM kagzi.runs WHERE run_id = $1`,
@@ -450,9 +453,7 @@ func TestARunWhoseClaimLostItsAnswerIsHandedBackWithoutATakeover(t *testing.T) {
 	if out, err := run.Wait(wctx); err != nil || out != "ran" {
 		t.Fatalf("result %q, %v; want \"ran\"", out, err)
 	}
-	if proxy.cuts.Load() != 1 {
-		t.Fatalf("%d answers cut, want 1 (the claim)", proxy.cuts.Load())
-	}
+	proxy.assertCutOnce(t, "the claim")
 	if takeovers, _ := leaseCounts(t, ctx, pool, run.RunID); takeovers != 0 || ran.Load() != 1 {
 		t.Fatalf("the run was taken over %d times and ran %d times; want handed back (no takeover), run once",
 			takeovers, ran.Load())
@@ -490,11 +491,7 @@ func TestAnEagerStartThatLostItsAnswerIsHandedBackWithoutATakeover(t *testing.T)
 	if err != nil || !run.AlreadyExists {
 		t.Fatalf("the start again: %+v, %v; want the run the first one committed", run, err)
 	}
-	wctx, wcancel := context.WithTimeout(ctx, 40*time.Second)
-	defer wcancel()
-	if out, err := run.Wait(wctx); err != nil || out != input {
-		t.Fatalf("result %q, %v; want %q", out, err, input)
-	}
+	awaitResult(t, ctx, run, input)
 	if takeovers, _ := leaseCounts(t, ctx, pool, run.RunID); takeovers != 0 {
 		t.Fatalf("the run was taken over %d times; want handed back, no takeover", takeovers)
 	}
@@ -526,7 +523,5 @@ func TestWaitEventRidesOutAReadThatLostItsConnection(t *testing.T) {
 	if err != nil || v != 42 {
 		t.Fatalf("WaitEvent: %d, %v; want 42 once the run set it", v, err)
 	}
-	if proxy.cuts.Load() != 1 {
-		t.Fatalf("%d answers cut, want 1 (the first read)", proxy.cuts.Load())
-	}
+	proxy.assertCutOnce(t, "the first read")
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi/internal/testdb"
 )
@@ -148,11 +149,7 @@ func TestAReapFencesTheRunsItFreesSoTheirWorkerIfAliveCanNeitherWriteNorRenewThe
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version,
-		workflow_types, max_concurrent, heartbeat_interval_ms, status, active_runs, liveness_key)
-		VALUES ('default', 'w', 'h', 1, 'v', '{wf}', 10, 1000, 'ONLINE', 1, 4242)`); err != nil {
-		t.Fatal(err)
-	}
+	deadWorker(t, pool)
 	run := runningRun(t, pool, 1, false) // locked by w, epoch 1
 	r, err := ReapDeadWorkers(ctx, pool, "default", "me", 1)
 	if err != nil || r.Workers != 1 || r.Runs != 1 {
@@ -300,11 +297,7 @@ func TestARunFreedByAReapIsClaimedBeforeTheRunsQueuedSinceItStarted(t *testing.T
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
-	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid, version,
-		workflow_types, max_concurrent, heartbeat_interval_ms, status, active_runs, liveness_key)
-		VALUES ('default', 'w', 'h', 1, 'v', '{wf}', 10, 1000, 'ONLINE', 1, 4242)`); err != nil {
-		t.Fatal(err)
-	}
+	deadWorker(t, pool)
 	begun := runningRun(t, pool, 1, false) // locked by w, the dead worker
 	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET started_at = now() - interval '20 seconds' WHERE run_id = $1`,
 		begun); err != nil {
@@ -326,5 +319,16 @@ func TestARunFreedByAReapIsClaimedBeforeTheRunsQueuedSinceItStarted(t *testing.T
 	}
 	if len(claimed) != 1 || claimed[0].RunID != begun {
 		t.Fatalf("the claim of one run took %+v, want the run begun before the queued one (%s)", claimed, begun)
+	}
+}
+
+// deadWorker registers worker w, ONLINE with a liveness key no session holds: a
+// reap finds it dead.
+func deadWorker(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	if _, err := pool.Exec(context.Background(), `INSERT INTO kagzi.workers (namespace, worker_id, hostname, pid,
+		version, workflow_types, max_concurrent, heartbeat_interval_ms, status, active_runs, liveness_key)
+		VALUES ('default', 'w', 'h', 1, 'v', '{wf}', 10, 1000, 'ONLINE', 1, 4242)`); err != nil {
+		t.Fatal(err)
 	}
 }
