@@ -421,11 +421,14 @@ func TestRunsStartedCountsTheRunsAWorkflowContinuedAs(t *testing.T) {
 	}
 	var rm metricdata.ResourceMetrics
 	typ := map[attribute.Key]string{kagziotel.AttrWorkflowType: "countdown"}
-	eventually(t, "the three executions to be counted", func() bool {
+	// An execution's end is counted in several instruments one after another: a
+	// collection can fall between them, so the wait is for all of them.
+	eventually(t, "the three executions and their runs to be counted", func() bool {
 		if err := reader.Collect(ctx, &rm); err != nil {
 			t.Fatal(err)
 		}
-		return sum(rm, "kagzi.executions", typ) == 3
+		return sum(rm, "kagzi.executions", typ) == 3 && sum(rm, "kagzi.runs.completed", typ) == 3 &&
+			sum(rm, "kagzi.runs.started", typ) == 3
 	})
 	if started, completed := sum(rm, "kagzi.runs.started", typ), sum(rm, "kagzi.runs.completed", typ); started != 3 || completed != 3 {
 		t.Fatalf("runs started %v, completed %v; want 3 and 3", started, completed)
