@@ -33,7 +33,8 @@ func SetLivenessKey(ctx context.Context, db DBTX, namespace, workerID string, ke
 // reapDeadWorkersSQL finds the namespace's workers that record a liveness key whose
 // lock no session holds any more (their process died, or lost its connection), marks
 // them OFFLINE, makes their RUNNING runs claimable now (giving their type slots back),
-// ahead of the runs queued since each first started, and notifies those runs' types.
+// back in their places in the queue (ahead of the runs started after them), and
+// notifies those runs' types.
 // It fences the runs it frees (their lease epoch moves on): a worker taken for dead may
 // be alive (its sessions were terminated), and its writes and heartbeats for those runs
 // must fail from now on, not renew a lease that no limit counts any more.
@@ -53,11 +54,11 @@ WITH held AS (
 	  AND NOT EXISTS (SELECT 1 FROM held h WHERE h.key = w.liveness_key)
 	RETURNING w.worker_id
 ), freed AS (
-	-- A freed run takes its place in the queue from when it first started, not from
-	-- now: it is work begun, and the claims take it before the runs queued since (a
-	-- run of a type at its concurrency limit was taken over after the whole backlog,
-	-- tens of seconds after the kill).
-	UPDATE kagzi.runs r SET available_at = least(now(), coalesce(r.started_at, r.created_at)), updated_at = now(),
+	-- A freed run takes back its place in the queue, from its start (its creation, less
+	-- its priority), not from now: it is work begun, and the claims take it before the
+	-- runs queued after it (a run of a type at its concurrency limit was taken over
+	-- after the whole backlog, tens of seconds after the kill).
+	UPDATE kagzi.runs r SET available_at = least(now(), r.created_at - r.priority * interval '1 second'), updated_at = now(),
 		lease_epoch = r.lease_epoch + 1,
 		holds_type_slot = false -- fenced: its slot is free at once (see slotGraceSQL)
 	FROM dead d

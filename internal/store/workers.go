@@ -102,9 +102,9 @@ func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow, held [][16]byte, 
 			started_at = now(), last_heartbeat_at = now(), stopped_at = NULL
 		RETURNING 1
 		), freed AS (
-			-- In the queue from when each first started, as a reap frees them (see
+			-- Back in their places in the queue, as a reap frees them (see
 			-- reapDeadWorkersSQL).
-			UPDATE kagzi.runs r SET available_at = least(now(), coalesce(r.started_at, r.created_at)), updated_at = now(),
+			UPDATE kagzi.runs r SET available_at = least(now(), r.created_at - r.priority * interval '1 second'), updated_at = now(),
 				lease_epoch = r.lease_epoch + 1,
 				holds_type_slot = false -- fenced: its slot is free at once (see slotGraceSQL)
 			WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = $2 AND r.available_at > now()

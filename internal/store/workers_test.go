@@ -290,20 +290,21 @@ func TestRegisteringUnderALiveWorkersIDTellsThatItWasLive(t *testing.T) {
 	})
 }
 
-// A run freed by a reap is work begun: the claims take it before the runs queued
-// since it first started. Freed at now(), a run of a type at its concurrency limit
-// waited behind the whole backlog (28 s after a kill -9 with 9 runs queued).
-func TestARunFreedByAReapIsClaimedBeforeTheRunsQueuedSinceItStarted(t *testing.T) {
+// A run freed by a reap is work begun: it takes back its place in the queue, and the
+// claims take it before the runs started after it. Freed at now(), a run of a type at
+// its concurrency limit waited behind the whole backlog (28 s after a kill -9 with 9
+// runs queued).
+func TestARunFreedByAReapIsClaimedBeforeTheRunsStartedAfterIt(t *testing.T) {
 	t.Parallel()
 	pool, _ := testdb.NewPool(t)
 	ctx := context.Background()
 	deadWorker(t, pool)
 	begun := runningRun(t, pool, 1, false) // locked by w, the dead worker
-	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET started_at = now() - interval '20 seconds' WHERE run_id = $1`,
-		begun); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET created_at = now() - interval '20 seconds',
+		started_at = now() - interval '1 second' WHERE run_id = $1`, begun); err != nil {
 		t.Fatal(err)
 	}
-	queued := uuid.New() // started after it, queued since
+	queued := uuid.New() // started after it, queued since (and claimable before the reap)
 	if err := InsertRuns(ctx, pool, "default", "wf", nil, []uuid.UUID{queued}, [][]byte{[]byte(`1`)}, [][]byte{nil},
 		time.Now().Add(-10*time.Second), nil); err != nil {
 		t.Fatal(err)
