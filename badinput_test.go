@@ -224,6 +224,51 @@ func TestConcurrentStartsOfAnIDWithIDReuseNeverStartItOnceWhileItsRunEndsAtOnce(
 	}
 }
 
+// Found in review: a start in the caller's transaction took the id's lock and held it
+// to the caller's commit, so starts of the id waited for it, and with them every start
+// batched with one: with a transaction left open, every Start of the client stalled.
+// A start in the caller's transaction takes no lock; other starts go on meanwhile.
+func TestAStartInAnOpenTransactionHoldsUpNoOtherStart(t *testing.T) {
+	e := newEnv(t)
+	wf := kagzi.Define("held-id", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	ctx := waitCtx(t)
+	if _, err := kagzi.Start(ctx, e.client, wf, 0, kagzi.WithID("held")); err != nil {
+		t.Fatal(err)
+	}
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if r, err := kagzi.StartTx(ctx, tx, e.client, wf, 1, kagzi.WithID("held")); err != nil || !r.AlreadyExists {
+		t.Fatalf("StartTx of the id: %+v, %v; want the run that holds it", r, err)
+	}
+	// The transaction stays open while other starts go.
+	sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	errs := make(chan error, 9)
+	for i := range 9 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var opts []kagzi.StartOption
+			if i < 4 {
+				opts = append(opts, kagzi.WithID("held"))
+			}
+			_, err := kagzi.Start(sctx, e.client, wf, i, opts...)
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatalf("a start while a transaction that started the id stayed open: %v", err)
+		}
+	}
+}
+
 // Found from outside: a crafted page token past the years a run can have was taken
 // (and gave another page), and an empty attribute filter matched no run.
 func TestAPageTokenOutOfRangeIsRefusedAndAnEmptyAttributeFilterSelectsEveryRun(t *testing.T) {

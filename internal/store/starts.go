@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"time"
 
@@ -393,17 +394,35 @@ type lockedRowQuerier interface {
 	QueryRowLocked(ctx context.Context, lock committer.Lock, sql string, args ...any) pgx.Row
 }
 
-// idLockSQL locks a workflow id ($2) of a namespace ($1) for the start of a run with
-// its own id (WithID), to the start's commit. The start's statement looks for the run
-// that holds the id in its snapshot, taken when it begins: two starts of an id whose
-// statements began together each saw no run, and when the first one's run finished
-// before the second inserted (an eager start ends in a millisecond), the second found
-// no active run to conflict with and started the id again, IDReuseNever or not (found
-// from outside: 16 concurrent starts of each of 40 ids with IDReuseNever gave 13-24 of
-// them two or three runs). Under the lock, the second's statement begins after the
-// first committed, and its snapshot holds the first's run, active or finished.
-// Starts of generated ids (a new UUID each) take no lock.
-const idLockSQL = `SELECT pg_advisory_xact_lock(hashtextextended('kagzi.id|' || $1::text || '|' || $2::text, 0))`
+// idLockSQL locks a workflow id for the start of a run with its own id (WithID), to
+// the start's commit. The start's statement looks for the run that holds the id in
+// its snapshot, taken when it begins: two starts of an id whose statements began
+// together each saw no run, and when the first one's run finished before the second
+// inserted (an eager start ends in a millisecond), the second found no active run to
+// conflict with and started the id again, IDReuseNever or not (found from outside: 16
+// concurrent starts of each of 40 ids with IDReuseNever gave 13-24 of them two or
+// three runs). Under the lock, the second's statement begins after the first
+// committed, and its snapshot holds the first's run, active or finished.
+//
+// Only the library's own transactions take it, which end with their statement: a
+// start in the caller's transaction (StartTx) does not, or it would hold the id to
+// the caller's commit, and every start of the id, and every start batched with one,
+// would wait for it (found in review). Starts of generated ids (a new UUID each) take
+// no lock. The key (idLockKey) is two int4s, a space of advisory locks apart from the
+// bigint keys of the liveness and flow-control locks.
+const idLockSQL = `SELECT pg_advisory_xact_lock($1::int4, $2::int4)`
+
+// idLockKey is the key of idLockSQL for a workflow id of a namespace: the FNV-1a hash
+// of both, whose halves order a batch's locks (committer.Lock.Key) as PostgreSQL
+// tells them apart.
+func idLockKey(namespace, workflowID string) (hi, lo int32) {
+	h := fnv.New64a()
+	h.Write([]byte(namespace))
+	h.Write([]byte{0})
+	h.Write([]byte(workflowID))
+	v := h.Sum64()
+	return int32(v >> 32), int32(v)
+}
 
 // eagerLockSQL locks, for the transaction, the type's concurrency limit ($1
 // namespace, $2 type) when it has one, then the concurrency key ($3; none when empty),
@@ -496,18 +515,23 @@ func InsertRunChecked(ctx context.Context, db DBTX, n NewRun) (run Run, st Start
 		var notified string
 		var row pgx.Row
 		var setups []setupStmt
-		if variant != 0 {
-			setups = append(setups, setupStmt{idLockSQL, []any{n.Namespace, n.WorkflowID}})
+		_, callersTx := db.(pgx.Tx)
+		locked := variant != 0 && !callersTx // see idLockSQL
+		var lockKey string
+		if locked {
+			hi, lo := idLockKey(n.Namespace, n.WorkflowID)
+			setups = append(setups, setupStmt{idLockSQL, []any{hi, lo}})
+			lockKey = fmt.Sprintf("%08x%08x", uint32(hi), uint32(lo))
 		}
 		if mode == eagerLocked {
 			setups = append(setups, setupStmt{eagerLockSQL, []any{n.Namespace, n.WorkflowType, n.FlowKey}})
 		}
 		locker, batched := db.(lockedRowQuerier)
 		switch {
-		case len(setups) == 1 && variant != 0 && batched:
+		case len(setups) == 1 && locked && batched:
 			// Starts batched by a committer: the id's lock goes first in its batch.
-			row = locker.QueryRowLocked(ctx, committer.Lock{Key: n.Namespace + "\x00" + n.WorkflowID, SQL: idLockSQL,
-				Args: setups[0].args}, stmt.sql, stmt.args(&n)...)
+			row = locker.QueryRowLocked(ctx, committer.Lock{Key: lockKey, SQL: idLockSQL, Args: setups[0].args},
+				stmt.sql, stmt.args(&n)...)
 		case len(setups) > 0:
 			rows, err := queryAfterAll(ctx, db, setups, stmt.sql, stmt.args(&n)...)
 			row = firstRow{rows: rows, err: err}
