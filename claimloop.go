@@ -281,7 +281,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 	cancel()
 	w.hookClaim(ctx, free, len(claimed), began, err)
 	if err != nil {
-		w.lostClaim(report.Token, began, err)
+		w.lostClaim(report, began, err)
 		return false, report, dbError("kagzi: claim", err)
 	}
 	if ctx.Err() != nil {

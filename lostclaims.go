@@ -42,9 +42,16 @@ func mayHaveCommitted(err error) bool {
 	return true
 }
 
-// lostClaim remembers the claim with token, sent at sent, that failed with err, when
-// it may have committed.
-func (w *Worker) lostClaim(token uuid.UUID, sent time.Time, err error) {
+// lostClaim remembers the claim that failed with err (sent at sent, its report
+// saying what it knows), when it may have committed, and the runs of one that did
+// commit, which it could not hand back.
+func (w *Worker) lostClaim(report store.ClaimReport, sent time.Time, err error) {
+	if len(report.Unreleased) > 0 {
+		w.mu.Lock()
+		w.lostRuns = append(w.lostRuns, report.Unreleased...)
+		w.mu.Unlock()
+	}
+	token := report.Token
 	if token == uuid.Nil || !mayHaveCommitted(err) {
 		return
 	}
@@ -64,7 +71,7 @@ func (w *Worker) lostStart(run uuid.UUID, err error) {
 		return
 	}
 	w.mu.Lock()
-	w.lostStarts = append(w.lostStarts, store.Fence{RunID: run, Epoch: 1})
+	w.lostRuns = append(w.lostRuns, store.Fence{RunID: run, Epoch: 1})
 	w.mu.Unlock()
 	select { // the claim loop hands it back now, not at its next poll
 	case w.lostDue <- struct{}{}:
@@ -77,8 +84,8 @@ func (w *Worker) lostStart(run uuid.UUID, err error) {
 // tries again before the next claim.
 func (w *Worker) handLostBack(ctx context.Context) {
 	w.mu.Lock()
-	claims, fences := w.lostClaims, w.lostStarts
-	w.lostClaims, w.lostStarts = nil, nil
+	claims, fences := w.lostClaims, w.lostRuns
+	w.lostClaims, w.lostRuns = nil, nil
 	w.mu.Unlock()
 	if len(claims) == 0 && len(fences) == 0 {
 		return
@@ -107,7 +114,7 @@ func (w *Worker) handLostBack(ctx context.Context) {
 	w.mu.Lock()
 	w.lostClaims = append(w.lostClaims, keep...)
 	if err != nil {
-		w.lostStarts = append(w.lostStarts, fences...)
+		w.lostRuns = append(w.lostRuns, fences...)
 	}
 	w.mu.Unlock()
 }

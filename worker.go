@@ -82,10 +82,10 @@ type Worker struct {
 	finishingHolders map[uuid.UUID]struct{}
 	// handBack holds runs whose executions stopped for the shutdown.
 	handBack []store.Fence
-	// lostClaims and lostStarts are claims and eager starts that may have leased
+	// lostClaims and lostRuns are claims and eager starts that may have leased
 	// runs to this worker without its knowing (see lostclaims.go).
 	lostClaims []store.LostClaim
-	lostStarts []store.Fence
+	lostRuns   []store.Fence
 	slotFree   chan struct{}
 	// rt is what the executions need of the worker (set by Run).
 	rt *runtime
@@ -572,6 +572,8 @@ func (w *Worker) drain() {
 		}
 		break // steps that ignore their context: hand their runs back anyway
 	}
+	// The runs of claims and eager starts whose answers were lost go back too.
+	w.handLostBack(context.Background())
 	w.mu.Lock()
 	held := w.handBack
 	w.handBack = nil

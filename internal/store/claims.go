@@ -313,6 +313,10 @@ type ClaimReport struct {
 	// under the token to a worker that does not know it holds them (LostClaimRuns
 	// finds them).
 	Token uuid.UUID
+	// Unreleased, when the claim failed after it committed (its runs' steps could not
+	// be loaded) and its runs could not be handed back either, are their fences: the
+	// caller hands them back later (ReleaseRuns).
+	Unreleased []Fence
 }
 
 // claimedStepsSQL loads the recorded steps of runs the caller has just claimed ($1).
@@ -477,7 +481,12 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		return nil, ClaimReport{Token: token}, errors.Join(err, ReleaseRuns(rctx, db, held))
+		report := ClaimReport{Token: token}
+		rerr := ReleaseRuns(rctx, db, held)
+		if rerr != nil {
+			report.Unreleased = held // the claim committed: its runs are leased until handed back
+		}
+		return nil, report, errors.Join(err, rerr)
 	}
 	return claimed, report, nil
 }
