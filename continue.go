@@ -83,8 +83,8 @@ func (w *Worker) continueRun(x *execution, e ending) {
 		if errors.Is(err, errLeaseLost) {
 			// A try whose answer the connection lost may have continued the run: then
 			// the next run is this execution's, and is counted and told as such.
-			if status, continued, ok := x.endedUnder(); ok && continued == next {
-				final, err = status, nil
+			if ended, ok := x.endedUnder(); ok && ended.ContinuedAs == next {
+				final, err = ended.Status, nil
 			}
 		}
 	}

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"runtime/debug"
 
-	"github.com/google/uuid"
-
 	"github.com/kagzi/kagzi/internal/store"
 )
 
@@ -107,9 +105,17 @@ func (w *Worker) end(x *execution, e ending) {
 	final, e, err := x.finish(e, last)
 	if errors.Is(err, errLeaseLost) {
 		// A try whose answer the connection lost may have ended the run: then the
-		// end is this execution's, and is counted and told as such.
-		if status, ok := x.endedUnderOwnFence(); ok {
-			final, err = status, nil
+		// end is this execution's, and is counted and told as such. (Another end
+		// under the same claim, a deadline's, records another status or code; a
+		// cancel's turns any end CANCELLED, as a cancel requested before the end
+		// would have.)
+		code := ""
+		if e.detail != nil {
+			code = e.detail.Code
+		}
+		if ended, ok := x.endedUnder(); ok && (ended.Status == StatusCancelled ||
+			(ended.Status == e.status && ended.Code == code)) {
+			final, err = ended.Status, nil
 		}
 	}
 	if err == nil {
@@ -131,21 +137,14 @@ func (w *Worker) end(x *execution, e ending) {
 	x.rt.endExecution(x, outcomeOf(e.status, err), e.detailBytes())
 }
 
-// endedUnderOwnFence reports the status the run ended with when its end was written
-// under this execution's claim (see store.EndedUnder); ok is false when it was not,
-// or the database cannot tell now.
-func (x *execution) endedUnderOwnFence() (RunStatus, bool) {
-	status, _, ok := x.endedUnder()
-	return status, ok
-}
-
-// endedUnder reports how the run ended when its end was written under this
-// execution's claim: its status and the run it continued as (see store.EndedUnder).
-func (x *execution) endedUnder() (RunStatus, uuid.UUID, bool) {
+// endedUnder reports how the run ended when it ended under this execution's claim
+// (see store.EndedUnder); ok is false when it did not, or the database cannot tell
+// now.
+func (x *execution) endedUnder() (store.RunEnded, bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), x.rt.cfg.LeaseDuration)
 	defer cancel()
-	status, next, ok, err := store.EndedUnder(ctx, x.rt.db.pool, x.run.Fence)
-	return status, next, ok && err == nil
+	ended, ok, err := store.EndedUnder(ctx, x.rt.db.pool, x.run.Fence)
+	return ended, ok && err == nil
 }
 
 // finish writes the run's end e in one statement with last, its held-back last step

@@ -169,26 +169,36 @@ ON CONFLICT (namespace, client_id) DO UPDATE SET expires_at = excluded.expires_a
 	return err
 }
 
-// EndedUnder reports the status a run ended with when its end was written under the
-// fence f (an end keeps the claim's epoch and token), and the run it continued as, if
-// it did. A worker whose end committed but whose answer the connection lost is refused
-// by its next try (the run is not RUNNING any more) and finds here that the end was
-// its own. ok is false when the run has not ended, or ended under another claim.
-func EndedUnder(ctx context.Context, db DBTX, f Fence) (status vocab.RunStatus, continuedAs uuid.UUID, ok bool,
-	err error) {
+// EndedUnder reports how a run ended when its end was written under the fence f (an
+// end keeps the claim's epoch and token): its status, the code of its error (""
+// without one) and the run it continued as, if it did. A worker whose end committed
+// but whose answer the connection lost is refused by its next try (the run is not
+// RUNNING any more) and finds here that the end was its own; the code tells its end
+// from another's under the same fence (a deadline's, a cancel's hand-back). ok is
+// false when the run has not ended, or ended under another claim.
+func EndedUnder(ctx context.Context, db DBTX, f Fence) (end RunEnded, ok bool, err error) {
 	var s string
+	var code pgtype.Text
 	var next pgtype.UUID
-	err = db.QueryRow(ctx, `SELECT status, continued_as_run_id FROM kagzi.runs
+	err = db.QueryRow(ctx, `SELECT status, error->>'code', continued_as_run_id FROM kagzi.runs
 		WHERE run_id = $1 AND lease_epoch = $2 AND lease_token IS NOT DISTINCT FROM $3
-		  AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')`, f.RunID, f.Epoch, f.token()).Scan(&s, &next)
+		  AND status IN ('COMPLETED', 'FAILED', 'CANCELLED')`, f.RunID, f.Epoch, f.token()).Scan(&s, &code, &next)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return "", uuid.Nil, false, nil
+		return RunEnded{}, false, nil
 	}
 	if err != nil {
-		return "", uuid.Nil, false, err
+		return RunEnded{}, false, err
 	}
+	end = RunEnded{Status: vocab.RunStatus(s), Code: code.String}
 	if next.Valid {
-		continuedAs = next.Bytes
+		end.ContinuedAs = next.Bytes
 	}
-	return vocab.RunStatus(s), continuedAs, true, nil
+	return end, true, nil
+}
+
+// RunEnded is what EndedUnder finds.
+type RunEnded struct {
+	Status      vocab.RunStatus
+	Code        string
+	ContinuedAs uuid.UUID
 }

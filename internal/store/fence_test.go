@@ -253,3 +253,28 @@ func TestAFailedAttemptRecordedTwiceIsOneAttempt(t *testing.T) {
 		t.Fatalf("the step counts %d attempts with history %v, want 2 and [1 FAILED 2 COMPLETED]", attempts, history)
 	}
 }
+
+// EndedUnder tells how a run ended under a claim: its status, its error's code and
+// the run it continued as; nothing for a run still running or ended under another.
+func TestEndedUnderTellsTheStatusAndCodeOfAnEndUnderTheClaim(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	run := runningRun(t, pool, 1, false)
+	f := Fence{RunID: run, Epoch: 1}
+	if _, ok, err := EndedUnder(ctx, pool, f); err != nil || ok {
+		t.Fatalf("a running run: ended %v, %v; want not ended", ok, err)
+	}
+	// A deadline's end, under the same claim (failOverdue keeps epoch and token).
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'FAILED', finished_at = now(),
+		error = '{"code": "DEADLINE_EXCEEDED", "message": "late"}' WHERE run_id = $1`, run); err != nil {
+		t.Fatal(err)
+	}
+	ended, ok, err := EndedUnder(ctx, pool, f)
+	if err != nil || !ok || ended.Status != vocab.StatusFailed || ended.Code != "DEADLINE_EXCEEDED" {
+		t.Fatalf("ended under the claim: %+v, %v, %v; want FAILED with DEADLINE_EXCEEDED", ended, ok, err)
+	}
+	if _, ok, err := EndedUnder(ctx, pool, Fence{RunID: run, Epoch: 2}); err != nil || ok {
+		t.Fatalf("under another claim: ended %v, %v; want not", ok, err)
+	}
+}
