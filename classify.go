@@ -262,6 +262,12 @@ func transient(err error) bool {
 	if errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err) || errors.As(err, &connectErr) {
 		return true // the attempt's own time ran out, or no connection was made: nothing final
 	}
+	if errors.Is(err, context.Canceled) {
+		// Not the attempt's (its context is its own, with a deadline): a committer
+		// stopped under a batch in flight (an interrupted drain). Tried again, the
+		// write goes on its own.
+		return true
+	}
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return false

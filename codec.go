@@ -260,8 +260,70 @@ func unstorable(b []byte) string {
 		return "holds a NUL character (\\u0000 in its JSON), which PostgreSQL cannot store"
 	case !utf8.Valid(b):
 		return "holds bytes that are not UTF-8, which PostgreSQL cannot store"
+	case jsonHasLoneSurrogate(b):
+		return "holds a lone UTF-16 surrogate (a \\uD800-\\uDFFF escape not in a pair), which PostgreSQL cannot store"
 	}
 	return ""
+}
+
+// jsonHasLoneSurrogate reports whether valid JSON b has a \u escape of a UTF-16
+// surrogate that is not a high one followed by a low one: valid JSON and valid
+// UTF-8 (encoding/json writes such a string's code point as U+FFFD, but lets it
+// through in a json.RawMessage), which jsonb refuses for the whole statement (found
+// in review).
+func jsonHasLoneSurrogate(b []byte) bool {
+	for i := bytes.Index(b, []byte(`\u`)); i >= 0; {
+		// An escaped backslash is "\\": count the backslashes before the u.
+		k := i
+		for k > 0 && b[k-1] == '\\' {
+			k--
+		}
+		if (i-k)%2 == 0 && i+6 <= len(b) {
+			if r, ok := hex4(b[i+2 : i+6]); ok && r >= 0xD800 && r <= 0xDFFF {
+				if r >= 0xDC00 { // a low surrogate first
+					return true
+				}
+				lo, ok := rune(0), false
+				if i+12 <= len(b) && b[i+6] == '\\' && b[i+7] == 'u' {
+					lo, ok = hex4(b[i+8 : i+12])
+				}
+				if !ok || lo < 0xDC00 || lo > 0xDFFF {
+					return true
+				}
+				i += 12
+				j := bytes.Index(b[i:], []byte(`\u`))
+				if j < 0 {
+					return false
+				}
+				i += j
+				continue
+			}
+		}
+		j := bytes.Index(b[i+2:], []byte(`\u`))
+		if j < 0 {
+			return false
+		}
+		i += 2 + j
+	}
+	return false
+}
+
+// hex4 decodes four hexadecimal digits.
+func hex4(h []byte) (rune, bool) {
+	var r rune
+	for _, c := range h {
+		switch {
+		case c >= '0' && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case c >= 'a' && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case c >= 'A' && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
 }
 
 // jsonHasNUL reports whether valid JSON b has a string with a NUL character.

@@ -202,6 +202,7 @@ func TestOnlyFailuresThatPassAreTriedAgain(t *testing.T) {
 		{fmt.Errorf("write: %w", io.EOF), true},
 		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, true},
 		{context.DeadlineExceeded, true},
+		{fmt.Errorf("batch: %w", context.Canceled), true},
 		{&pgconn.PgError{Code: "40001"}, true},
 		{&pgconn.PgError{Code: "40P01"}, true},
 		{&pgconn.PgError{Code: "57P01"}, true},
@@ -373,5 +374,29 @@ func TestAReadThatLostItsConnectionIsUnavailableAndWroteNothing(t *testing.T) {
 	}
 	if err := readError("kagzi: get run r", store.ErrNotFound); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("a read of nothing: %v, want ErrNotFound", err)
+	}
+}
+
+// Found in review: a json.RawMessage with a lone surrogate escape is valid JSON and
+// valid UTF-8, but jsonb refuses it (22P02) for the whole statement, aborting the
+// caller's transaction. It is refused before anything is sent.
+func TestALoneSurrogateEscapeIsRefusedAndAPairIsNot(t *testing.T) {
+	for in, want := range map[string]bool{
+		`"\ud800"`:             true,
+		`"\udc00"`:             true,
+		`"\ud800\u0041"`:       true,
+		`"a\ud800"`:            true,
+		`"\ud83d\ude00"`:       false,
+		`"\\ud800"`:            false, // an escaped backslash, then text
+		`"\\\ud800"`:           true,
+		`{"k":"\u00e9","v":1}`: false,
+		`"plain"`:              false,
+	} {
+		if got := jsonHasLoneSurrogate([]byte(in)); got != want {
+			t.Errorf("jsonHasLoneSurrogate(%s) = %v, want %v", in, got, want)
+		}
+		if err := storableJSON("input", []byte(in)); (err != nil) != want || (err != nil && !errors.Is(err, ErrInvalidArgument)) {
+			t.Errorf("storableJSON(%s) = %v, want refused %v with ErrInvalidArgument", in, err, want)
+		}
 	}
 }
