@@ -266,6 +266,11 @@ const passedKeysRetry = 20 * time.Millisecond
 // again); report what else the claim said (see store.ClaimReport).
 func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport, err error) {
 	w.handLostBack(ctx)
+	w.mu.Lock()
+	if w.soloWanted && len(w.active) == 0 {
+		w.soloWanted = false // the runs are done: this claim takes the suspect first (solo.go)
+	}
+	w.mu.Unlock()
 	free := w.freeSlots()
 	if free <= 0 {
 		return true, report, nil
@@ -293,8 +298,12 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 		return false, store.ClaimReport{}, nil
 	}
 	now := time.Now()
-	for _, run := range claimed {
+	start, solo := w.sortSuspects(ctx, claimed)
+	for _, run := range start {
 		w.start(run, began, now)
+	}
+	if solo != nil {
+		w.startRun(*solo, began, now, true)
 	}
 	w.backlog.Store(len(claimed) == free)
 	if len(claimed) < free {
