@@ -266,11 +266,6 @@ const passedKeysRetry = 20 * time.Millisecond
 // again); report what else the claim said (see store.ClaimReport).
 func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport, err error) {
 	w.handLostBack(ctx)
-	w.mu.Lock()
-	if w.soloWanted && len(w.active) == 0 {
-		w.soloWanted = false // the runs are done: this claim takes the suspect first (solo.go)
-	}
-	w.mu.Unlock()
 	free := w.freeSlots()
 	if free <= 0 {
 		return true, report, nil
@@ -298,12 +293,8 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 		return false, store.ClaimReport{}, nil
 	}
 	now := time.Now()
-	start, solo := w.sortSuspects(ctx, claimed)
-	for _, run := range start {
+	for _, run := range claimed {
 		w.start(run, began, now)
-	}
-	if solo != nil {
-		w.startRun(*solo, began, now, true)
 	}
 	w.backlog.Store(len(claimed) == free)
 	if len(claimed) < free {

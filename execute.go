@@ -13,14 +13,6 @@ import (
 // writes that.
 func (w *Worker) execute(x *execution) {
 	defer w.executionDone(x)
-	if x.solo {
-		if err := x.markSolo(); err != nil {
-			x.log().Warn("kagzi: cannot record that the run runs alone", "error", err)
-			if errors.Is(err, errLeaseLost) {
-				x.cancel(errLeaseLost)
-			}
-		}
-	}
 	res := x.runFunction()
 	x.mu.Lock()
 	s := stopped{reason: x.exit, res: res, workflowType: x.run.WorkflowType, attempt: x.run.Attempt,

@@ -66,8 +66,6 @@ type execution struct {
 	// finishing: the workflow function returned and the run's slot was released
 	// while its end is written (guarded by the worker's mu).
 	finishing bool
-	// solo: the run, past MaxTakeovers, executes alone in its worker (solo.go).
-	solo bool
 
 	// pending is the run's last completed step while its record is held back (see
 	// holdRecord); flushMu serializes writing it, so that whoever needs it durable
@@ -90,8 +88,8 @@ type execution struct {
 // the claim was sent (the lease runs from then, by our clock), claimedAt when its
 // answer came. A run cancelled, past its deadline or taken over too often starts
 // with its context cancelled, and does not run.
-func newExecution(rt *runtime, def *definition, run store.ClaimedRun, sent, claimedAt time.Time, solo bool) *execution {
-	x := &execution{rt: rt, def: def, run: run, hist: newHistory(run.Steps), dbOffset: run.DBNow.Sub(claimedAt), solo: solo}
+func newExecution(rt *runtime, def *definition, run store.ClaimedRun, sent, claimedAt time.Time) *execution {
+	x := &execution{rt: rt, def: def, run: run, hist: newHistory(run.Steps), dbOffset: run.DBNow.Sub(claimedAt)}
 	x.run.Steps = nil
 	ctx, cancel := context.WithCancelCause(rt.beginExecution(run))
 	if run.Deadline != nil {
@@ -107,8 +105,8 @@ func newExecution(rt *runtime, def *definition, run store.ClaimedRun, sent, clai
 		cancel(ErrCancelled)
 	case run.Deadline != nil && !run.Deadline.After(run.DBNow):
 		cancel(errRunDeadline)
-	case rt.cfg.MaxTakeovers >= 0 && run.Takeovers > rt.cfg.MaxTakeovers && !solo:
-		cancel(errRecoveryExhausted) // it died alone (see solo.go)
+	case rt.cfg.MaxTakeovers >= 0 && run.Takeovers > rt.cfg.MaxTakeovers:
+		cancel(errRecoveryExhausted)
 	}
 	return x
 }

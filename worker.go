@@ -82,10 +82,6 @@ type Worker struct {
 	finishingHolders map[uuid.UUID]struct{}
 	// handBack holds runs whose executions stopped for the shutdown.
 	handBack []store.Fence
-	// soloing: a run executes alone, or is about to (see solo.go); soloWanted: a
-	// suspect was handed back, and the worker claims nothing more until its runs are
-	// done.
-	soloing, soloWanted bool
 	// lostClaims and lostRuns are claims and eager starts that may have leased
 	// runs to this worker without its knowing (see lostclaims.go).
 	lostClaims []store.LostClaim
@@ -429,9 +425,6 @@ const closedPoolProbe = 250 * time.Millisecond
 func (w *Worker) freeSlots() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if w.soloing || (w.soloWanted && len(w.active) > 0) {
-		return 0 // see solo.go
-	}
 	return w.cfg.MaxConcurrent - (len(w.active) - w.finishing) - w.reserved
 }
 
@@ -498,13 +491,8 @@ func (w *Worker) releaseSlot(x *execution, keepsPlace bool) {
 // start executes a claimed run on a goroutine of its own (one of w.goroutines). sent
 // is when the claim was sent, claimedAt when its answer came.
 func (w *Worker) start(run store.ClaimedRun, sent, claimedAt time.Time) {
-	w.startRun(run, sent, claimedAt, false)
-}
-
-// startRun is start; solo runs the run alone (see solo.go).
-func (w *Worker) startRun(run store.ClaimedRun, sent, claimedAt time.Time, solo bool) {
 	w.sawWork.Store(claimedAt.UnixNano())
-	x := newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt, solo)
+	x := newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt)
 	w.mu.Lock()
 	if old := w.active[run.RunID]; old != nil && old.finishing {
 		// The run was claimed again (its lease ran out) while its previous execution
@@ -530,17 +518,7 @@ func (w *Worker) executionDone(x *execution) {
 			delete(w.finishingHolders, x.run.RunID)
 		}
 	}
-	if x.solo {
-		w.soloing = false
-	}
-	claimNow := w.soloWanted && len(w.active) == 0 // a suspect waits for this (see solo.go)
 	w.mu.Unlock()
-	if claimNow {
-		select {
-		case w.lostDue <- struct{}{}:
-		default:
-		}
-	}
 	select {
 	case w.slotFree <- struct{}{}:
 	default:

@@ -97,17 +97,17 @@ type WorkerConfig struct {
 	Logger *slog.Logger
 	// MaxTakeovers is how many times a run may be taken over after its worker lost
 	// the lease (the process died, froze or lost its database; RunInfo.Takeovers
-	// counts them) before it is suspected of killing its process (os.Exit, an
-	// out-of-memory kill, a crash in cgo), which would otherwise have it taken over for
-	// ever. Every run executing in a process that dies is taken over, so the count
-	// alone cannot tell that run from its neighbours: a run past the limit runs alone
-	// in its worker (which executes and claims nothing else meanwhile), and only when
-	// it is taken over again after that, having killed its process alone, does the
-	// claim fail it, without running it, with CodeRecoveryExhausted (errors.Is
-	// ErrRecoveryExhausted). Its neighbours complete, each alone in its turn. (Alone in
-	// its worker, not in its process: another worker of the same process goes on.)
-	// Hand-backs of a graceful shutdown are not takeovers. Default
-	// DefaultMaxTakeovers; negative: no limit.
+	// counts them). The claim that would take it over once more fails it instead,
+	// without running it, with CodeRecoveryExhausted (errors.Is ErrRecoveryExhausted):
+	// a run whose step kills its process (os.Exit, an out-of-memory kill, a crash in
+	// cgo) would otherwise be taken over for ever. Hand-backs of a graceful shutdown
+	// are not takeovers. Default DefaultMaxTakeovers; negative: no limit.
+	//
+	// Every takeover counts, whatever its cause: the runs executing beside a run that
+	// kills its process die with it, are taken over as often, and fail with it (as do
+	// runs whose leases pass during database outages longer than the lease, over and
+	// over). Run code that may crash its process (cgo, unbounded memory) in workers of
+	// their own process, or raise the limit where crash loops are expected.
 	MaxTakeovers int
 }
 
