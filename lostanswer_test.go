@@ -482,12 +482,14 @@ func TestAnEagerStartThatLostItsAnswerIsHandedBackWithoutATakeover(t *testing.T)
 		t.Fatal(err)
 	}
 	proxy.armed.Store(true)
-	_, err = kagzi.Start(ctx, client, wf, input, kagzi.WithID("lost-eager-1"))
+	// IDReuseNever: the run, handed back at once, may have completed before the
+	// start again, which then returns it rather than start the id anew.
+	_, err = kagzi.Start(ctx, client, wf, input, kagzi.WithID("lost-eager-1"), kagzi.WithIDReuse(kagzi.IDReuseNever))
 	var unavailable *kagzi.UnavailableError
 	if !errors.As(err, &unavailable) || !unavailable.MayHaveCommitted {
 		t.Fatalf("a start whose answer was lost: %v, want an *UnavailableError that may have committed", err)
 	}
-	run, err := kagzi.Start(ctx, client, wf, input, kagzi.WithID("lost-eager-1"))
+	run, err := kagzi.Start(ctx, client, wf, input, kagzi.WithID("lost-eager-1"), kagzi.WithIDReuse(kagzi.IDReuseNever))
 	if err != nil || !run.AlreadyExists {
 		t.Fatalf("the start again: %+v, %v; want the run the first one committed", run, err)
 	}
