@@ -108,6 +108,22 @@ func unavailable(err error) (ok, mayHaveCommitted bool) {
 	return true, true
 }
 
+// mayHaveCommitted reports whether a statement that failed with err may have
+// committed: it was sent, and no answer of the server says it rolled back (a claim
+// or an eager start whose runs a worker then hands back: see lostclaims.go).
+func mayHaveCommitted(err error) bool {
+	var connectErr *pgconn.ConnectError
+	if err == nil || pgconn.SafeToRetry(err) || errors.As(err, &connectErr) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		_, may := unavailable(err) // the server's error: rolled back, unless a pooler's word for a lost server
+		return may
+	}
+	return true
+}
+
 // poolerUnavailable reports whether a protocol_violation (08P01) with this message is
 // PgBouncer's word for a database it cannot reach or has no room for now, and if so
 // whether the request may have committed (a server connection that broke or timed out

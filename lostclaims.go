@@ -2,11 +2,9 @@ package kagzi
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -26,21 +24,6 @@ import (
 // lostTTL is how long, in leases, a lost claim is looked for: past it, its runs'
 // leases passed long ago, and a claim took them over.
 const lostTTL = 3
-
-// mayHaveCommitted reports whether a statement that failed with err may have
-// committed: it was sent, and no answer of the server says it rolled back.
-func mayHaveCommitted(err error) bool {
-	var connectErr *pgconn.ConnectError
-	if err == nil || pgconn.SafeToRetry(err) || errors.As(err, &connectErr) {
-		return false
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
-		_, may := unavailable(err) // the server's error: rolled back, unless a pooler's word for a lost server
-		return may
-	}
-	return true
-}
 
 // lostClaim remembers the claim that failed with err (sent at sent, its report
 // saying what it knows), when it may have committed, and the runs of one that did
