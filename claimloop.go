@@ -266,6 +266,7 @@ const passedKeysRetry = 20 * time.Millisecond
 // again); report what else the claim said (see store.ClaimReport).
 func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport, err error) {
 	w.handLostBack(ctx)
+	w.soloBeforeClaim()
 	free := w.freeSlots()
 	if free <= 0 {
 		return true, report, nil
@@ -293,8 +294,12 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 		return false, store.ClaimReport{}, nil
 	}
 	now := time.Now()
-	for _, run := range claimed {
+	start, solo := w.sortSuspects(ctx, claimed)
+	for _, run := range start {
 		w.start(run, began, now)
+	}
+	if solo != nil {
+		w.startRun(*solo, began, now, true, false)
 	}
 	w.backlog.Store(len(claimed) == free)
 	if len(claimed) < free {

@@ -65,7 +65,8 @@ func (w *Worker) versionOf(workflowType string) string {
 func (w *Worker) reserveSlot() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.accepting || w.cfg.MaxConcurrent-(len(w.active)-w.finishing)-w.reserved <= 0 {
+	if !w.accepting || w.soloBlocks(time.Now()) || !w.wantAlone.IsZero() ||
+		w.cfg.MaxConcurrent-(len(w.active)-w.finishing)-w.reserved <= 0 {
 		return false
 	}
 	w.reserved++
@@ -101,8 +102,8 @@ func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time, holdsSl
 		run.ConcurrencyKey = *r.FlowKey
 	}
 	w.mu.Lock()
-	w.reserved--
 	if !w.accepting {
+		w.reserved--
 		w.handBack = append(w.handBack, run.Fence)
 		w.mu.Unlock()
 		return
@@ -112,5 +113,5 @@ func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time, holdsSl
 		w.client.hooks.Claim(context.Background(), &ClaimEvent{Namespace: w.client.ns, WorkerID: w.cfg.ID,
 			Types: []string{r.WorkflowType}, Requested: 1, Claimed: 1, Eager: true})
 	}
-	w.start(run, sent, time.Now())
+	w.startRun(run, sent, time.Now(), false, true)
 }

@@ -4,6 +4,7 @@ package kagzi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -398,5 +399,37 @@ func TestALoneSurrogateEscapeIsRefusedAndAPairIsNot(t *testing.T) {
 		if err := storableJSON("input", []byte(in)); (err != nil) != want || (err != nil && !errors.Is(err, ErrInvalidArgument)) {
 			t.Errorf("storableJSON(%s) = %v, want refused %v with ErrInvalidArgument", in, err, want)
 		}
+	}
+}
+
+func TestOnlyARunTakenOverAfterItsExecutionAloneIsExhausted(t *testing.T) {
+	mark := func(alone bool, takeovers int, epoch int64) map[string]store.StepRecord {
+		out, _ := json.Marshal(aloneMark{Alone: alone, Takeovers: takeovers, Epoch: epoch})
+		return map[string]store.StepRecord{aloneKey: {Name: aloneKey, Kind: KindPatch, Status: StepCompleted, Output: out}}
+	}
+	run := func(takeovers int, epoch int64, steps map[string]store.StepRecord) store.ClaimedRun {
+		r := store.ClaimedRun{Takeovers: takeovers, Steps: steps}
+		r.Epoch = epoch
+		return r
+	}
+	for _, c := range []struct {
+		name string
+		run  store.ClaimedRun
+		want bool
+	}{
+		{"taken over past the limit, never alone", run(2, 9, nil), false},
+		{"taken over once after running alone (its lease passed)", run(2, 4, mark(true, 1, 3)), true},
+		{"taken over once after running alone (reaped, then claimed)", run(2, 5, mark(true, 1, 3)), true},
+		{"claimed again after running alone, then taken over", run(2, 6, mark(true, 1, 3)), false},
+		{"taken over twice since running alone", run(3, 5, mark(true, 1, 3)), false},
+		{"taken over after running beside others", run(2, 4, mark(false, 1, 3)), false},
+		{"taken over more than twice the limit plus one", run(4, 20, nil), true},
+	} {
+		if got := exhausted(c.run, 1); got != c.want {
+			t.Errorf("%s: exhausted %v, want %v", c.name, got, c.want)
+		}
+	}
+	if exhausted(run(50, 60, nil), -1) {
+		t.Error("a run is exhausted with no limit")
 	}
 }

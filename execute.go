@@ -13,6 +13,9 @@ import (
 // writes that.
 func (w *Worker) execute(x *execution) {
 	defer w.executionDone(x)
+	if x.suspect {
+		w.markAlone(x)
+	}
 	res := x.runFunction()
 	x.mu.Lock()
 	s := stopped{reason: x.exit, res: res, workflowType: x.run.WorkflowType, attempt: x.run.Attempt,

@@ -66,6 +66,9 @@ type execution struct {
 	// finishing: the workflow function returned and the run's slot was released
 	// while its end is written (guarded by the worker's mu).
 	finishing bool
+	// suspect: the run was taken over MaxTakeovers times, and its execution records
+	// how it runs; alone: it runs alone in its worker (solo.go).
+	suspect, alone bool
 
 	// pending is the run's last completed step while its record is held back (see
 	// holdRecord); flushMu serializes writing it, so that whoever needs it durable
@@ -105,8 +108,8 @@ func newExecution(rt *runtime, def *definition, run store.ClaimedRun, sent, clai
 		cancel(ErrCancelled)
 	case run.Deadline != nil && !run.Deadline.After(run.DBNow):
 		cancel(errRunDeadline)
-	case rt.cfg.MaxTakeovers >= 0 && run.Takeovers > rt.cfg.MaxTakeovers:
-		cancel(errRecoveryExhausted)
+	case exhausted(run, rt.cfg.MaxTakeovers):
+		cancel(errRecoveryExhausted) // it killed its process alone (see solo.go)
 	}
 	return x
 }

@@ -74,8 +74,8 @@ func (h *history) patched(changeID string) (answer, ok bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	answer = true
-	for _, rec := range h.steps {
-		if rec.Kind == KindPatch && rec.Name == changeID {
+	for key, rec := range h.steps {
+		if rec.Kind == KindPatch && rec.Name == changeID && key != aloneKey {
 			ok = true
 			answer = answer && string(rec.Output) == "true"
 		}

@@ -101,6 +101,68 @@ var steadyWorkflow = kagzi.Define("steady", func(ctx *kagzi.Context, n int) (int
 	return kagzi.Step(ctx, "add", func(context.Context) (int, error) { return n + 1, nil })
 })
 
+// slowWorkflow is one step of half a second: runs claimed with a poison run die
+// with its process before they end.
+var slowWorkflow = kagzi.Define("slow", func(ctx *kagzi.Context, n int) (int, error) {
+	return kagzi.Step(ctx, "wait", func(c context.Context) (int, error) {
+		select {
+		case <-time.After(500 * time.Millisecond):
+		case <-c.Done():
+			return 0, c.Err()
+		}
+		return n + 1, nil
+	})
+})
+
+// Found from outside: the runs executing beside a run whose step kills its process
+// die with it and are taken over as often; they failed RECOVERY_EXHAUSTED with it. A
+// run taken over MaxTakeovers times runs alone in its worker: the healthy ones
+// complete there, and the poison run fails once it killed its process alone.
+func TestRunsBesideOneThatKillsItsProcessCompleteAndOnlyItFails(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects (run_id text, step text, pid int)`); err != nil {
+		t.Fatal(err)
+	}
+	poison, err := kagzi.Start(ctx, e.client, poisonWorkflow(e.pool), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var healthy []*kagzi.Run[int]
+	for i := range 3 {
+		run, err := kagzi.Start(ctx, e.client, slowWorkflow, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		healthy = append(healthy, run)
+	}
+	const maxTakeovers = 1
+	env := fmt.Sprint(crashMaxTakeoverEnv, "=", maxTakeovers)
+	for cycle := 0; runStatus(t, e.client, poison.RunID) != kagzi.StatusFailed; cycle++ {
+		if cycle > 12 {
+			t.Fatalf("the poison run is still %s after %d worker crashes", runStatus(t, e.client, poison.RunID), cycle)
+		}
+		proc := startWorkerProcessEnv(t, e.url, env)
+		eventually(t, "the worker process to die or the poison run to fail", func() bool {
+			return processState(t, proc.Process.Pid) == "Z" || runStatus(t, e.client, poison.RunID) == kagzi.StatusFailed
+		})
+	}
+	if _, err := poison.Wait(ctx); !errors.Is(err, kagzi.ErrRecoveryExhausted) {
+		t.Fatalf("the poison run ended with %v, want RECOVERY_EXHAUSTED", err)
+	}
+	startWorkerProcessEnv(t, e.url, env)
+	for i, run := range healthy {
+		if out, err := run.Wait(ctx); err != nil || out != i+1 {
+			t.Fatalf("healthy run %d beside the poison run: %d, %v; want %d", i, out, err, i+1)
+		}
+	}
+	// The poison run killed its process with the others (the first time), then alone.
+	if n := countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = 'crash'`); n != maxTakeovers+1 {
+		t.Fatalf("the crashing step ran %d times, want %d: once, then once per allowed takeover (the last alone)", n,
+			maxTakeovers+1)
+	}
+}
+
 func TestARunThatCrashesItsWorkerEveryTimeFailsAfterMaxTakeoversWhileOthersComplete(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)

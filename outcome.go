@@ -88,7 +88,8 @@ func decide(s stopped) ending {
 	case exitRecoveryExhausted:
 		return failed(ErrorDetail{Code: CodeRecoveryExhausted, NonRetryable: true, Subject: s.workflowType,
 			Message: fmt.Sprintf("the run was taken over %d times after its worker lost its lease (died, froze or "+
-				"lost its database), more than MaxTakeovers (%d) allows: a step may be crashing its process",
+				"lost its database), more than MaxTakeovers (%d) allows, the last time after it executed alone in its "+
+				"worker (or more than twice the limit): a step may be crashing its process",
 				s.takeovers, s.maxTakeovers)})
 	case exitNonDeterministic:
 		return failed(*s.nondeterminism)

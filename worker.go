@@ -86,7 +86,15 @@ type Worker struct {
 	// runs to this worker without its knowing (see lostclaims.go).
 	lostClaims []store.LostClaim
 	lostRuns   []store.Fence
-	slotFree   chan struct{}
+	// Runs alone (solo.go): soloRun is the run that executes alone, or is about to
+	// (uuid.Nil: none); wantAlone, until when the worker claims nothing more until
+	// its runs end, for a suspect it handed back; shareUntil, until when the suspects
+	// it claims run beside its other runs; claimOne, that its last claim met a
+	// suspect and it claims one run at a time.
+	soloRun               uuid.UUID
+	wantAlone, shareUntil time.Time
+	claimOne              bool
+	slotFree              chan struct{}
 	// rt is what the executions need of the worker (set by Run).
 	rt *runtime
 	// claimer is who claims, with the worker's cursors in the concurrency-key queues
@@ -422,10 +430,18 @@ func (w *Worker) beat() store.WorkerBeat {
 // closedPoolProbe is how often a worker's loop looks whether its pool was closed.
 const closedPoolProbe = 250 * time.Millisecond
 
+// freeSlots is how many runs the worker may claim now.
 func (w *Worker) freeSlots() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return w.cfg.MaxConcurrent - (len(w.active) - w.finishing) - w.reserved
+	if w.soloBlocks(time.Now()) {
+		return 0 // see solo.go
+	}
+	free := w.cfg.MaxConcurrent - (len(w.active) - w.finishing) - w.reserved
+	if w.claimOne {
+		free = min(free, 1)
+	}
+	return free
 }
 
 // finishingPlaces lists the runs of finishingHolders, for the claim.
@@ -491,9 +507,20 @@ func (w *Worker) releaseSlot(x *execution, keepsPlace bool) {
 // start executes a claimed run on a goroutine of its own (one of w.goroutines). sent
 // is when the claim was sent, claimedAt when its answer came.
 func (w *Worker) start(run store.ClaimedRun, sent, claimedAt time.Time) {
+	w.startRun(run, sent, claimedAt, false, false)
+}
+
+// startRun is start. alone runs the run alone (see solo.go); eager takes the slot
+// reserved for an eager start, in the same hold of w.mu that counts the run active,
+// so that the worker never looks idle in between.
+func (w *Worker) startRun(run store.ClaimedRun, sent, claimedAt time.Time, alone, eager bool) {
 	w.sawWork.Store(claimedAt.UnixNano())
 	x := newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt)
+	x.alone, x.suspect = alone, w.suspect(run)
 	w.mu.Lock()
+	if eager {
+		w.reserved--
+	}
 	if old := w.active[run.RunID]; old != nil && old.finishing {
 		// The run was claimed again (its lease ran out) while its previous execution
 		// was still writing its end: that one no longer counts.
@@ -518,7 +545,17 @@ func (w *Worker) executionDone(x *execution) {
 			delete(w.finishingHolders, x.run.RunID)
 		}
 	}
+	claimNow := false
+	if x.alone && w.soloRun == x.run.RunID {
+		w.soloRun, claimNow = uuid.Nil, true
+	}
+	if !w.wantAlone.IsZero() && len(w.active)+w.reserved == 0 {
+		claimNow = true // the suspect it handed back runs alone now (see solo.go)
+	}
 	w.mu.Unlock()
+	if claimNow {
+		w.claimSoon()
+	}
 	select {
 	case w.slotFree <- struct{}{}:
 	default:

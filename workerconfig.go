@@ -97,17 +97,28 @@ type WorkerConfig struct {
 	Logger *slog.Logger
 	// MaxTakeovers is how many times a run may be taken over after its worker lost
 	// the lease (the process died, froze or lost its database; RunInfo.Takeovers
-	// counts them). The claim that would take it over once more fails it instead,
-	// without running it, with CodeRecoveryExhausted (errors.Is ErrRecoveryExhausted):
-	// a run whose step kills its process (os.Exit, an out-of-memory kill, a crash in
-	// cgo) would otherwise be taken over for ever. Hand-backs of a graceful shutdown
-	// are not takeovers. Default DefaultMaxTakeovers; negative: no limit.
+	// counts them) before it is suspected of killing its process (os.Exit, an
+	// out-of-memory kill, a crash in cgo), which would otherwise have it taken over
+	// for ever. Every run executing in a process that dies is taken over, so the count
+	// cannot tell that run from its neighbours. A run taken over MaxTakeovers times
+	// therefore runs alone in the worker that claims it: the worker executes and
+	// claims nothing else meanwhile, and the run records so (a record "kagzi#alone"
+	// among its steps). Taken over once more after that, having killed its process
+	// alone, the run fails, without running again, with CodeRecoveryExhausted
+	// (errors.Is ErrRecoveryExhausted); its neighbours, each alone in its turn,
+	// complete. Hand-backs of a graceful shutdown are not takeovers. Default
+	// DefaultMaxTakeovers; negative: no limit.
 	//
-	// Every takeover counts, whatever its cause: the runs executing beside a run that
-	// kills its process die with it, are taken over as often, and fail with it (as do
-	// runs whose leases pass during database outages longer than the lease, over and
-	// over). Run code that may crash its process (cgo, unbounded memory) in workers of
-	// their own process, or raise the limit where crash loops are expected.
+	// Nothing waits for ever on a suspect: a worker busy with other runs when it
+	// claims one hands it back and claims nothing until its runs end, for at most
+	// three leases (at least 5 s); past that, it runs the suspects it claims beside
+	// its other runs for as long. A suspect runs alone for as long at most (it may
+	// wait for children only this worker would claim), then beside others. A run
+	// whose step kills its process only after that window is failed when taken over
+	// more than 2×MaxTakeovers+1 times in all. Alone means alone in its worker: other
+	// workers of the same process go on, and a run one of them kills is not told
+	// apart. Give code that can crash its process (cgo, unbounded memory) workers in
+	// a process of its own.
 	MaxTakeovers int
 }
 

@@ -59,6 +59,30 @@ func RecordResultStep(ctx context.Context, db DBTX, w ResultStep) error {
 	return nil
 }
 
+// recordMarker records (or overwrites) a record the engine keeps about the run under
+// a key of its own: no position (replays skip it), kind PATCH, the key as its name.
+var recordMarker = named(`
+WITH `+ownerSQL+`
+INSERT INTO kagzi.steps AS s (run_id, step_key, name, kind, status, output, attempts)
+SELECT @run_id, @step_key, @step_key, 'PATCH', 'COMPLETED', @output, 1 FROM owner
+ON CONFLICT (run_id, step_key) DO UPDATE SET output = excluded.output, updated_at = now()
+RETURNING 1`,
+	append(fenceArgs[*ResultStep](),
+		arg("step_key", "text", func(w *ResultStep) string { return w.Key }),
+		arg("output", "jsonb", func(w *ResultStep) []byte { return w.Output }))...)
+
+// RecordMarker records output under key for the run, replacing what an earlier
+// execution recorded there (only Fence, Key and Output of w are used). It returns
+// ErrLeaseLost when the fence no longer holds.
+func RecordMarker(ctx context.Context, db DBTX, w ResultStep) error {
+	var one int
+	err := db.QueryRow(ctx, recordMarker.sql, recordMarker.args(&w)...).Scan(&one)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return ErrLeaseLost
+	}
+	return err
+}
+
 // RunOutcome is a run's status and result, for a parent waiting on its child.
 type RunOutcome struct {
 	Status vocab.RunStatus

@@ -73,13 +73,35 @@ func ReleaseRuns(ctx context.Context, db DBTX, held []Fence) error {
 	return rows.Err()
 }
 
-// releaseRunsSQL: see ReleaseRuns and KeyedPlansSQL.
-var releaseRunsSQL = `
+// ReleaseRunsInPlace is ReleaseRuns that puts each run back in its place in the
+// queue (its creation, less its priority), as a reap does, not behind the runs
+// queued since: a worker that claimed runs it must not execute now (beside a run
+// that executes alone) gives them back to be claimed first.
+func ReleaseRunsInPlace(ctx context.Context, db DBTX, held []Fence) error {
+	ids, epochs, tokens := fenceArrays(held)
+	rows, err := queryAfter(ctx, db, KeyedPlansSQL, releaseRunsInPlaceSQL, ids, epochs, tokens)
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
+}
+
+// releaseRunsSQL and releaseRunsInPlaceSQL: see ReleaseRuns, ReleaseRunsInPlace and
+// KeyedPlansSQL.
+var (
+	releaseRunsSQL        = releaseRunsAt("now()")
+	releaseRunsInPlaceSQL = releaseRunsAt("least(now(), r.created_at - r.priority * interval '1 second')")
+)
+
+func releaseRunsAt(availableAt string) string {
+	return `
 WITH upd AS (
-	UPDATE kagzi.runs r SET ` + releaseSQL("PENDING", "now()") + `
+	UPDATE kagzi.runs r SET ` + releaseSQL("PENDING", availableAt) + `
 	FROM unnest($1::uuid[], $2::bigint[], $3::uuid[]) AS h(run_id, epoch, token)
 	WHERE r.run_id = h.run_id AND r.lease_epoch = h.epoch AND r.lease_token IS NOT DISTINCT FROM h.token AND coalesce(r.status, '') = 'RUNNING'
 	  AND r.run_id = ANY ($1::uuid[]) -- reads only these runs, whichever join is planned (see heartbeatSQL)
 	RETURNING ` + releasedColumns + `
 )
 SELECT ` + notifyRunSQL + ` FROM upd`
+}
