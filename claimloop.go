@@ -266,7 +266,6 @@ const passedKeysRetry = 20 * time.Millisecond
 // again); report what else the claim said (see store.ClaimReport).
 func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport, err error) {
 	w.handLostBack(ctx)
-	w.soloBeforeClaim()
 	free := w.freeSlots()
 	if free <= 0 {
 		return true, report, nil
@@ -294,13 +293,11 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 		return false, store.ClaimReport{}, nil
 	}
 	now := time.Now()
-	start, solo := w.sortSuspects(ctx, claimed)
+	start, hold := w.sortSuspects(ctx, claimed)
 	for _, run := range start {
 		w.start(run, began, now)
 	}
-	if solo != nil {
-		w.startRun(*solo, began, now, true, false)
-	}
+	w.hold(hold, began, now)
 	w.backlog.Store(len(claimed) == free)
 	if len(claimed) < free {
 		// The claim had room for whatever a freed key held back, and looked for it.

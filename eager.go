@@ -65,7 +65,7 @@ func (w *Worker) versionOf(workflowType string) string {
 func (w *Worker) reserveSlot() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.accepting || w.soloBlocks(time.Now()) || !w.wantAlone.IsZero() ||
+	if !w.accepting || w.soloBlocks(time.Now()) || len(w.held) > 0 ||
 		w.cfg.MaxConcurrent-(len(w.active)-w.finishing)-w.reserved <= 0 {
 		return false
 	}
@@ -113,5 +113,5 @@ func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time, holdsSl
 		w.client.hooks.Claim(context.Background(), &ClaimEvent{Namespace: w.client.ns, WorkerID: w.cfg.ID,
 			Types: []string{r.WorkflowType}, Requested: 1, Claimed: 1, Eager: true})
 	}
-	w.startRun(run, sent, time.Now(), false, true)
+	w.startRun(run, sent, time.Now(), true)
 }

@@ -403,8 +403,8 @@ func TestALoneSurrogateEscapeIsRefusedAndAPairIsNot(t *testing.T) {
 }
 
 func TestOnlyARunTakenOverAfterItsExecutionAloneIsExhausted(t *testing.T) {
-	mark := func(alone bool, takeovers int, epoch int64) map[string]store.StepRecord {
-		out, _ := json.Marshal(aloneMark{Alone: alone, Takeovers: takeovers, Epoch: epoch})
+	mark := func(alone bool, takeovers int, epoch, reaped int64) map[string]store.StepRecord {
+		out, _ := json.Marshal(aloneMark{Alone: alone, Takeovers: takeovers, Epoch: epoch, Reaped: reaped})
 		return map[string]store.StepRecord{aloneKey: {Name: aloneKey, Kind: KindPatch, Status: StepCompleted, Output: out}}
 	}
 	run := func(takeovers int, epoch int64, steps map[string]store.StepRecord) store.ClaimedRun {
@@ -418,11 +418,12 @@ func TestOnlyARunTakenOverAfterItsExecutionAloneIsExhausted(t *testing.T) {
 		want bool
 	}{
 		{"taken over past the limit, never alone", run(2, 9, nil), false},
-		{"taken over once after running alone (its lease passed)", run(2, 4, mark(true, 1, 3)), true},
-		{"taken over once after running alone (reaped, then claimed)", run(2, 5, mark(true, 1, 3)), true},
-		{"claimed again after running alone, then taken over", run(2, 6, mark(true, 1, 3)), false},
-		{"taken over twice since running alone", run(3, 5, mark(true, 1, 3)), false},
-		{"taken over after running beside others", run(2, 4, mark(false, 1, 3)), false},
+		{"taken over once after running alone (its lease passed)", run(2, 4, mark(true, 1, 3, 0)), true},
+		{"taken over once after running alone (reaped, then claimed)", run(2, 5, mark(true, 1, 3, 4)), true},
+		{"taken over from a claim that never ran it, after it ran alone", run(2, 5, mark(true, 1, 3, 0)), false},
+		{"reaped from a claim that never ran it, after it ran alone", run(2, 6, mark(true, 1, 3, 5)), false},
+		{"taken over twice since running alone", run(3, 5, mark(true, 1, 3, 0)), false},
+		{"taken over after its window alone ended", run(2, 4, mark(false, 1, 3, 0)), false},
 		{"taken over more than twice the limit plus one", run(4, 20, nil), true},
 	} {
 		if got := exhausted(c.run, 1); got != c.want {
@@ -431,5 +432,8 @@ func TestOnlyARunTakenOverAfterItsExecutionAloneIsExhausted(t *testing.T) {
 	}
 	if exhausted(run(50, 60, nil), -1) {
 		t.Error("a run is exhausted with no limit")
+	}
+	if !clearedAlone(run(1, 4, mark(true, 1, 3, 0))) || clearedAlone(run(1, 4, mark(false, 1, 3, 0))) {
+		t.Error("a run that ran alone at its count and was not taken over since is cleared; one whose window ended is not")
 	}
 }

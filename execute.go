@@ -13,7 +13,7 @@ import (
 // writes that.
 func (w *Worker) execute(x *execution) {
 	defer w.executionDone(x)
-	if x.suspect {
+	if x.alone {
 		w.markAlone(x)
 	}
 	res := x.runFunction()

@@ -66,8 +66,8 @@ type execution struct {
 	// finishing: the workflow function returned and the run's slot was released
 	// while its end is written (guarded by the worker's mu).
 	finishing bool
-	// suspect: the run was taken over MaxTakeovers times, and its execution records
-	// how it runs; alone: it runs alone in its worker (solo.go).
+	// suspect: the run was taken over MaxTakeovers times, and was held before it
+	// started; alone: it runs alone in its worker (solo.go).
 	suspect, alone bool
 
 	// pending is the run's last completed step while its record is held back (see

@@ -3,6 +3,9 @@ package kagzi_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,7 +20,7 @@ import (
 
 // startSuspect starts a run of wf whose takeover count is already takeovers.
 func startSuspect[In, Out any](t *testing.T, e *env, wf *kagzi.Workflow[In, Out], input In,
-	takeovers int) *kagzi.Run[Out] {
+	takeovers int, opts ...kagzi.StartOption) *kagzi.Run[Out] {
 	t.Helper()
 	ctx := waitCtx(t)
 	tx, err := e.pool.Begin(ctx)
@@ -25,7 +28,7 @@ func startSuspect[In, Out any](t *testing.T, e *env, wf *kagzi.Workflow[In, Out]
 		t.Fatal(err)
 	}
 	defer tx.Rollback(ctx)
-	run, err := kagzi.StartTx(ctx, tx, e.client, wf, input)
+	run, err := kagzi.StartTx(ctx, tx, e.client, wf, input, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -92,9 +95,9 @@ func TestASuspectWaitingForItsOwnChildInABranchCompletesInItsOnlyWorker(t *testi
 	}
 }
 
-// A worker that claims a suspect while it executes other runs hands it back and waits
-// for its runs to end, but not for ever: a parent among them may wait for a child
-// that only this worker claims. Past the wait, the suspect runs beside the others.
+// A worker that claims a suspect while it executes other runs holds it and waits for
+// its runs to end, but not for ever: a parent among them may wait for a child that
+// only this worker claims. Past the wait, the suspect runs beside the others.
 func TestAWorkerHoldingBackASuspectStillClaimsTheChildrenItsRunsWaitFor(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
@@ -131,7 +134,7 @@ func TestAWorkerHoldingBackASuspectStillClaimsTheChildrenItsRunsWaitFor(t *testi
 	}
 	<-entered
 	s := startSuspect(t, e, steadyWorkflow, 1, 1)
-	eventually(t, "the worker to claim the suspect and hand it back", func() bool {
+	eventually(t, "the worker to claim the suspect", func() bool {
 		_, found := aloneRecord(t, e.pool, s.RunID)
 		var claims int
 		if err := e.pool.QueryRow(ctx, `SELECT lease_epoch FROM kagzi.runs WHERE run_id = $1`, s.RunID).Scan(&claims); err != nil {
@@ -146,8 +149,8 @@ func TestAWorkerHoldingBackASuspectStillClaimsTheChildrenItsRunsWaitFor(t *testi
 	if out, err := s.Wait(ctx); err != nil || out != 2 {
 		t.Fatalf("the suspect: %d, %v; want 2", out, err)
 	}
-	if alone, found := aloneRecord(t, e.pool, s.RunID); !found || alone {
-		t.Fatalf("the suspect's record says alone=%v (found %v); want that it ran beside the parent", alone, found)
+	if alone, found := aloneRecord(t, e.pool, s.RunID); found {
+		t.Fatalf("the suspect's record says alone=%v; want none: it ran beside the parent", alone)
 	}
 }
 
@@ -173,5 +176,232 @@ func TestPatchedDoesNotReadTheRecordOfARunAlone(t *testing.T) {
 	}
 	if alone, found := aloneRecord(t, e.pool, run.RunID); !found || !alone {
 		t.Fatalf("the suspect's record says alone=%v (found %v); want that it ran alone", alone, found)
+	}
+}
+
+// A run alone that loses its lease (here its deadline fails it) while its step, which
+// ignores its context, goes on: its window alone still ends, and the worker claims
+// again long before the step returns.
+func TestAWorkerWhoseRunAloneLostItsLeaseClaimsAgainWhileTheStepStillRuns(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	entered := make(chan struct{}, 1)
+	var returned atomic.Bool
+	stubborn := kagzi.Define("solo-stubborn", func(ctx *kagzi.Context, _ int) (int, error) {
+		return kagzi.Step(ctx, "stubborn", func(context.Context) (int, error) {
+			entered <- struct{}{}
+			time.Sleep(40 * time.Second) // ignores its context
+			returned.Store(true)
+			return 1, nil
+		})
+	})
+	cfg := fastWorker()
+	cfg.MaxTakeovers = 1
+	cfg.MaxConcurrent = 4
+	s := startSuspect(t, e, stubborn, 0, 1, kagzi.WithRunTimeout(2*time.Second))
+	runWorker(t, e.client, cfg, stubborn, steadyWorkflow)
+	<-entered
+	r, err := kagzi.Start(ctx, e.client, steadyWorkflow, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := r.Wait(ctx); err != nil || out != 2 {
+		t.Fatalf("a run started beside the run alone: %d, %v", out, err)
+	}
+	if returned.Load() {
+		t.Fatal("the worker claimed nothing until the step of its run alone returned")
+	}
+	if _, err := s.Wait(ctx); !errors.Is(err, kagzi.ErrDeadlineExceeded) {
+		t.Fatalf("the run alone: %v, want its deadline exceeded", err)
+	}
+}
+
+// A suspect whose record of running alone cannot be written (here a trigger refuses
+// it) runs beside other runs: its worker does not stay alone, and the suspect's own
+// child, which only this worker claims, runs.
+func TestASuspectWhoseRecordCannotBeWrittenDoesNotKeepItsWorkerAlone(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.pool.Exec(ctx, `
+		CREATE FUNCTION refuse_alone() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.step_key = 'kagzi#alone' THEN RAISE EXCEPTION 'refused'; END IF; RETURN NEW; END $$;
+		CREATE TRIGGER refuse_alone BEFORE INSERT OR UPDATE ON kagzi.steps FOR EACH ROW EXECUTE FUNCTION refuse_alone();`); err != nil {
+		t.Fatal(err)
+	}
+	child := kagzi.Define("unmarked-child", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "double", func(context.Context) (int, error) { return 2 * n, nil })
+	})
+	parent := kagzi.Define("unmarked-parent", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Go(ctx, "branch", func(b *kagzi.Context) (int, error) {
+			c, err := kagzi.StartChild(b, "child", child, n)
+			if err != nil {
+				return 0, err
+			}
+			return c.Get()
+		}).Get()
+	})
+	cfg := fastWorker()
+	cfg.MaxTakeovers = 1
+	run := startSuspect(t, e, parent, 21, 1)
+	runWorker(t, e.client, cfg, parent, child)
+	if out, err := run.Wait(ctx); err != nil || out != 42 {
+		t.Fatalf("the suspect: %d, %v; want 42", out, err)
+	}
+}
+
+// Only a takeover of the execution that ran alone fails a suspect: one of a claim that
+// never ran it since (a lost claim, a process killed before it began) does not, nor
+// does the next execution of a suspect that ran alone and suspended.
+func TestATakeoverOfAClaimThatNeverRanASuspectDoesNotFailIt(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("solo-napper", func(ctx *kagzi.Context, _ int) (int, error) {
+		if err := ctx.Sleep("nap", 2*time.Second); err != nil {
+			return 0, err
+		}
+		return 7, nil
+	})
+	cfg := fastWorker()
+	cfg.MaxTakeovers = 1
+	cfg.MaxInProcessSleep = time.Millisecond
+	s := startSuspect(t, e, wf, 0, 1)
+	stop := runWorker(t, e.client, cfg, wf)
+	eventually(t, "the suspect to sleep after running alone", func() bool {
+		return runStatus(t, e.client, s.RunID) == kagzi.StatusSleeping
+	})
+	stop()
+	if alone, found := aloneRecord(t, e.pool, s.RunID); !found || !alone {
+		t.Fatalf("the suspect's record says alone=%v (found %v); want that it ran alone", alone, found)
+	}
+	// A claim that never ran it: RUNNING under the next epoch, its lease passed.
+	if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', lease_epoch = lease_epoch + 1,
+		locked_by = 'ghost', available_at = now() WHERE run_id = $1`, s.RunID); err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, e.client, cfg, wf)
+	if out, err := s.Wait(ctx); err != nil || out != 7 {
+		t.Fatalf("the suspect after a takeover of a claim that never ran it: %d, %v; want 7", out, err)
+	}
+	if info, err := e.client.GetRun(ctx, s.RunID); err != nil || info.Takeovers != 2 {
+		t.Fatalf("the suspect: %+v, %v; want 2 takeovers", info, err)
+	}
+}
+
+// A busy worker that claims a suspect keeps it until it can run it alone: it is not
+// handed back to the head of the queue, where every busy worker would claim it in turn
+// and stop claiming for it.
+func TestASuspectClaimedByABusyWorkerIsClaimedOnceAndOthersGoOn(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	hold := kagzi.Define("solo-hold", func(ctx *kagzi.Context, _ int) (int, error) {
+		return kagzi.Step(ctx, "hold", func(c context.Context) (int, error) {
+			select {
+			case <-release:
+			case <-c.Done():
+				return 0, c.Err()
+			}
+			return 0, nil
+		})
+	})
+	cfg := fastWorker()
+	cfg.MaxTakeovers = 1
+	cfg.MaxConcurrent = 4
+	cfg.DisableEagerStart = true
+	for _, id := range []string{"solo-a", "solo-b"} {
+		c := cfg
+		c.ID = id
+		runWorker(t, e.client, c, hold, steadyWorkflow)
+	}
+	var holds []*kagzi.Run[int]
+	for i := 0; countRows(t, e.pool, `SELECT count(DISTINCT locked_by) FROM kagzi.runs WHERE status = 'RUNNING'`) < 2; i++ {
+		if i > 50 {
+			t.Fatal("could not make both workers busy")
+		}
+		r, err := kagzi.Start(ctx, e.client, hold, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		holds = append(holds, r)
+		time.Sleep(50 * time.Millisecond)
+	}
+	s := startSuspect(t, e, steadyWorkflow, 100, 1)
+	var quick []*kagzi.Run[int]
+	for i := range 6 {
+		r, err := kagzi.Start(ctx, e.client, steadyWorkflow, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		quick = append(quick, r)
+	}
+	for i, r := range quick {
+		if out, err := r.Wait(ctx); err != nil || out != i+1 {
+			t.Fatalf("quick run %d beside a held suspect: %d, %v", i, out, err)
+		}
+	}
+	close(release)
+	for _, r := range holds {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if out, err := s.Wait(ctx); err != nil || out != 101 {
+		t.Fatalf("the suspect: %d, %v; want 101", out, err)
+	}
+	var claims int
+	if err := e.pool.QueryRow(ctx, `SELECT lease_epoch FROM kagzi.runs WHERE run_id = $1`, s.RunID).Scan(&claims); err != nil {
+		t.Fatal(err)
+	}
+	if claims != 1 {
+		t.Fatalf("the suspect was claimed %d times, want once: a busy worker keeps it", claims)
+	}
+}
+
+// longWorkflow is one step of 12 s: longer than twice a window alone (5 s with the
+// subprocess worker's 1 s lease).
+var longWorkflow = kagzi.Define("long", func(ctx *kagzi.Context, n int) (int, error) {
+	return kagzi.Step(ctx, "wait", func(c context.Context) (int, error) {
+		select {
+		case <-time.After(12 * time.Second):
+		case <-c.Done():
+			return 0, c.Err()
+		}
+		return n + 1, nil
+	})
+})
+
+// A healthy run longer than its window alone, queued before a poison run in the one
+// worker process: once its window passes the poison run does not join it (another
+// suspect executes), and runs alone after it; the healthy run completes.
+func TestALongHealthyRunBesideAPoisonRunInOneProcessCompletes(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects (run_id text, step text, pid int)`); err != nil {
+		t.Fatal(err)
+	}
+	long, err := kagzi.Start(ctx, e.client, longWorkflow, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	poison, err := kagzi.Start(ctx, e.client, poisonWorkflow(e.pool), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := fmt.Sprint(crashMaxTakeoverEnv, "=", 1)
+	for cycle := 0; runStatus(t, e.client, poison.RunID) != kagzi.StatusFailed; cycle++ {
+		if cycle > 6 {
+			t.Fatalf("the poison run is still %s after %d worker crashes", runStatus(t, e.client, poison.RunID), cycle)
+		}
+		proc := startWorkerProcessEnv(t, e.url, env)
+		eventually(t, "the worker process to die or the poison run to fail", func() bool {
+			return processState(t, proc.Process.Pid) == "Z" || runStatus(t, e.client, poison.RunID) == kagzi.StatusFailed
+		})
+	}
+	startWorkerProcessEnv(t, e.url, env)
+	if out, err := long.Wait(ctx); err != nil || out != 2 {
+		t.Fatalf("the long healthy run: %d, %v; want 2", out, err)
+	}
+	if _, err := poison.Wait(ctx); !errors.Is(err, kagzi.ErrRecoveryExhausted) {
+		t.Fatalf("the poison run: %v, want RECOVERY_EXHAUSTED", err)
 	}
 }

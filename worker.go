@@ -86,15 +86,16 @@ type Worker struct {
 	// runs to this worker without its knowing (see lostclaims.go).
 	lostClaims []store.LostClaim
 	lostRuns   []store.Fence
-	// Runs alone (solo.go): soloRun is the run that executes alone, or is about to
-	// (uuid.Nil: none); wantAlone, until when the worker claims nothing more until
-	// its runs end, for a suspect it handed back; shareUntil, until when the suspects
-	// it claims run beside its other runs; claimOne, that its last claim met a
-	// suspect and it claims one run at a time.
-	soloRun               uuid.UUID
-	wantAlone, shareUntil time.Time
-	claimOne              bool
-	slotFree              chan struct{}
+	// Runs alone (solo.go): held are the suspects the worker holds (in active, not
+	// started yet), soloX the execution alone (nil: none), suspectsRunning how many
+	// suspects execute; the worker drains for a held suspect until drainUntil;
+	// claimOne: its last claim met a suspect, and it claims one run at a time.
+	held            []*execution
+	soloX           *execution
+	suspectsRunning int
+	drainUntil      time.Time
+	claimOne        bool
+	slotFree        chan struct{}
 	// rt is what the executions need of the worker (set by Run).
 	rt *runtime
 	// claimer is who claims, with the worker's cursors in the concurrency-key queues
@@ -507,30 +508,37 @@ func (w *Worker) releaseSlot(x *execution, keepsPlace bool) {
 // start executes a claimed run on a goroutine of its own (one of w.goroutines). sent
 // is when the claim was sent, claimedAt when its answer came.
 func (w *Worker) start(run store.ClaimedRun, sent, claimedAt time.Time) {
-	w.startRun(run, sent, claimedAt, false, false)
+	w.startRun(run, sent, claimedAt, false)
 }
 
-// startRun is start. alone runs the run alone (see solo.go); eager takes the slot
-// reserved for an eager start, in the same hold of w.mu that counts the run active,
-// so that the worker never looks idle in between.
-func (w *Worker) startRun(run store.ClaimedRun, sent, claimedAt time.Time, alone, eager bool) {
+// startRun is start; eager takes the slot reserved for an eager start, in the same
+// hold of w.mu that counts the run active, so that the worker never looks idle in
+// between (see solo.go).
+func (w *Worker) startRun(run store.ClaimedRun, sent, claimedAt time.Time, eager bool) {
 	w.sawWork.Store(claimedAt.UnixNano())
 	x := newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt)
-	x.alone, x.suspect = alone, w.suspect(run)
 	w.mu.Lock()
 	if eager {
 		w.reserved--
 	}
-	if old := w.active[run.RunID]; old != nil && old.finishing {
+	w.addActiveLocked(x)
+	w.mu.Unlock()
+	w.rt.goroutines.Go(func() { w.execute(x) })
+}
+
+// addActiveLocked counts an execution active (w.mu held).
+func (w *Worker) addActiveLocked(x *execution) {
+	id := x.run.RunID
+	if old := w.active[id]; old != nil && old.finishing {
 		// The run was claimed again (its lease ran out) while its previous execution
 		// was still writing its end: that one no longer counts.
 		old.finishing = false
 		w.finishing--
-		delete(w.finishingHolders, run.RunID)
+		delete(w.finishingHolders, id)
+	} else if old != nil && old.suspect {
+		w.forgetHeldLocked(old) // held, and its lease ran out (see solo.go)
 	}
-	w.active[run.RunID] = x
-	w.mu.Unlock()
-	w.rt.goroutines.Go(func() { w.execute(x) })
+	w.active[id] = x
 }
 
 // executionDone forgets an execution that ended and frees its slot.
@@ -545,16 +553,10 @@ func (w *Worker) executionDone(x *execution) {
 			delete(w.finishingHolders, x.run.RunID)
 		}
 	}
-	claimNow := false
-	if x.alone && w.soloRun == x.run.RunID {
-		w.soloRun, claimNow = uuid.Nil, true
-	}
-	if !w.wantAlone.IsZero() && len(w.active)+w.reserved == 0 {
-		claimNow = true // the suspect it handed back runs alone now (see solo.go)
-	}
+	soloChanged := w.soloDoneLocked(x)
 	w.mu.Unlock()
-	if claimNow {
-		w.claimSoon()
+	if soloChanged {
+		w.soloChanged()
 	}
 	select {
 	case w.slotFree <- struct{}{}:
@@ -579,6 +581,9 @@ func (w *Worker) cancelRun(runID string) {
 // drain waits for running workflows up to DrainTimeout, then interrupts them and
 // hands their runs back.
 func (w *Worker) drain() {
+	w.mu.Lock()
+	w.dropHeldLocked() // suspects held back go back at once (see solo.go)
+	w.mu.Unlock()
 	deadline := time.NewTimer(w.cfg.DrainTimeout)
 	defer deadline.Stop()
 	interrupted := false

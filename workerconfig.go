@@ -100,25 +100,28 @@ type WorkerConfig struct {
 	// counts them) before it is suspected of killing its process (os.Exit, an
 	// out-of-memory kill, a crash in cgo), which would otherwise have it taken over
 	// for ever. Every run executing in a process that dies is taken over, so the count
-	// cannot tell that run from its neighbours. A run taken over MaxTakeovers times
-	// therefore runs alone in the worker that claims it: the worker executes and
-	// claims nothing else meanwhile, and the run records so (a record "kagzi#alone"
-	// among its steps). Taken over once more after that, having killed its process
-	// alone, the run fails, without running again, with CodeRecoveryExhausted
-	// (errors.Is ErrRecoveryExhausted); its neighbours, each alone in its turn,
-	// complete. Hand-backs of a graceful shutdown are not takeovers. Default
-	// DefaultMaxTakeovers; negative: no limit.
+	// cannot tell that run from its neighbours. A run claimed with MaxTakeovers
+	// takeovers or more therefore runs alone in the worker that claims it: the worker
+	// holds it (leased) until nothing else executes in it, then runs it, claiming
+	// nothing and taking no eager start meanwhile, and the run records so (a record
+	// "kagzi#alone" among its steps). Taken over from that execution, having killed
+	// its process alone, the run fails, without running again, with
+	// CodeRecoveryExhausted (errors.Is ErrRecoveryExhausted); its neighbours, each
+	// alone in its turn, complete, and a run that ran alone without dying runs as any
+	// other until its next takeover. Hand-backs of a graceful shutdown are not
+	// takeovers. Default DefaultMaxTakeovers; negative: no limit.
 	//
-	// Nothing waits for ever on a suspect: a worker busy with other runs when it
-	// claims one hands it back and claims nothing until its runs end, for at most
-	// three leases (at least 5 s); past that, it runs the suspects it claims beside
-	// its other runs for as long. A suspect runs alone for as long at most (it may
-	// wait for children only this worker would claim), then beside others. A run
-	// whose step kills its process only after that window is failed when taken over
-	// more than 2×MaxTakeovers+1 times in all. Alone means alone in its worker: other
-	// workers of the same process go on, and a run one of them kills is not told
-	// apart. Give code that can crash its process (cgo, unbounded memory) workers in
-	// a process of its own.
+	// Nothing waits for ever on such a run. A worker holding one claims nothing while
+	// it waits for its runs to end, for at most three leases (at least 5 s); past
+	// that, it claims again and starts the held run beside its runs (not recorded
+	// alone), unless another such run executes: then after that one. A run alone for
+	// that long (it may wait for children only this worker would claim) is recorded
+	// as no longer alone, and the worker claims again. A run whose step kills its
+	// process only after that window is failed when taken over more than
+	// 2×MaxTakeovers+1 times in all. Alone means alone in its worker: other workers of
+	// the same process go on, and a run one of them kills is not told apart. Give
+	// code that can crash its process (cgo, unbounded memory) workers in a process of
+	// its own.
 	MaxTakeovers int
 }
 

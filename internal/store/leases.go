@@ -73,6 +73,17 @@ func ReleaseRuns(ctx context.Context, db DBTX, held []Fence) error {
 	return rows.Err()
 }
 
+// stampReapedSQL follows a CTE named freed, the runs a reap freed (run_id and the
+// lease_epoch it gave them): it stamps that epoch on the record of each that executed
+// alone (the worker's "kagzi#alone" step, see the root package's solo.go), so that the
+// claim that takes it over can tell the reap that moved its epoch on from a claim
+// that never ran it. A data-modifying CTE runs whether or not the query reads it.
+const stampReapedSQL = `stamped AS (
+	UPDATE kagzi.steps s SET output = s.output || jsonb_build_object('reaped', f.lease_epoch)
+	FROM freed f
+	WHERE s.run_id = f.run_id AND s.step_key = 'kagzi#alone'
+)`
+
 // ReleaseRunsInPlace is ReleaseRuns that puts each run back in its place in the
 // queue (its creation, less its priority), as a reap does, not behind the runs
 // queued since: a worker that claimed runs it must not execute now (beside a run

@@ -64,8 +64,8 @@ WITH held AS (
 	FROM dead d
 	WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = d.worker_id AND r.available_at > now()
 	  AND EXISTS (SELECT 1 FROM dead) -- read no run when no worker died, whichever side the plan joins first
-	RETURNING r.workflow_type, r.available_at
-)
+	RETURNING r.run_id, r.lease_epoch, r.workflow_type, r.available_at
+), ` + stampReapedSQL + `
 SELECT (SELECT count(*) FROM dead), (SELECT count(*) FROM freed),
 	EXISTS (SELECT 1 FROM kagzi.workers o WHERE o.namespace = $1 AND o.worker_id <> $2 AND o.status <> 'OFFLINE'
 		AND o.active_runs > 0),

@@ -109,8 +109,8 @@ func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow, held [][16]byte, 
 				holds_type_slot = false -- fenced: its slot is free at once (see slotGraceSQL)
 			WHERE r.namespace = $1 AND r.status = 'RUNNING' AND r.locked_by = $2 AND r.available_at > now()
 			  AND r.run_id <> ALL (coalesce($11::uuid[], '{}'))
-			RETURNING r.workflow_type, r.available_at
-		)
+			RETURNING r.run_id, r.lease_epoch, r.workflow_type, r.available_at
+		), `+stampReapedSQL+`
 		SELECT (SELECT count(*) FROM reg) + (SELECT count(pg_notify('`+Channel+`', 'w|' || octet_length($1::text) || ':'
 			|| $1 || '|' || t.workflow_type || '|' || (extract(epoch FROM t.at) * 1000)::bigint))
 			FROM (SELECT workflow_type, min(available_at) AS at FROM freed GROUP BY workflow_type) t),

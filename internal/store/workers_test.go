@@ -333,3 +333,51 @@ func deadWorker(t *testing.T, pool *pgxpool.Pool) {
 		t.Fatal(err)
 	}
 }
+
+// A reap, and a registration under a dead worker's id, stamp the epoch they gave a
+// freed run on its record of executing alone (the root package's runs alone), and on
+// no other step: the claim that takes the run over tells that reap from a claim that
+// never ran it.
+func TestAReapStampsTheEpochItGaveOnTheRecordOfARunAlone(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	stamp := func(run uuid.UUID, key string) (reaped *int64) {
+		t.Helper()
+		if err := pool.QueryRow(ctx, `SELECT (output->>'reaped')::bigint FROM kagzi.steps WHERE run_id = $1 AND step_key = $2`,
+			run, key).Scan(&reaped); err != nil {
+			t.Fatal(err)
+		}
+		return reaped
+	}
+	for _, by := range []string{"reap", "registration"} {
+		run := runningRun(t, pool, 1, false) // locked by w, epoch 1
+		for _, key := range []string{"kagzi#alone", "step#1"} {
+			if err := RecordMarker(ctx, pool, ResultStep{Fence: Fence{RunID: run, Epoch: 1}, Key: key,
+				Output: []byte(`{"alone": true, "takeovers": 1, "epoch": 1}`)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		switch by {
+		case "reap":
+			deadWorker(t, pool)
+			if r, err := ReapDeadWorkers(ctx, pool, "default", "me", 1); err != nil || r.Runs != 1 {
+				t.Fatalf("reap: %+v, %v", r, err)
+			}
+		default:
+			if _, err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: "w", WorkflowTypes: []string{"wf"},
+				WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil, 0); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if got := stamp(run, "kagzi#alone"); got == nil || *got != 2 {
+			t.Fatalf("after a %s the record of the run alone says reaped %v, want epoch 2", by, got)
+		}
+		if got := stamp(run, "step#1"); got != nil {
+			t.Fatalf("after a %s another step says reaped %v", by, *got)
+		}
+		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'COMPLETED', locked_by = NULL WHERE run_id = $1`, run); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
