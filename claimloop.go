@@ -293,11 +293,11 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 		return false, store.ClaimReport{}, nil
 	}
 	now := time.Now()
-	start, hold := w.sortSuspects(ctx, claimed)
+	start, beside, hold := w.sortSuspects(ctx, claimed)
 	for _, run := range start {
 		w.start(run, began, now)
 	}
-	w.hold(hold, began, now)
+	w.hold(hold, beside, began, now)
 	w.backlog.Store(len(claimed) == free)
 	if len(claimed) < free {
 		// The claim had room for whatever a freed key held back, and looked for it.

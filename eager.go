@@ -65,7 +65,7 @@ func (w *Worker) versionOf(workflowType string) string {
 func (w *Worker) reserveSlot() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if !w.accepting || w.soloBlocks(time.Now()) || len(w.held) > 0 ||
+	if !w.accepting || w.soloBlocks(time.Now()) || w.held != nil ||
 		w.cfg.MaxConcurrent-(len(w.active)-w.finishing)-w.reserved <= 0 {
 		return false
 	}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/kagzi/kagzi/internal/store"
 )
 
@@ -14,33 +16,36 @@ import (
 // over, so the count cannot tell that run from its neighbours (found from outside:
 // four healthy runs failed RECOVERY_EXHAUSTED with one that called os.Exit). So a run
 // claimed with MaxTakeovers takeovers or more (a suspect) is not failed: the worker
-// that claims it holds it (leased, its lease renewed, not executing) and starts it
+// that claims it holds it (leased, its lease renewed, not executing), and starts it
 // when nothing else executes in the worker, alone; it claims nothing and takes no
 // eager start meanwhile. Before its function runs, the execution records that it runs
 // alone (aloneKey: its takeover count and lease epoch). A claim that takes the run over
 // from that very execution (the next epoch, or the one after when a reap moved it on:
 // a reap stamps the record) fails it RECOVERY_EXHAUSTED without running it: it killed
-// its process alone. A suspect whose execution alone ended without being taken over is
-// cleared at that count: its next executions run as any run's do, until another
-// takeover. Its neighbours, alone in their turn, complete.
+// its process alone (or froze past its lease, or lost its database, alone). A suspect
+// whose execution alone ended without being taken over is cleared at that count: its
+// next executions run as any run's do, until another takeover. Its neighbours, alone
+// in their turn, complete.
 //
-// Nothing here waits without bound (an earlier version did, and a worker could stop
-// for good: a suspect waiting in a branch for its own child, a parent waiting for
-// children while the worker waited for it to end):
-//   - A worker holding a suspect drains (claims nothing) for soloWindow at most; past
-//     that, the suspect starts beside the worker's runs (its record does not say
-//     alone), unless another suspect executes: then it waits for that one, and drains
-//     again when it ends. The worker claims while it waits.
+// A worker has one suspect in flight at most (held, or executing), so that a run
+// alone that kills its process takes no other suspect with it: the other suspects a
+// claim returns go back, in their place in the queue when the worker is idle (other
+// workers take them), else parked for soloWindow (store.ParkRuns: its next claims
+// would take them straight back). One exception: a suspect descending from a suspect
+// that executes starts beside it, since its ancestor may be waiting for it.
+//
+// Nothing here waits without bound (earlier versions did, and a worker could stop for
+// good: a suspect waiting in a branch for its own child, a parent waiting for children
+// while the worker waited for it to end):
+//   - A worker holding a suspect drains (claims nothing) for soloWindow at most; then
+//     it claims again and starts the suspect beside its runs (not recorded alone).
 //   - A suspect runs alone for soloWindow at most: its record is then rewritten to say
 //     it no longer runs alone, and the worker claims again (its children, say).
 //
-// A worker that claims suspects keeps them (other workers are not stalled by a run
-// handed back to the head of the queue), holds back a suspect until the runs it
-// executes end, and, while its claims return suspects, claims one run at a time. An
-// idle worker that claims a suspect hands back the other runs of that claim (in their
-// place in the queue). Alone in its worker, not in its process: another worker of the
-// same process goes on. A run whose step kills its process only after its window
-// alone is failed when taken over more than hardTakeovers times in all.
+// An idle worker whose claim met a suspect claims one run at a time next. Alone in its
+// worker, not in its process: another worker of the same process goes on. A run whose
+// step kills its process only after its window alone is failed when taken over more
+// than hardTakeovers times in all.
 
 // aloneKey is the key of the record that a suspect executes alone (aloneMark). A
 // step's or a patch's key always ends in '#' and a count ("name#2", "id#patch1"),
@@ -112,89 +117,151 @@ func (w *Worker) soloWindow() time.Duration {
 // soloBlocks reports whether runs alone keep the worker from claiming and taking
 // eager starts: one executes alone, or the worker drains for one it holds (w.mu held).
 func (w *Worker) soloBlocks(now time.Time) bool {
-	return w.soloX != nil || (len(w.held) > 0 && now.Before(w.drainUntil))
+	return w.soloX != nil || (w.held != nil && now.Before(w.drainUntil))
 }
 
-// sortSuspects takes the runs a claim returned and returns those to start now and
-// the suspects to hold. With the worker idle, the runs of the claim that are neither
-// (runs the claim fails at once run no code) go back in their place in the queue.
-func (w *Worker) sortSuspects(ctx context.Context, claimed []store.ClaimedRun) (start, hold []store.ClaimedRun) {
+// executingLocked counts the runs that execute code in the worker, or are about to:
+// active runs not held and not finishing, and eager starts in flight (w.mu held).
+func (w *Worker) executingLocked() int {
+	n := len(w.active) - w.finishing + w.reserved
+	if w.held != nil {
+		n--
+	}
+	return n
+}
+
+// suspectsExecutingLocked returns the runs of the suspects that execute (w.mu held).
+func (w *Worker) suspectsExecutingLocked() []uuid.UUID {
+	var ids []uuid.UUID
+	for id, x := range w.active {
+		if x.suspect && x != w.held && !x.finishing {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// sortSuspects takes the runs a claim returned and returns those to start now (with
+// the suspects among them that descend from a suspect executing: beside), and the
+// suspect to hold (nil: none). The others go back: see above.
+func (w *Worker) sortSuspects(ctx context.Context, claimed []store.ClaimedRun) (start, beside []store.ClaimedRun,
+	hold *store.ClaimedRun) {
 	n := 0
 	for _, r := range claimed {
 		if w.suspect(r) {
 			n++
 		}
 	}
+	if n == 0 && !w.claimOne {
+		return claimed, nil, nil
+	}
 	w.mu.Lock()
-	w.claimOne = n > 0
+	idle := w.executingLocked() == 0 && w.held == nil && w.soloX == nil
+	w.claimOne = n > 0 && idle
 	if n == 0 {
 		w.mu.Unlock()
-		return claimed, nil
+		return claimed, nil, nil
 	}
-	idle := w.executingLocked() == 0 && w.soloX == nil
+	executing := w.suspectsExecutingLocked()
+	inFlight := w.held != nil || w.soloX != nil || len(executing) > 0
 	w.mu.Unlock()
-	var back []store.Fence
-	for _, r := range claimed {
+	var back, park []store.Fence
+	for i, r := range claimed {
 		switch {
-		case w.suspect(r):
-			hold = append(hold, r)
-		case idle && !exhausted(r, w.cfg.MaxTakeovers):
+		case !w.suspect(r):
+			if idle && !exhausted(r, w.cfg.MaxTakeovers) {
+				back = append(back, r.Fence)
+			} else {
+				start = append(start, r)
+			}
+		case hold == nil && !inFlight:
+			hold = &claimed[i]
+		case idle:
 			back = append(back, r.Fence)
+		case len(executing) > 0 && w.descends(ctx, r, executing):
+			beside = append(beside, r)
 		default:
-			start = append(start, r)
+			park = append(park, r.Fence)
 		}
 	}
-	if len(back) > 0 {
-		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
-		defer cancel()
-		if err := store.ReleaseRunsInPlace(bctx, w.client.pool, back); err != nil {
-			// Handed back before the next claim, not taken over when their leases pass.
-			w.mu.Lock()
-			w.lostRuns = append(w.lostRuns, back...)
-			w.mu.Unlock()
-			w.claimSoon()
-			w.logger.Warn("kagzi: cannot hand back runs claimed beside a run to execute alone; trying again",
-				"error", err, "runs", len(back))
+	w.giveBack(ctx, back, park)
+	return start, beside, hold
+}
+
+// descends reports whether the run descends from one of the runs (its ancestors as
+// read now; an error reads as no).
+func (w *Worker) descends(ctx context.Context, run store.ClaimedRun, of []uuid.UUID) bool {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
+	defer cancel()
+	ancestors, err := store.Ancestors(actx, w.client.pool, run.RunID)
+	if err != nil {
+		w.logger.Warn("kagzi: cannot read a run's ancestors", "error", err, "run_id", run.RunID)
+		return false
+	}
+	for _, a := range ancestors {
+		for _, id := range of {
+			if a == id {
+				return true
+			}
 		}
 	}
-	return start, hold
+	return false
 }
 
-// executingLocked counts the runs that execute code in the worker, or are about to:
-// active runs not held and not finishing, and eager starts in flight (w.mu held).
-func (w *Worker) executingLocked() int {
-	return len(w.active) - len(w.held) - w.finishing + w.reserved
-}
-
-// hold keeps claimed suspects, leased to the worker (its heartbeats renew them), until
-// runHeld starts them.
-func (w *Worker) hold(runs []store.ClaimedRun, sent, claimedAt time.Time) {
-	if len(runs) == 0 {
+// giveBack hands back runs in their place in the queue (back) and parks others for
+// soloWindow (park). What it cannot give back is handed back before the next claim.
+func (w *Worker) giveBack(ctx context.Context, back, park []store.Fence) {
+	if len(back) == 0 && len(park) == 0 {
 		return
 	}
-	xs := make([]*execution, len(runs))
-	for i, run := range runs {
-		xs[i] = newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt)
-		xs[i].suspect = true
-		w.logger.Warn("kagzi: a run taken over MaxTakeovers times is to run alone in its worker: it fails if it "+
-			"kills its process there", "run_id", run.RunID, "takeovers", run.Takeovers)
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
+	defer cancel()
+	var failed []store.Fence
+	if len(back) > 0 {
+		if err := store.ReleaseRunsInPlace(bctx, w.client.pool, back); err != nil {
+			failed = append(failed, back...)
+		}
 	}
-	w.mu.Lock()
-	if len(w.held) == 0 {
-		w.drainFor()
+	if len(park) > 0 {
+		if err := store.ParkRuns(bctx, w.client.pool, park, w.soloWindow()); err != nil {
+			failed = append(failed, park...)
+		}
 	}
-	for _, x := range xs {
-		w.addActiveLocked(x)
-		w.held = append(w.held, x)
+	if len(failed) > 0 {
+		w.mu.Lock()
+		w.lostRuns = append(w.lostRuns, failed...)
+		w.mu.Unlock()
+		w.claimSoon()
+		w.logger.Warn("kagzi: cannot hand back runs claimed beside a run to execute alone; trying again",
+			"runs", len(failed))
 	}
-	w.mu.Unlock()
-	w.runHeld()
 }
 
-// drainFor starts a drain of the worker for a suspect it holds (w.mu held).
-func (w *Worker) drainFor() {
+// hold keeps a claimed suspect, leased to the worker (its heartbeats renew it), until
+// runHeld starts it; beside start at once, as suspects.
+func (w *Worker) hold(run *store.ClaimedRun, beside []store.ClaimedRun, sent, claimedAt time.Time) {
+	for _, r := range beside {
+		x := newExecution(w.rt, w.defs[r.WorkflowType], r, sent, claimedAt)
+		x.suspect = true
+		w.mu.Lock()
+		w.addActiveLocked(x)
+		w.mu.Unlock()
+		w.launch(x)
+	}
+	if run == nil {
+		return
+	}
+	x := newExecution(w.rt, w.defs[run.WorkflowType], *run, sent, claimedAt)
+	x.suspect = true
+	w.logger.Warn("kagzi: a run taken over MaxTakeovers times is to run alone in its worker: it fails if it "+
+		"kills its process there", "run_id", run.RunID, "takeovers", run.Takeovers)
+	w.mu.Lock()
+	w.addActiveLocked(x)
+	w.held = x
 	w.drainUntil = time.Now().Add(w.soloWindow())
 	time.AfterFunc(w.soloWindow(), w.soloChanged)
+	w.mu.Unlock()
+	w.runHeld()
 }
 
 // soloChanged starts what may start now, and has the loop claim.
@@ -203,81 +270,80 @@ func (w *Worker) soloChanged() {
 	w.claimSoon()
 }
 
-// runHeld starts the first held suspect: alone when nothing else executes in the
-// worker; beside its runs once the drain passed, unless another suspect executes.
-// A held run whose context ended (lease lost, cancelled) starts at once: it runs no
-// code.
+// runHeld starts the held suspect: alone when nothing else executes in the worker;
+// beside its runs once the drain passed. A held run whose context ended (lease lost,
+// cancelled) starts at once: it runs no code.
 func (w *Worker) runHeld() {
 	w.mu.Lock()
-	var launch []*execution
-	for len(w.held) > 0 && w.accepting {
-		x := w.held[0]
-		switch {
-		case x.ctx.Err() != nil:
-		case w.soloX == nil && w.executingLocked() == 0:
-			x.alone, w.soloX = true, x
-		case w.soloX == nil && w.suspectsRunning == 0 && !time.Now().Before(w.drainUntil):
-			if len(w.held) > 1 {
-				w.drainFor()
-			}
-		default:
-			w.mu.Unlock()
-			w.launch(launch)
-			return
-		}
-		w.held = w.held[1:]
-		w.suspectsRunning++
-		launch = append(launch, x)
-		if x.alone {
-			break
-		}
+	x := w.held
+	if x == nil || !w.accepting {
+		w.mu.Unlock()
+		return
 	}
+	switch {
+	case x.ctx.Err() != nil:
+	case w.soloX == nil && w.executingLocked() == 0:
+		x.alone, w.soloX = true, x
+	case !time.Now().Before(w.drainUntil):
+	default:
+		w.mu.Unlock()
+		return
+	}
+	w.held = nil
 	w.mu.Unlock()
-	w.launch(launch)
+	w.launch(x)
 }
 
-// launch runs executions on goroutines of their own.
-func (w *Worker) launch(xs []*execution) {
-	for _, x := range xs {
-		w.rt.goroutines.Go(func() { w.execute(x) })
-	}
+// launch runs an execution on a goroutine of its own.
+func (w *Worker) launch(x *execution) {
+	w.rt.goroutines.Go(func() { w.execute(x) })
 }
 
-// soloDoneLocked notes the end of an execution for runs alone, and reports whether a
+// soloDoneLocked notes the end of an execution for runs alone, and reports whether the
 // held suspect may start or the worker claim now (w.mu held).
 func (w *Worker) soloDoneLocked(x *execution) bool {
-	if !x.suspect {
-		return w.soloX == nil && len(w.held) > 0
-	}
 	if w.soloX == x {
 		w.soloX = nil
 	}
-	w.suspectsRunning--
-	if len(w.held) > 0 {
-		w.drainFor() // the next suspect: the worker drains again
-	}
-	return true
+	return x.suspect || w.held != nil
 }
 
-// dropHeldLocked hands back the suspects the worker holds, when it stops (w.mu held).
-func (w *Worker) dropHeldLocked() {
-	for _, x := range w.held {
-		x.cancel(errShutdown)
-		delete(w.active, x.run.RunID)
-		w.handBack = append(w.handBack, x.run.Fence)
-	}
+// dropHeld hands back the suspect the worker holds, when it stops (in its place in
+// the queue), or when its pool was closed (nothing to write: lost).
+func (w *Worker) dropHeld(closed bool) {
+	w.mu.Lock()
+	x := w.held
 	w.held = nil
+	if x != nil {
+		delete(w.active, x.run.RunID)
+	}
+	w.mu.Unlock()
+	if x == nil {
+		return
+	}
+	if closed {
+		x.cancel(errLeaseLost)
+		x.rt.endExecution(x, OutcomeLeaseLost, nil)
+		return
+	}
+	x.cancel(errShutdown)
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.LeaseDuration)
+	defer cancel()
+	if err := store.ReleaseRunsInPlace(ctx, w.client.pool, []store.Fence{x.run.Fence}); err != nil {
+		w.mu.Lock()
+		w.handBack = append(w.handBack, x.run.Fence)
+		w.mu.Unlock()
+	}
+	x.rt.endExecution(x, OutcomeHandedBack, nil)
 }
 
-// forgetHeldLocked drops a held suspect whose run the worker claimed again: its lease
-// ran out while held (w.mu held).
+// forgetHeldLocked drops the held suspect when the worker claimed its run again: its
+// lease ran out while held (w.mu held). Its execution ends without running.
 func (w *Worker) forgetHeldLocked(x *execution) {
-	for i, h := range w.held {
-		if h == x {
-			x.cancel(errLeaseLost)
-			w.held = append(w.held[:i:i], w.held[i+1:]...)
-			return
-		}
+	if w.held == x {
+		w.held = nil
+		x.cancel(errLeaseLost)
+		go x.rt.endExecution(x, OutcomeLeaseLost, nil) // not under w.mu
 	}
 }
 

@@ -405,3 +405,144 @@ func TestALongHealthyRunBesideAPoisonRunInOneProcessCompletes(t *testing.T) {
 		t.Fatalf("the poison run: %v, want RECOVERY_EXHAUSTED", err)
 	}
 }
+
+// A suspect child of a suspect parent that waits for it in a branch (both died with
+// their process) runs beside its parent: held behind it, it would wait for ever.
+func TestASuspectChildOfASuspectParentWaitingForItRunsBesideIt(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	// Every child is inserted with one takeover, as if it had died with its parent.
+	if _, err := e.pool.Exec(ctx, `
+		CREATE FUNCTION child_taken_over() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN IF NEW.parent_run_id IS NOT NULL THEN NEW.takeovers := 1; END IF; RETURN NEW; END $$;
+		CREATE TRIGGER child_taken_over BEFORE INSERT ON kagzi.runs FOR EACH ROW EXECUTE FUNCTION child_taken_over();`); err != nil {
+		t.Fatal(err)
+	}
+	child := kagzi.Define("suspect-child", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "double", func(context.Context) (int, error) { return 2 * n, nil })
+	})
+	parent := kagzi.Define("suspect-parent", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Go(ctx, "branch", func(b *kagzi.Context) (int, error) {
+			c, err := kagzi.StartChild(b, "child", child, n)
+			if err != nil {
+				return 0, err
+			}
+			return c.Get()
+		}).Get()
+	})
+	cfg := fastWorker()
+	cfg.MaxTakeovers = 1
+	cfg.DisableEagerStart = true
+	cfg.MaxConcurrent = 2
+	run := startSuspect(t, e, parent, 21, 1)
+	runWorker(t, e.client, cfg, parent, child, steadyWorkflow)
+	if out, err := run.Wait(ctx); err != nil || out != 42 {
+		t.Fatalf("the suspect parent waiting for its suspect child: %d, %v; want 42", out, err)
+	}
+	q, err := kagzi.Start(ctx, e.client, steadyWorkflow, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := q.Wait(ctx); err != nil || out != 2 {
+		t.Fatalf("a run after them: %d, %v", out, err)
+	}
+}
+
+// Several runs that kill their process, and healthy runs, in one worker process
+// restarted after each death: a worker holds one suspect at a time, so a poison run
+// alone takes no other suspect with it, and the healthy runs complete.
+func TestSeveralPoisonRunsInOneProcessFailAloneAndTheHealthyRunsComplete(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects (run_id text, step text, pid int)`); err != nil {
+		t.Fatal(err)
+	}
+	var poisons, healthy []*kagzi.Run[int]
+	for i := range 3 {
+		p, err := kagzi.Start(ctx, e.client, poisonWorkflow(e.pool), i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		poisons = append(poisons, p)
+	}
+	for i := range 3 {
+		r, err := kagzi.Start(ctx, e.client, slowWorkflow, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		healthy = append(healthy, r)
+	}
+	env := fmt.Sprint(crashMaxTakeoverEnv, "=", 1)
+	allFailed := func() bool {
+		for _, p := range poisons {
+			if runStatus(t, e.client, p.RunID) != kagzi.StatusFailed {
+				return false
+			}
+		}
+		return true
+	}
+	for cycle := 0; !allFailed(); cycle++ {
+		if cycle > 12 {
+			t.Fatalf("the poison runs are not all failed after %d worker crashes", cycle)
+		}
+		proc := startWorkerProcessEnv(t, e.url, env)
+		eventually(t, "the worker process to die or the poison runs to fail", func() bool {
+			return processState(t, proc.Process.Pid) == "Z" || allFailed()
+		})
+	}
+	startWorkerProcessEnv(t, e.url, env)
+	for i, r := range healthy {
+		if out, err := r.Wait(ctx); err != nil || out != i+1 {
+			t.Fatalf("healthy run %d beside the poison runs: %d, %v; want %d", i, out, err, i+1)
+		}
+	}
+	for i, p := range poisons {
+		if _, err := p.Wait(ctx); !errors.Is(err, kagzi.ErrRecoveryExhausted) {
+			t.Fatalf("poison run %d: %v, want RECOVERY_EXHAUSTED", i, err)
+		}
+	}
+}
+
+// The suspects a claim returns beyond the one the worker holds go back to the queue,
+// where another worker takes them: they do not wait in line in one worker.
+func TestSuspectsBeyondTheOneAWorkerHoldsGoToOtherWorkers(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	var running atomic.Int32
+	var both atomic.Bool
+	gate := kagzi.Define("solo-gate", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "gate", func(c context.Context) (int, error) {
+			if running.Add(1) >= 2 {
+				both.Store(true)
+			}
+			defer running.Add(-1)
+			select {
+			case <-release:
+			case <-c.Done():
+				return 0, c.Err()
+			}
+			return n, nil
+		})
+	})
+	var suspects []*kagzi.Run[int]
+	for i := range 3 {
+		suspects = append(suspects, startSuspect(t, e, gate, i, 1))
+	}
+	cfg := fastWorker()
+	cfg.MaxTakeovers = 1
+	cfg.MaxConcurrent = 3
+	cfg.DisableEagerStart = true
+	for _, id := range []string{"solo-first", "solo-second"} {
+		c := cfg
+		c.ID = id
+		runWorker(t, e.client, c, gate)
+	}
+	eventually(t, "suspects to run in both workers at once", both.Load)
+	close(release)
+	for i, r := range suspects {
+		if out, err := r.Wait(ctx); err != nil || out != i {
+			t.Fatalf("suspect %d: %d, %v", i, out, err)
+		}
+	}
+}

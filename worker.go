@@ -86,16 +86,14 @@ type Worker struct {
 	// runs to this worker without its knowing (see lostclaims.go).
 	lostClaims []store.LostClaim
 	lostRuns   []store.Fence
-	// Runs alone (solo.go): held are the suspects the worker holds (in active, not
-	// started yet), soloX the execution alone (nil: none), suspectsRunning how many
-	// suspects execute; the worker drains for a held suspect until drainUntil;
-	// claimOne: its last claim met a suspect, and it claims one run at a time.
-	held            []*execution
-	soloX           *execution
-	suspectsRunning int
-	drainUntil      time.Time
-	claimOne        bool
-	slotFree        chan struct{}
+	// Runs alone (solo.go): held is the suspect the worker holds (in active, not
+	// started yet; nil: none), soloX the execution alone (nil: none); the worker
+	// drains for the held suspect until drainUntil; claimOne: its last claim, idle,
+	// met a suspect, and it claims one run at a time.
+	held, soloX *execution
+	drainUntil  time.Time
+	claimOne    bool
+	slotFree    chan struct{}
 	// rt is what the executions need of the worker (set by Run).
 	rt *runtime
 	// claimer is who claims, with the worker's cursors in the concurrency-key queues
@@ -328,6 +326,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // abandon stops every execution of a worker whose pool was closed, as if its lease
 // was lost: each writes nothing more, and Run does not wait for them.
 func (w *Worker) abandon() {
+	w.dropHeld(true)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, x := range w.active {
@@ -581,9 +580,7 @@ func (w *Worker) cancelRun(runID string) {
 // drain waits for running workflows up to DrainTimeout, then interrupts them and
 // hands their runs back.
 func (w *Worker) drain() {
-	w.mu.Lock()
-	w.dropHeldLocked() // suspects held back go back at once (see solo.go)
-	w.mu.Unlock()
+	w.dropHeld(false) // a suspect held back goes back at once (see solo.go)
 	deadline := time.NewTimer(w.cfg.DrainTimeout)
 	defer deadline.Stop()
 	interrupted := false

@@ -111,17 +111,20 @@ type WorkerConfig struct {
 	// other until its next takeover. Hand-backs of a graceful shutdown are not
 	// takeovers. Default DefaultMaxTakeovers; negative: no limit.
 	//
+	// A worker has one such run in flight at most: the others its claims return go
+	// back to the queue for other workers (parked for the window below when the
+	// worker is busy), except a descendant of one executing, which runs beside it.
 	// Nothing waits for ever on such a run. A worker holding one claims nothing while
 	// it waits for its runs to end, for at most three leases (at least 5 s); past
 	// that, it claims again and starts the held run beside its runs (not recorded
-	// alone), unless another such run executes: then after that one. A run alone for
-	// that long (it may wait for children only this worker would claim) is recorded
-	// as no longer alone, and the worker claims again. A run whose step kills its
-	// process only after that window is failed when taken over more than
-	// 2×MaxTakeovers+1 times in all. Alone means alone in its worker: other workers of
-	// the same process go on, and a run one of them kills is not told apart. Give
-	// code that can crash its process (cgo, unbounded memory) workers in a process of
-	// its own.
+	// alone). A run alone for that long (it may wait for children only this worker
+	// would claim) is recorded as no longer alone, and the worker claims again. A run
+	// whose step kills its process only after that window is failed when taken over
+	// more than 2×MaxTakeovers+1 times in all; so is a run alone whose process froze
+	// past its lease or lost its database. Alone means alone in its worker: other
+	// workers of the same process go on, and a run one of them kills is not told
+	// apart. Give code that can crash its process (cgo, unbounded memory) workers in
+	// a process of its own.
 	MaxTakeovers int
 }
 

@@ -98,11 +98,43 @@ func ReleaseRunsInPlace(ctx context.Context, db DBTX, held []Fence) error {
 	return rows.Err()
 }
 
-// releaseRunsSQL and releaseRunsInPlaceSQL: see ReleaseRuns, ReleaseRunsInPlace and
-// KeyedPlansSQL.
+// ParkRuns is ReleaseRuns that makes the runs claimable again only after delay: a
+// worker that claimed runs it must not execute now, nor hold (runs to execute alone,
+// while it executes another), parks them, so that its next claims, and those of the
+// other workers, do not take them straight back.
+func ParkRuns(ctx context.Context, db DBTX, held []Fence, delay time.Duration) error {
+	ids, epochs, tokens := fenceArrays(held)
+	rows, err := queryAfter(ctx, db, KeyedPlansSQL, parkRunsSQL, ids, epochs, tokens, delay.Milliseconds())
+	if err != nil {
+		return err
+	}
+	rows.Close()
+	return rows.Err()
+}
+
+// Ancestors returns the run's parent, its parent's parent, and so on (at most 64).
+func Ancestors(ctx context.Context, db DBTX, run uuid.UUID) ([]uuid.UUID, error) {
+	var ids []uuid.UUID
+	err := db.QueryRow(ctx, ancestorsSQL, run).Scan(&ids)
+	return ids, err
+}
+
+// ancestorsSQL: see Ancestors.
+const ancestorsSQL = `
+WITH RECURSIVE up (run_id, depth) AS (
+	SELECT parent_run_id, 1 FROM kagzi.runs WHERE run_id = $1 AND parent_run_id IS NOT NULL
+	UNION ALL
+	SELECT r.parent_run_id, up.depth + 1 FROM up JOIN kagzi.runs r ON r.run_id = up.run_id
+	WHERE r.parent_run_id IS NOT NULL AND up.depth < 64
+)
+SELECT coalesce(array_agg(run_id ORDER BY depth), '{}') FROM up`
+
+// releaseRunsSQL, releaseRunsInPlaceSQL and parkRunsSQL: see ReleaseRuns,
+// ReleaseRunsInPlace, ParkRuns and KeyedPlansSQL.
 var (
 	releaseRunsSQL        = releaseRunsAt("now()")
 	releaseRunsInPlaceSQL = releaseRunsAt("least(now(), r.created_at - r.priority * interval '1 second')")
+	parkRunsSQL           = releaseRunsAt("now() + $4::bigint * interval '1 millisecond'")
 )
 
 func releaseRunsAt(availableAt string) string {

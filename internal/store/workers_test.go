@@ -381,3 +381,35 @@ func TestAReapStampsTheEpochItGaveOnTheRecordOfARunAlone(t *testing.T) {
 		}
 	}
 }
+
+// A parked run is PENDING and claimable only after the delay; Ancestors walks a run's
+// parents up to the root.
+func TestAParkedRunWaitsItsDelayAndAncestorsWalkUpToTheRoot(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	run := runningRun(t, pool, 1, false)
+	if err := ParkRuns(ctx, pool, []Fence{{RunID: run, Epoch: 1}}, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	var status string
+	var later bool
+	if err := pool.QueryRow(ctx, `SELECT status, available_at > now() + interval '59 minutes' FROM kagzi.runs WHERE run_id = $1`,
+		run).Scan(&status, &later); err != nil || status != "PENDING" || !later {
+		t.Fatalf("the parked run: %s, claimable in an hour %v (%v)", status, later, err)
+	}
+	parent, child := runningRun(t, pool, 1, false), runningRun(t, pool, 1, false)
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET parent_run_id = $2 WHERE run_id = $1`, parent, run); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET parent_run_id = $2 WHERE run_id = $1`, child, parent); err != nil {
+		t.Fatal(err)
+	}
+	got, err := Ancestors(ctx, pool, child)
+	if err != nil || len(got) != 2 || got[0] != parent || got[1] != run {
+		t.Fatalf("the child's ancestors: %v, %v; want its parent then the root", got, err)
+	}
+	if got, err := Ancestors(ctx, pool, run); err != nil || len(got) != 0 {
+		t.Fatalf("the root's ancestors: %v, %v; want none", got, err)
+	}
+}
