@@ -123,7 +123,7 @@ func runCrashWorker() int {
 	block := os.Getenv(crashBlockEnv) == "1"
 	w, err := kagzi.NewWorker(client, cfg, crashyWorkflow(pool, block),
 		chaoticWorkflow(pool), stallingWorkflow(pool), fanOutWorkflow(pool, block),
-		freezingWorkflow(pool), poisonWorkflow(pool), steadyWorkflow, slowWorkflow, longWorkflow,
+		freezingWorkflow(pool), poisonWorkflow(pool), steadyWorkflow, slowWorkflow, longWorkflow, timebombWorkflow,
 		ledgeredWorkflow(pool, "limited"), ledgeredWorkflow(pool, "rated"), sagaCrashWorkflow(pool, block))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -67,8 +67,9 @@ type execution struct {
 	// while its end is written (guarded by the worker's mu).
 	finishing bool
 	// suspect: the run was taken over MaxTakeovers times, and was held before it
-	// started; alone: it runs alone in its worker (solo.go).
+	// started; alone: it runs alone in its worker; launched: when it started (solo.go).
 	suspect, alone bool
+	launched       time.Time
 
 	// pending is the run's last completed step while its record is held back (see
 	// holdRecord); flushMu serializes writing it, so that whoever needs it durable

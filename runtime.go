@@ -29,8 +29,10 @@ type runtime struct {
 	// startChild inserts a child run linked to its parent's step (Client.startChild).
 	startChild func(ctx context.Context, workflowType string, input []byte, opts []StartOption,
 		parent store.Fence, key string, idNotBefore *time.Time) (*Run[json.RawMessage], error)
-	// abandoned counts the step goroutines that ignored their timeout.
-	abandoned *atomic.Int64
+	// abandoned counts the step goroutines that ignored their timeout; stepGoroutines
+	// counts those of steps with a timeout that have not returned yet, abandoned or
+	// not (a worker's run alone waits for them: see solo.go).
+	abandoned, stepGoroutines *atomic.Int64
 	// goroutines runs the workflow functions (see internal/gopool).
 	goroutines *gopool.Pool
 }

@@ -27,12 +27,15 @@ import (
 // next executions run as any run's do, until another takeover. Its neighbours, alone
 // in their turn, complete.
 //
-// A worker has one suspect in flight at most (held, or executing), so that a run
-// alone that kills its process takes no other suspect with it: the other suspects a
-// claim returns go back, in their place in the queue when the worker is idle (other
-// workers take them), else parked for soloWindow (store.ParkRuns: its next claims
-// would take them straight back). One exception: a suspect descending from a suspect
-// that executes starts beside it, since its ancestor may be waiting for it.
+// A worker has one suspect in flight at most (held, or executing for less than
+// soloStarve), so that a run alone that kills its process takes no other suspect with
+// it: the other suspects a claim returns go back, in their place in the queue when the
+// worker is idle (other workers take them), else parked for soloWindow
+// (store.ParkRuns: its next claims would take them straight back). One exception: a
+// suspect descending from a suspect that executes starts beside it, since its
+// ancestor may be waiting for it. The runs of the claim that are not suspects start:
+// the held suspect waits for them. Executing, for the worker, counts the goroutines of
+// steps with a timeout that have not returned, abandoned or not.
 //
 // Nothing here waits without bound (earlier versions did, and a worker could stop for
 // good: a suspect waiting in a branch for its own child, a parent waiting for children
@@ -120,30 +123,40 @@ func (w *Worker) soloBlocks(now time.Time) bool {
 	return w.soloX != nil || (w.held != nil && now.Before(w.drainUntil))
 }
 
-// executingLocked counts the runs that execute code in the worker, or are about to:
-// active runs not held and not finishing, and eager starts in flight (w.mu held).
+// executingLocked counts what executes code in the worker, or is about to: active
+// runs not held and not finishing, eager starts in flight, and the goroutines of steps
+// with a timeout that have not returned (an abandoned one runs on: it may be what
+// kills the process) (w.mu held).
 func (w *Worker) executingLocked() int {
-	n := len(w.active) - w.finishing + w.reserved
+	n := len(w.active) - w.finishing + w.reserved + int(w.stepGoroutines.Load())
 	if w.held != nil {
 		n--
 	}
 	return n
 }
 
-// suspectsExecutingLocked returns the runs of the suspects that execute (w.mu held).
-func (w *Worker) suspectsExecutingLocked() []uuid.UUID {
-	var ids []uuid.UUID
+// suspectsExecutingLocked returns the runs of the suspects that execute, and whether
+// one of them is still recent enough to keep other suspects out of the worker (it
+// began less than soloStarve ago) (w.mu held).
+func (w *Worker) suspectsExecutingLocked() (ids []uuid.UUID, recent bool) {
 	for id, x := range w.active {
 		if x.suspect && x != w.held && !x.finishing {
 			ids = append(ids, id)
+			recent = recent || time.Since(x.launched) < w.soloStarve()
 		}
 	}
-	return ids
+	return ids, recent
 }
 
-// sortSuspects takes the runs a claim returned and returns those to start now (with
-// the suspects among them that descend from a suspect executing: beside), and the
-// suspect to hold (nil: none). The others go back: see above.
+// soloStarve is how long a suspect executing keeps the other suspects out of its
+// worker: a healthy run longer than its window alone is not joined by a run that may
+// kill it (both would be taken over, neither alone), but a suspect that waits for
+// ever (for a signal, in a branch) does not keep the others out for ever.
+func (w *Worker) soloStarve() time.Duration { return 10 * w.soloWindow() }
+
+// sortSuspects takes the runs a claim returned and returns those to start now, the
+// suspects among them that descend from a suspect executing (beside), and the suspect
+// to hold (nil: none). The other suspects go back: see above.
 func (w *Worker) sortSuspects(ctx context.Context, claimed []store.ClaimedRun) (start, beside []store.ClaimedRun,
 	hold *store.ClaimedRun) {
 	n := 0
@@ -162,18 +175,16 @@ func (w *Worker) sortSuspects(ctx context.Context, claimed []store.ClaimedRun) (
 		w.mu.Unlock()
 		return claimed, nil, nil
 	}
-	executing := w.suspectsExecutingLocked()
-	inFlight := w.held != nil || w.soloX != nil || len(executing) > 0
+	executing, recent := w.suspectsExecutingLocked()
+	inFlight := w.held != nil || w.soloX != nil || recent
 	w.mu.Unlock()
 	var back, park []store.Fence
 	for i, r := range claimed {
 		switch {
 		case !w.suspect(r):
-			if idle && !exhausted(r, w.cfg.MaxTakeovers) {
-				back = append(back, r.Fence)
-			} else {
-				start = append(start, r)
-			}
+			// Started: the held suspect waits for it to end (a hand-back would spend
+			// its type's rate window again).
+			start = append(start, r)
 		case hold == nil && !inFlight:
 			hold = &claimed[i]
 		case idle:
@@ -242,7 +253,7 @@ func (w *Worker) giveBack(ctx context.Context, back, park []store.Fence) {
 func (w *Worker) hold(run *store.ClaimedRun, beside []store.ClaimedRun, sent, claimedAt time.Time) {
 	for _, r := range beside {
 		x := newExecution(w.rt, w.defs[r.WorkflowType], r, sent, claimedAt)
-		x.suspect = true
+		x.suspect, x.launched = true, time.Now()
 		w.mu.Lock()
 		w.addActiveLocked(x)
 		w.mu.Unlock()
@@ -261,6 +272,9 @@ func (w *Worker) hold(run *store.ClaimedRun, beside []store.ClaimedRun, sent, cl
 	w.drainUntil = time.Now().Add(w.soloWindow())
 	time.AfterFunc(w.soloWindow(), w.soloChanged)
 	w.mu.Unlock()
+	// A held run cancelled, past its deadline or whose lease was lost starts at once
+	// (it runs no code), not at the end of the drain.
+	context.AfterFunc(x.ctx, w.soloChanged)
 	w.runHeld()
 }
 
@@ -290,6 +304,7 @@ func (w *Worker) runHeld() {
 		return
 	}
 	w.held = nil
+	x.launched = time.Now()
 	w.mu.Unlock()
 	w.launch(x)
 }

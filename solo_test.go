@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -544,5 +545,89 @@ func TestSuspectsBeyondTheOneAWorkerHoldsGoToOtherWorkers(t *testing.T) {
 		if out, err := r.Wait(ctx); err != nil || out != i {
 			t.Fatalf("suspect %d: %d, %v", i, out, err)
 		}
+	}
+}
+
+// timebombWorkflow is a step with a timeout whose body ignores its context and kills
+// its process 1.5 s later (a cgo call that hangs, then crashes): the step is abandoned
+// at its timeout and the run fails, while its goroutine goes on.
+var timebombWorkflow = kagzi.Define("timebomb", func(ctx *kagzi.Context, _ int) (int, error) {
+	return kagzi.Step(ctx, "bomb", func(context.Context) (int, error) {
+		time.Sleep(1500 * time.Millisecond)
+		if os.Getenv(crashWorkerEnv) != "" {
+			os.Exit(3)
+		}
+		return 0, nil
+	}, kagzi.WithStepTimeout(200*time.Millisecond), kagzi.WithRetry(kagzi.NoRetry()))
+}, kagzi.WithWorkflowRetry(kagzi.NoRetry()))
+
+// A step goroutine abandoned at its timeout still runs code that may kill the process:
+// a suspect does not run alone beside it, and does not fail when it kills the process.
+func TestASuspectDoesNotRunAloneBesideAnAbandonedStepThatKillsTheProcess(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	env := fmt.Sprint(crashMaxTakeoverEnv, "=", 1)
+	proc := startWorkerProcessEnv(t, e.url, env)
+	bomb, err := kagzi.Start(ctx, e.client, timebombWorkflow, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bomb.Wait(ctx); err == nil {
+		t.Fatal("the run of the abandoned step completed")
+	}
+	s := startSuspect(t, e, longWorkflow, 1, 1)
+	eventually(t, "the abandoned step to kill its process", func() bool { return processState(t, proc.Process.Pid) == "Z" })
+	if alone, found := aloneRecord(t, e.pool, s.RunID); found && alone {
+		t.Fatal("the suspect ran alone beside the abandoned step")
+	}
+	startWorkerProcessEnv(t, e.url, env)
+	if out, err := s.Wait(ctx); err != nil || out != 2 {
+		t.Fatalf("the suspect: %d, %v; want 2", out, err)
+	}
+}
+
+// A held suspect cancelled while its worker drains for it ends at once, not when the
+// drain's window passes.
+func TestAHeldSuspectCancelledEndsAtOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	defer close(release)
+	entered := make(chan struct{}, 1)
+	busy := kagzi.Define("solo-busy", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "wait", func(c context.Context) (int, error) {
+			entered <- struct{}{}
+			select {
+			case <-release:
+			case <-c.Done():
+				return 0, c.Err()
+			}
+			return n, nil
+		})
+	})
+	cfg := fastWorker()
+	cfg.MaxTakeovers = 1
+	cfg.DisableEagerStart = true
+	cfg.LeaseDuration = 10 * time.Second // a window of 30 s
+	runWorker(t, e.client, cfg, busy, steadyWorkflow)
+	if _, err := kagzi.Start(ctx, e.client, busy, 1); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	s := startSuspect(t, e, steadyWorkflow, 1, 1)
+	eventually(t, "the worker to hold the suspect", func() bool {
+		var epoch int
+		if err := e.pool.QueryRow(ctx, `SELECT lease_epoch FROM kagzi.runs WHERE run_id = $1`, s.RunID).Scan(&epoch); err != nil {
+			t.Fatal(err)
+		}
+		return epoch > 0
+	})
+	if err := e.client.Cancel(ctx, s.RunID); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 15*time.Second) // half the window
+	defer cancel()
+	if _, err := s.Wait(wctx); !errors.Is(err, kagzi.ErrCancelled) {
+		t.Fatalf("the held suspect, cancelled: %v; want it cancelled before the drain's window passed", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync/atomic"
 	"time"
 
 	"github.com/kagzi/kagzi/internal/store"
@@ -185,7 +186,7 @@ func runAttempt[T any](s *stepCall, fn func(context.Context) (T, error)) stepRes
 			att.end(goexited("the body of step "+s.key), false)
 		}
 	}()
-	res := callStep(att.ctx, stepBody(att, fn), s.opts.timeout)
+	res := callStep(att.ctx, stepBody(att, fn), s.opts.timeout, x.rt.stepGoroutines)
 	returned = true
 	c.sc.inStep.Store(nil)
 	att.end(res.err, res.timedOut)
@@ -322,8 +323,10 @@ func decodeStepOutput[T any](x *execution, key string, b []byte) (T, error) {
 // runtime.Goexit; without, fn runs on the caller's goroutine, which Goexit unwinds: see
 // runAttempt). With a timeout, fn runs in its own goroutine with a context that ends at
 // the deadline, and callStep returns at the deadline even if fn ignores it (abandoned);
-// fn's late result is then discarded.
-func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), timeout time.Duration) (res stepResult[T]) {
+// fn's late result is then discarded. live, when not nil, counts fn's goroutine until
+// it returns.
+func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), timeout time.Duration,
+	live *atomic.Int64) (res stepResult[T]) {
 	call := func(ctx context.Context) (out T, err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -343,7 +346,13 @@ func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), t
 		err error
 	}
 	done := make(chan result, 1)
+	if live != nil {
+		live.Add(1)
+	}
 	go func() {
+		if live != nil {
+			defer live.Add(-1)
+		}
 		sent := false
 		defer func() {
 			if !sent { // fn called runtime.Goexit: a failed attempt, as a panic is

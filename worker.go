@@ -57,9 +57,11 @@ type Worker struct {
 	sawWork   atomic.Int64
 	running   atomic.Bool
 	abandoned atomic.Int64
-	completed atomic.Int64
-	failed    atomic.Int64
-	pruned    atomic.Int64
+	// stepGoroutines: see runtime.stepGoroutines.
+	stepGoroutines atomic.Int64
+	completed      atomic.Int64
+	failed         atomic.Int64
+	pruned         atomic.Int64
 	// archived counts the runs this worker moved into the history, historyDropped
 	// the history partitions it dropped.
 	archived       atomic.Int64
@@ -339,7 +341,7 @@ func (w *Worker) runtime(goroutines *gopool.Pool) *runtime {
 	c := w.client
 	return &runtime{workerID: w.cfg.ID, cfg: &w.cfg, payloads: &c.payloads, hooks: c.hooks, logger: w.logger,
 		db: &writer{pool: c.pool, steps: w.db, ends: w.ends, client: c.id, lease: w.cfg.LeaseDuration}, startChild: c.startChild,
-		abandoned: &w.abandoned, goroutines: goroutines}
+		abandoned: &w.abandoned, stepGoroutines: &w.stepGoroutines, goroutines: goroutines}
 }
 
 // checkSchema compares the database's schema version with this library's before the

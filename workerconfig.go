@@ -111,9 +111,13 @@ type WorkerConfig struct {
 	// other until its next takeover. Hand-backs of a graceful shutdown are not
 	// takeovers. Default DefaultMaxTakeovers; negative: no limit.
 	//
-	// A worker has one such run in flight at most: the others its claims return go
-	// back to the queue for other workers (parked for the window below when the
-	// worker is busy), except a descendant of one executing, which runs beside it.
+	// A worker has one such run in flight at most (one executing for ten windows, see
+	// below, no longer counts): the others its claims return go back to the queue for
+	// other workers (parked for a window when the worker is busy, which spends their
+	// type's rate limit again), except a descendant of one executing, which runs
+	// beside it: a parent that waits in a branch for a child that kills its process
+	// therefore fails with it. A step goroutine abandoned at its timeout counts as
+	// executing until it returns.
 	// Nothing waits for ever on such a run. A worker holding one claims nothing while
 	// it waits for its runs to end, for at most three leases (at least 5 s); past
 	// that, it claims again and starts the held run beside its runs (not recorded
