@@ -61,16 +61,13 @@ func aloneRecord(t *testing.T, pool *pgxpool.Pool, runID string) (alone bool, fo
 	return m.Alone, true
 }
 
-// A suspect that waits in a branch for its own child (which it cannot suspend for)
-// would wait for ever if its worker claimed nothing while it runs alone: its window
-// alone ends, the worker claims the child, and the suspect completes.
-func TestASuspectWaitingForItsOwnChildInABranchCompletesInItsOnlyWorker(t *testing.T) {
-	e := newEnv(t)
-	ctx := waitCtx(t)
-	child := kagzi.Define("solo-child", func(ctx *kagzi.Context, n int) (int, error) {
+// branchParent defines a parent that starts a child doubling its input and waits for
+// it in a branch (where it cannot suspend), and the child; prefix names their types.
+func branchParent(prefix string) (parent, child *kagzi.Workflow[int, int]) {
+	child = kagzi.Define(prefix+"-child", func(ctx *kagzi.Context, n int) (int, error) {
 		return kagzi.Step(ctx, "double", func(context.Context) (int, error) { return 2 * n, nil })
 	})
-	parent := kagzi.Define("solo-parent", func(ctx *kagzi.Context, n int) (int, error) {
+	parent = kagzi.Define(prefix+"-parent", func(ctx *kagzi.Context, n int) (int, error) {
 		return kagzi.Go(ctx, "branch", func(b *kagzi.Context) (int, error) {
 			c, err := kagzi.StartChild(b, "child", child, n)
 			if err != nil {
@@ -79,6 +76,16 @@ func TestASuspectWaitingForItsOwnChildInABranchCompletesInItsOnlyWorker(t *testi
 			return c.Get()
 		}).Get()
 	})
+	return parent, child
+}
+
+// A suspect that waits in a branch for its own child (which it cannot suspend for)
+// would wait for ever if its worker claimed nothing while it runs alone: its window
+// alone ends, the worker claims the child, and the suspect completes.
+func TestASuspectWaitingForItsOwnChildInABranchCompletesInItsOnlyWorker(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	parent, child := branchParent("solo")
 	cfg := fastWorker()
 	cfg.MaxTakeovers = 1
 	run := startSuspect(t, e, parent, 21, 1)
@@ -229,18 +236,7 @@ func TestASuspectWhoseRecordCannotBeWrittenDoesNotKeepItsWorkerAlone(t *testing.
 		CREATE TRIGGER refuse_alone BEFORE INSERT OR UPDATE ON kagzi.steps FOR EACH ROW EXECUTE FUNCTION refuse_alone();`); err != nil {
 		t.Fatal(err)
 	}
-	child := kagzi.Define("unmarked-child", func(ctx *kagzi.Context, n int) (int, error) {
-		return kagzi.Step(ctx, "double", func(context.Context) (int, error) { return 2 * n, nil })
-	})
-	parent := kagzi.Define("unmarked-parent", func(ctx *kagzi.Context, n int) (int, error) {
-		return kagzi.Go(ctx, "branch", func(b *kagzi.Context) (int, error) {
-			c, err := kagzi.StartChild(b, "child", child, n)
-			if err != nil {
-				return 0, err
-			}
-			return c.Get()
-		}).Get()
-	})
+	parent, child := branchParent("unmarked")
 	cfg := fastWorker()
 	cfg.MaxTakeovers = 1
 	run := startSuspect(t, e, parent, 21, 1)
@@ -419,18 +415,7 @@ func TestASuspectChildOfASuspectParentWaitingForItRunsBesideIt(t *testing.T) {
 		CREATE TRIGGER child_taken_over BEFORE INSERT ON kagzi.runs FOR EACH ROW EXECUTE FUNCTION child_taken_over();`); err != nil {
 		t.Fatal(err)
 	}
-	child := kagzi.Define("suspect-child", func(ctx *kagzi.Context, n int) (int, error) {
-		return kagzi.Step(ctx, "double", func(context.Context) (int, error) { return 2 * n, nil })
-	})
-	parent := kagzi.Define("suspect-parent", func(ctx *kagzi.Context, n int) (int, error) {
-		return kagzi.Go(ctx, "branch", func(b *kagzi.Context) (int, error) {
-			c, err := kagzi.StartChild(b, "child", child, n)
-			if err != nil {
-				return 0, err
-			}
-			return c.Get()
-		}).Get()
-	})
+	parent, child := branchParent("suspect")
 	cfg := fastWorker()
 	cfg.MaxTakeovers = 1
 	cfg.DisableEagerStart = true

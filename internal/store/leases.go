@@ -64,8 +64,14 @@ func fenceArrays(fences []Fence) (ids, epochs, tokens any) {
 // was requested ends CANCELLED instead. Runs whose fence no longer holds are left
 // alone.
 func ReleaseRuns(ctx context.Context, db DBTX, held []Fence) error {
+	return releaseRuns(ctx, db, releaseRunsSQL, held)
+}
+
+// releaseRuns runs a statement of releaseRunsAt for the runs, with more arguments
+// after the fences' ($4 on).
+func releaseRuns(ctx context.Context, db DBTX, sql string, held []Fence, more ...any) error {
 	ids, epochs, tokens := fenceArrays(held)
-	rows, err := queryAfter(ctx, db, KeyedPlansSQL, releaseRunsSQL, ids, epochs, tokens)
+	rows, err := queryAfter(ctx, db, KeyedPlansSQL, sql, append([]any{ids, epochs, tokens}, more...)...)
 	if err != nil {
 		return err
 	}
@@ -89,13 +95,7 @@ const stampReapedSQL = `stamped AS (
 // queued since: a worker that claimed runs it must not execute now (beside a run
 // that executes alone) gives them back to be claimed first.
 func ReleaseRunsInPlace(ctx context.Context, db DBTX, held []Fence) error {
-	ids, epochs, tokens := fenceArrays(held)
-	rows, err := queryAfter(ctx, db, KeyedPlansSQL, releaseRunsInPlaceSQL, ids, epochs, tokens)
-	if err != nil {
-		return err
-	}
-	rows.Close()
-	return rows.Err()
+	return releaseRuns(ctx, db, releaseRunsInPlaceSQL, held)
 }
 
 // ParkRuns is ReleaseRuns that makes the runs claimable again only after delay: a
@@ -103,13 +103,7 @@ func ReleaseRunsInPlace(ctx context.Context, db DBTX, held []Fence) error {
 // while it executes another), parks them, so that its next claims, and those of the
 // other workers, do not take them straight back.
 func ParkRuns(ctx context.Context, db DBTX, held []Fence, delay time.Duration) error {
-	ids, epochs, tokens := fenceArrays(held)
-	rows, err := queryAfter(ctx, db, KeyedPlansSQL, parkRunsSQL, ids, epochs, tokens, delay.Milliseconds())
-	if err != nil {
-		return err
-	}
-	rows.Close()
-	return rows.Err()
+	return releaseRuns(ctx, db, parkRunsSQL, held, delay.Milliseconds())
 }
 
 // Ancestors returns the run's parent, its parent's parent, and so on (at most 64).
