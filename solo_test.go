@@ -372,7 +372,9 @@ var longWorkflow = kagzi.Define("long", func(ctx *kagzi.Context, n int) (int, er
 // suspect executes), and runs alone after it; the healthy run completes.
 func TestALongHealthyRunBesideAPoisonRunInOneProcessCompletes(t *testing.T) {
 	e := newEnv(t)
-	ctx := waitCtx(t)
+	// Cycles of 12 s runs and windows of 5 s, with subprocesses starting under load.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
 	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects (run_id text, step text, pid int)`); err != nil {
 		t.Fatal(err)
 	}
@@ -390,7 +392,7 @@ func TestALongHealthyRunBesideAPoisonRunInOneProcessCompletes(t *testing.T) {
 			t.Fatalf("the poison run is still %s after %d worker crashes", runStatus(t, e.client, poison.RunID), cycle)
 		}
 		proc := startWorkerProcessEnv(t, e.url, env)
-		eventually(t, "the worker process to die or the poison run to fail", func() bool {
+		eventuallyWithin(t, time.Minute, "the worker process to die or the poison run to fail", func() bool {
 			return processState(t, proc.Process.Pid) == "Z" || runStatus(t, e.client, poison.RunID) == kagzi.StatusFailed
 		})
 	}
@@ -439,7 +441,8 @@ func TestASuspectChildOfASuspectParentWaitingForItRunsBesideIt(t *testing.T) {
 // alone takes no other suspect with it, and the healthy runs complete.
 func TestSeveralPoisonRunsInOneProcessFailAloneAndTheHealthyRunsComplete(t *testing.T) {
 	e := newEnv(t)
-	ctx := waitCtx(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a subprocess per death
+	defer cancel()
 	if _, err := e.pool.Exec(ctx, `CREATE TABLE effects (run_id text, step text, pid int)`); err != nil {
 		t.Fatal(err)
 	}
@@ -550,7 +553,8 @@ var timebombWorkflow = kagzi.Define("timebomb", func(ctx *kagzi.Context, _ int) 
 // a suspect does not run alone beside it, and does not fail when it kills the process.
 func TestASuspectDoesNotRunAloneBesideAnAbandonedStepThatKillsTheProcess(t *testing.T) {
 	e := newEnv(t)
-	ctx := waitCtx(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // a 12 s run, subprocesses
+	defer cancel()
 	env := fmt.Sprint(crashMaxTakeoverEnv, "=", 1)
 	proc := startWorkerProcessEnv(t, e.url, env)
 	bomb, err := kagzi.Start(ctx, e.client, timebombWorkflow, 0)
