@@ -138,15 +138,9 @@ func TestRunsBesideOneThatKillsItsProcessCompleteAndOnlyItFails(t *testing.T) {
 	}
 	const maxTakeovers = 1
 	env := fmt.Sprint(crashMaxTakeoverEnv, "=", maxTakeovers)
-	for cycle := 0; runStatus(t, e.client, poison.RunID) != kagzi.StatusFailed; cycle++ {
-		if cycle > 12 {
-			t.Fatalf("the poison run is still %s after %d worker crashes", runStatus(t, e.client, poison.RunID), cycle)
-		}
-		proc := startWorkerProcessEnv(t, e.url, env)
-		eventually(t, "the worker process to die or the poison run to fail", func() bool {
-			return processState(t, proc.Process.Pid) == "Z" || runStatus(t, e.client, poison.RunID) == kagzi.StatusFailed
-		})
-	}
+	restartWorkerUntil(t, e, env, 12, 20*time.Second, "the poison run to fail", func() bool {
+		return runStatus(t, e.client, poison.RunID) == kagzi.StatusFailed
+	})
 	if _, err := poison.Wait(ctx); !errors.Is(err, kagzi.ErrRecoveryExhausted) {
 		t.Fatalf("the poison run ended with %v, want RECOVERY_EXHAUSTED", err)
 	}
@@ -160,6 +154,23 @@ func TestRunsBesideOneThatKillsItsProcessCompleteAndOnlyItFails(t *testing.T) {
 	if n := countRows(t, e.pool, `SELECT count(*) FROM effects WHERE step = 'crash'`); n != maxTakeovers+1 {
 		t.Fatalf("the crashing step ran %d times, want %d: once, then once per allowed takeover (the last alone)", n,
 			maxTakeovers+1)
+	}
+}
+
+// restartWorkerUntil starts a worker subprocess (with env) and waits until it dies or
+// done, over and over until done: a supervisor restarting a process that keeps
+// dying. It fails the test after maxCycles deaths, or a cycle longer than perCycle.
+func restartWorkerUntil(t *testing.T, e *env, env string, maxCycles int, perCycle time.Duration, what string,
+	done func() bool) {
+	t.Helper()
+	for cycle := 0; !done(); cycle++ {
+		if cycle > maxCycles {
+			t.Fatalf("still waiting for %s after %d worker crashes", what, cycle)
+		}
+		proc := startWorkerProcessEnv(t, e.url, env)
+		eventuallyWithin(t, perCycle, "the worker process to die or "+what, func() bool {
+			return processState(t, proc.Process.Pid) == "Z" || done()
+		})
 	}
 }
 

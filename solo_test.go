@@ -387,15 +387,9 @@ func TestALongHealthyRunBesideAPoisonRunInOneProcessCompletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	env := fmt.Sprint(crashMaxTakeoverEnv, "=", 1)
-	for cycle := 0; runStatus(t, e.client, poison.RunID) != kagzi.StatusFailed; cycle++ {
-		if cycle > 6 {
-			t.Fatalf("the poison run is still %s after %d worker crashes", runStatus(t, e.client, poison.RunID), cycle)
-		}
-		proc := startWorkerProcessEnv(t, e.url, env)
-		eventuallyWithin(t, time.Minute, "the worker process to die or the poison run to fail", func() bool {
-			return processState(t, proc.Process.Pid) == "Z" || runStatus(t, e.client, poison.RunID) == kagzi.StatusFailed
-		})
-	}
+	restartWorkerUntil(t, e, env, 6, time.Minute, "the poison run to fail", func() bool {
+		return runStatus(t, e.client, poison.RunID) == kagzi.StatusFailed
+	})
 	startWorkerProcessEnv(t, e.url, env)
 	if out, err := long.Wait(ctx); err != nil || out != 2 {
 		t.Fatalf("the long healthy run: %d, %v; want 2", out, err)
@@ -470,15 +464,7 @@ func TestSeveralPoisonRunsInOneProcessFailAloneAndTheHealthyRunsComplete(t *test
 		}
 		return true
 	}
-	for cycle := 0; !allFailed(); cycle++ {
-		if cycle > 12 {
-			t.Fatalf("the poison runs are not all failed after %d worker crashes", cycle)
-		}
-		proc := startWorkerProcessEnv(t, e.url, env)
-		eventually(t, "the worker process to die or the poison runs to fail", func() bool {
-			return processState(t, proc.Process.Pid) == "Z" || allFailed()
-		})
-	}
+	restartWorkerUntil(t, e, env, 12, 20*time.Second, "the poison runs to fail", allFailed)
 	startWorkerProcessEnv(t, e.url, env)
 	for i, r := range healthy {
 		if out, err := r.Wait(ctx); err != nil || out != i+1 {

@@ -524,7 +524,7 @@ func (w *Worker) startRun(run store.ClaimedRun, sent, claimedAt time.Time, eager
 	}
 	w.addActiveLocked(x)
 	w.mu.Unlock()
-	w.rt.goroutines.Go(func() { w.execute(x) })
+	w.launch(x)
 }
 
 // addActiveLocked counts an execution active (w.mu held).
