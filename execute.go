@@ -8,15 +8,19 @@ import (
 	"github.com/kagzi/kagzi/internal/store"
 )
 
-// execute runs the workflow function of a claimed run on a goroutine of its own (so
-// that Step and Sleep can unwind it), decides how the execution ended (decide), and
-// writes that.
+// execute runs the workflow function of a claimed run (see runFunction), decides how
+// the execution ended (decide), and writes that.
 func (w *Worker) execute(x *execution) {
-	defer w.executionDone(x)
 	if x.alone {
 		w.markAlone(x)
 	}
-	res := x.runFunction()
+	x.runFunction(w)
+}
+
+// afterFunction decides how the execution ended, given what the workflow function did
+// (res), and writes that.
+func (w *Worker) afterFunction(x *execution, res result) {
+	defer w.executionDone(x)
 	x.mu.Lock()
 	s := stopped{reason: x.exit, res: res, workflowType: x.run.WorkflowType, attempt: x.run.Attempt,
 		policy: x.def.retry.or(w.cfg.DefaultRetry).or(DefaultRetry), maxBytes: x.rt.payloads.maxBytes,
@@ -49,17 +53,30 @@ func (w *Worker) execute(x *execution) {
 	}
 }
 
-// runFunction calls the workflow function with the run's input and waits for it to
-// return or unwind. A panic is a failure of the function (CodePanic, with its stack),
-// and so is a call of runtime.Goexit by the function or a step body on its goroutine.
-// A run cancelled, past its deadline or taken over too often before it started does
-// not run at all.
-func (x *execution) runFunction() result {
+// runFunction calls the workflow function with the run's input on the calling
+// goroutine, then w.afterFunction with how it ended. A panic is a failure of the
+// function (CodePanic, with its stack), and so is a call of runtime.Goexit by the
+// function or a step body on its goroutine. A run cancelled, past its deadline or taken
+// over too often before it started does not run at all.
+//
+// Step and Sleep unwind the function with runtime.Goexit (when the run sleeps, or its
+// lease was lost), which ends the goroutine: afterFunction then runs on another
+// goroutine of the pool. A function that returns (most do) costs no hand-off: running
+// it on a goroutine of its own and waiting for it cost a busy worker a goroutine
+// switch, a channel and a closure a run.
+func (x *execution) runFunction(w *Worker) {
 	var res result
-	done := make(chan struct{})
+	after := false
+	defer func() {
+		if !after {
+			// The goroutine is ending (runtime.Goexit; also when a deferred call of the
+			// function panicked while Goexit unwound it and the panic was recovered
+			// below: the Goexit goes on): the execution goes on elsewhere.
+			x.rt.goroutines.Go(func() { w.afterFunction(x, res) })
+		}
+	}()
 	wctx := &Context{Context: x.ctx, x: x, sc: &scope{counts: map[string]int{}}}
-	x.rt.goroutines.Go(func() {
-		defer close(done)
+	func() {
 		defer func() {
 			wctx.sc.ended.Store(true)
 			if r := recover(); r != nil {
@@ -72,20 +89,24 @@ func (x *execution) runFunction() result {
 				res = result{returned: true, err: goexited(x.goexitWhere())}
 			}
 		}()
-		wctx.checkAlive()
-		input, err := x.rt.payloads.decodePayload(x.run.Input)
-		if err != nil {
-			res = result{returned: true, err: inputCodecError(&x.run, err)}
-			return
-		}
-		out, err := x.def.run(wctx, input)
-		if err == nil {
-			out, err = x.rt.payloads.encodeRunOutput(&x.run, out)
-		}
-		res = result{returned: true, out: out, err: err}
-	})
-	<-done
-	return res
+		res = x.callFunction(wctx)
+	}()
+	after = true
+	w.afterFunction(x, res)
+}
+
+// callFunction decodes the run's input and calls the workflow function with it.
+func (x *execution) callFunction(wctx *Context) result {
+	wctx.checkAlive()
+	input, err := x.rt.payloads.decodePayload(x.run.Input)
+	if err != nil {
+		return result{returned: true, err: inputCodecError(&x.run, err)}
+	}
+	out, err := x.def.run(wctx, input)
+	if err == nil {
+		out, err = x.rt.payloads.encodeRunOutput(&x.run, out)
+	}
+	return result{returned: true, out: out, err: err}
 }
 
 // retry writes the next attempt of a run whose workflow function failed; see endRetry.

@@ -3,6 +3,7 @@ package kagzi_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -92,6 +93,49 @@ func TestABodyThatCallsGoexitFailsAtOnceAsAPanicDoesAndIsNotRunAgain(t *testing.
 	steps := stepsOf(t, e.client, run.RunID)
 	if len(steps) != 1 || steps[0].Status != kagzi.StepFailed || steps[0].Attempts[0].Error.Code != kagzi.CodePanic {
 		t.Fatalf("steps %+v, want one failed step whose attempt is a PANIC", steps)
+	}
+}
+
+// A deferred call of the workflow that panics while runtime.Goexit unwinds the
+// function (its own Goexit, or Sleep's) is recovered by the engine, and the Goexit
+// goes on ending the goroutine: the execution still ends (its run fails as a panic
+// does), and the worker's slot is freed for the next run.
+func TestAWorkflowWhoseDeferredCallPanicsWhileGoexitUnwindsItStillEndsAndFreesItsSlot(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 1 // a slot not freed would stall the next run
+	once := kagzi.WithWorkflowRetry(kagzi.NoRetry())
+	wfs := []kagzi.Definition{
+		kagzi.Define("goexit-defer-panics", func(ctx *kagzi.Context, _ int) (int, error) {
+			defer func() { panic("a deferred call panicked") }()
+			runtime.Goexit()
+			return 0, nil
+		}, once),
+		kagzi.Define("sleep-defer-panics", func(ctx *kagzi.Context, _ int) (int, error) {
+			defer func() { panic("a deferred call panicked") }()
+			// Longer than MaxInProcessSleep: Sleep unwinds the function.
+			if err := ctx.Sleep("nap", 300*time.Millisecond); err != nil {
+				return 0, err
+			}
+			return 1, nil
+		}, once),
+	}
+	runWorker(t, e.client, cfg, wfs...)
+	for round := range 2 {
+		for _, wf := range wfs {
+			run, err := e.client.StartByName(ctx, wf.Name(), 0, kagzi.WithID(fmt.Sprintf("%s-%d", wf.Name(), round)))
+			if err != nil {
+				t.Fatal(err)
+			}
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			_, err = kagzi.RunOf[int](e.client, run.RunID).Wait(wctx)
+			cancel()
+			var we *kagzi.WorkflowError
+			if !errors.As(err, &we) || we.Detail.Code != kagzi.CodePanic {
+				t.Fatalf("%s, round %d: %v, want a PANIC failure", wf.Name(), round, err)
+			}
+		}
 	}
 }
 
