@@ -728,7 +728,7 @@ func TestAWorkerOnAnotherVersionsSchemaStopsWithErrSchemaNotMigrated(t *testing.
 	if _, err := e.pool.Exec(ctx, `INSERT INTO kagzi.goose_db_version (version_id, is_applied) VALUES ($1, true)`, newest); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.pool.Exec(ctx, `DROP FUNCTION kagzi.claim_runs`); err != nil { // as a later version's migration might
+	if _, err := e.pool.Exec(ctx, `DROP FUNCTION kagzi.claim`); err != nil { // as a later version's migration might
 		t.Fatal(err)
 	}
 	if _, err := kagzi.Start(ctx, e.client, greet, greetIn{Name: "x"}); err != nil {

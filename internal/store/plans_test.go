@@ -124,6 +124,14 @@ func TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics(t *testing.
 			args: []any{ids, epochs, "default", "w", n, int64(0), int64(0), int64(10000), tokens}},
 		statement{name: "hand-back", settings: KeyedPlansSQL, sql: releaseRunsSQL, args: []any{ids, epochs, tokens}},
 		statement{name: "claimed runs' steps", settings: KeyedPlansSQL, sql: claimedStepsSQL, args: []any{ids}, table: "steps"})
+	// The claims' update (claimUpdateSQL) reaches the runs it claims by key: the runs
+	// the claim picked (their RUNNING leases expired: claimable) may be any of them.
+	claimArgs := []any{"default", []string{"wf"}, []string{""}, []string{""}, "w", int64(10000), n, []uuid.UUID{},
+		[]*time.Time{nil}, []bool{false}, []*time.Time{nil}, []bool{false}}
+	statements = append(statements,
+		statement{name: "claim", settings: KeyedPlansSQL, sql: claimSQL, args: claimArgs},
+		statement{name: "claim of limited types", settings: KeyedPlansSQL, sql: claimLimitedSQL,
+			args: append(claimArgs[:len(claimArgs):len(claimArgs)], []string{"wf"})})
 
 	for _, analyzed := range []bool{false, true} {
 		if analyzed {
