@@ -241,7 +241,8 @@ UNION ALL`
 	// 50 runs: 8-15% of a claim's time). A picked run is locked (FOR UPDATE SKIP
 	// LOCKED, which follows its updates in READ COMMITTED), and the update of a run
 	// updated since the statement's snapshot updates its latest version, as the
-	// function's own snapshot did.
+	// function's own snapshot did. A migration that changes kagzi.claim_runs changes
+	// this too (TestTheClaimStatementsClaimARunAsKagziClaimRunsDoes compares them).
 	claimUpdateSQL = `
 	UPDATE kagzi.runs r SET
 		status = 'RUNNING',

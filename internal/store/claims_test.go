@@ -754,3 +754,87 @@ func TestAClaimOfSeveralTypesPinsEachRunToItsOwnTypesVersionWhenTheirTimesTie(t 
 		t.Fatalf("%d runs hold another type's version (%v)", wrong, err)
 	}
 }
+
+// The claim statements write their update themselves (claimUpdateSQL) and kagzi.claim
+// calls kagzi.claim_runs: both must leave a claimed run as the other does, a new run
+// and one taken over alike, holding a type slot or not (a migration that changes the
+// function changes claimUpdateSQL too).
+func TestTheClaimStatementsClaimARunAsKagziClaimRunsDoes(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency)
+		VALUES ('default', 'limited', 100), ('default', 'limited-f', 100)`); err != nil {
+		t.Fatal(err)
+	}
+	// Per type: a new run, and one whose worker's lease passed (a takeover), left with
+	// what a sleep and a signal wait leave behind.
+	runsOf := func(typ string) (fresh, takenOver uuid.UUID) {
+		ids := []uuid.UUID{uuid.Must(uuid.NewV7()), uuid.Must(uuid.NewV7())}
+		if err := InsertRuns(ctx, pool, "default", typ, nil, ids, [][]byte{[]byte(`1`), []byte(`2`)}, make([][]byte, 2),
+			time.Time{}, nil); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', lease_epoch = 2, takeovers = 1,
+			locked_by = 'gone', available_at = now() - interval '1 minute', started_at = now() - interval '2 minutes',
+			waiting_signal = 'sig', wake_pending = true, version = 'v1' WHERE run_id = $1`, ids[1]); err != nil {
+			t.Fatal(err)
+		}
+		return ids[0], ids[1]
+	}
+	// What a claim leaves, without the run's own identity and times.
+	state := func(id uuid.UUID) string {
+		var s string
+		if err := pool.QueryRow(ctx, `SELECT concat_ws(' ', status, locked_by, lease_epoch, lease_token IS NOT NULL,
+			started_at IS NOT NULL, available_at > now() + interval '50 seconds', coalesce(waiting_signal, '-'),
+			wake_pending, version, takeovers, holds_type_slot) FROM kagzi.runs WHERE run_id = $1`, id).Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	for _, c := range []struct {
+		typ, viaFunction string
+		holds            bool
+	}{{"plain", "plain-f", false}, {"limited", "limited-f", true}} {
+		fresh, takenOver := runsOf(c.typ)
+		freshF, takenOverF := runsOf(c.viaFunction)
+		claimer := testClaimer(c.typ)
+		claimer.Limited = map[string]bool{}
+		if c.holds {
+			claimer.Limited[c.typ] = true // claimLimitedSQL's way
+		}
+		claimed, _, err := ClaimRuns(ctx, pool, claimer, 10)
+		if err != nil || len(claimed) != 2 {
+			t.Fatalf("%s: claimed %d runs (%v), want 2", c.typ, len(claimed), err)
+		}
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `SELECT set_config('kagzi.lease_token', $1, true)`, uuid.NewString()); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := tx.Query(ctx, `SELECT run_id FROM kagzi.claim_runs($1, $2, 'w', 60000, $3)`,
+			[]uuid.UUID{freshF, takenOverF}, []string{"v1", "v1"}, c.holds)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+		if err != nil || len(ids) != 2 {
+			t.Fatalf("%s: kagzi.claim_runs claimed %d runs (%v), want 2", c.viaFunction, len(ids), err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		for _, pair := range [][2]uuid.UUID{{fresh, freshF}, {takenOver, takenOverF}} {
+			if got, want := state(pair[0]), state(pair[1]); got != want {
+				t.Errorf("%s: the claim statement left %q, kagzi.claim_runs %q", c.typ, got, want)
+			}
+		}
+		for _, r := range claimed {
+			if r.HoldsSlot != c.holds || r.Takeovers != map[bool]int{true: 2, false: 0}[r.RunID == takenOver] {
+				t.Errorf("%s: claimed %+v, want holds %v and one more takeover for the run taken over", c.typ, r, c.holds)
+			}
+		}
+	}
+}
