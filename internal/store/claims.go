@@ -80,7 +80,7 @@ type StepRecord struct {
 //
 // Types without limits and without queued keyed runs (most claims) take a shorter way
 // in the same statement: the plain read of kagzi.claim, from the floors, and the update
-// of kagzi.claim_runs (claimUpdateSQL), without the rest of kagzi.claim's PL/pgSQL (each of whose
+// of kagzi.claim_runs (claimUpdateSQL), without kagzi.claim's PL/pgSQL (each of whose
 // statements and expressions sets up its executor state at every call: ~130 µs a
 // claim, a third of a one-run claim). The rows it returns are the ones kagzi.claim
 // returns for such types: the claimed runs, each type's next key-queue floor, and
@@ -360,12 +360,13 @@ FROM kagzi.steps WHERE run_id = ANY($1)`
 // It also makes the claim commit without waiting for its WAL to reach disk
 // (synchronous_commit off; a sixth of a busy claim loop's time went to those
 // flushes), and passes the claim's token ($1) to the claim's update (the setting
-// kagzi.lease_token, read by claimUpdateSQL and kagzi.claim_runs). A claim is no user data: a fenced write made under it commits
-// synchronously, which flushes the claim's WAL first, so nothing recorded under a
-// claim outlives the claim. A claim lost in a crash of PostgreSQL leaves its runs as
-// they were, to be claimed again at once; its worker's execution may go on until its
-// next write, which the token rejects (see Fence), as a takeover's would be. A
-// durable claim (Claimer.Durable) waits for its flush as any commit does.
+// kagzi.lease_token, read by claimUpdateSQL and kagzi.claim_runs). A claim is no user
+// data: a fenced write made under it commits synchronously, which flushes the claim's
+// WAL first, so nothing recorded under a claim outlives the claim. A claim lost in a
+// crash of PostgreSQL leaves its runs as they were, to be claimed again at once; its
+// worker's execution may go on until its next write, which the token rejects (see
+// Fence), as a takeover's would be. A durable claim (Claimer.Durable) waits for its
+// flush as any commit does.
 func claimSetupSQL(lease time.Duration, durable bool) string {
 	commit := `off`
 	if durable {
