@@ -25,7 +25,7 @@ type WorkerConfig struct {
 	// Default 10. A slot costs a goroutine (whose stack, up to 32 KB, stays while it
 	// is idle) and nothing in the database; a worker claims up to its free slots in one
 	// statement, so more slots make fewer, larger claims for runs that are short: a
-	// burn-down of 1-step runs on a 2-core box went ~1.4× faster with 300 slots than
+	// burn-down of 1-step runs on a 2-core box went 1.2-1.4× faster with 300 slots than
 	// with 100 (docs/performance.md).
 	MaxConcurrent int
 	// LeaseDuration is how long a claim holds a run without a heartbeat. A run whose
