@@ -323,8 +323,7 @@ func decodeStepOutput[T any](x *execution, key string, b []byte) (T, error) {
 // runtime.Goexit; without, fn runs on the caller's goroutine, which Goexit unwinds: see
 // runAttempt). With a timeout, fn runs in its own goroutine with a context that ends at
 // the deadline, and callStep returns at the deadline even if fn ignores it (abandoned);
-// fn's late result is then discarded. live, when not nil, counts fn's goroutine until
-// it returns.
+// fn's late result is then discarded. live counts fn's goroutine until it returns.
 func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), timeout time.Duration,
 	live *atomic.Int64) (res stepResult[T]) {
 	call := func(ctx context.Context) (out T, err error) {
@@ -346,13 +345,9 @@ func callStep[T any](ctx context.Context, fn func(context.Context) (T, error), t
 		err error
 	}
 	done := make(chan result, 1)
-	if live != nil {
-		live.Add(1)
-	}
+	live.Add(1)
 	go func() {
-		if live != nil {
-			defer live.Add(-1)
-		}
+		defer live.Add(-1)
 		sent := false
 		defer func() {
 			if !sent { // fn called runtime.Goexit: a failed attempt, as a panic is

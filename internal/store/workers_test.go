@@ -211,17 +211,7 @@ func TestARunFreedByAReapOrARegistrationGivesItsTypeSlotBackAtOnce(t *testing.T)
 		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs SET holds_type_slot = true WHERE run_id = $1`, run); err != nil {
 			t.Fatal(err)
 		}
-		switch how {
-		case "reap":
-			if r, err := ReapDeadWorkers(ctx, pool, "default", "me", 1); err != nil || r.Runs != 1 {
-				t.Fatalf("reap: %+v, %v", r, err)
-			}
-		default:
-			if _, err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: "w", WorkflowTypes: []string{"wf"},
-				WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil, 0); err != nil {
-				t.Fatal(err)
-			}
-		}
+		freeDeadWorkersRun(t, pool, how)
 		for _, short := range []bool{false, true} {
 			c := testClaimer("wf")
 			c.Versions = []string{""}
@@ -358,18 +348,10 @@ func TestAReapStampsTheEpochItGaveOnTheRecordOfARunAlone(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		switch by {
-		case "reap":
+		if by == "reap" {
 			deadWorker(t, pool)
-			if r, err := ReapDeadWorkers(ctx, pool, "default", "me", 1); err != nil || r.Runs != 1 {
-				t.Fatalf("reap: %+v, %v", r, err)
-			}
-		default:
-			if _, err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: "w", WorkflowTypes: []string{"wf"},
-				WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil, 0); err != nil {
-				t.Fatal(err)
-			}
 		}
+		freeDeadWorkersRun(t, pool, by)
 		if got := stamp(run, "kagzi#alone"); got == nil || *got != 2 {
 			t.Fatalf("after a %s the record of the run alone says reaped %v, want epoch 2", by, got)
 		}
@@ -411,5 +393,23 @@ func TestAParkedRunWaitsItsDelayAndAncestorsWalkUpToTheRoot(t *testing.T) {
 	}
 	if got, err := Ancestors(ctx, pool, run); err != nil || len(got) != 0 {
 		t.Fatalf("the root's ancestors: %v, %v; want none", got, err)
+	}
+}
+
+// freeDeadWorkersRun frees the one run of worker w, whose process died: by a reap
+// (how "reap"; w's liveness lock must be free), or by a worker registering under w's
+// id (any other how).
+func freeDeadWorkersRun(t *testing.T, pool *pgxpool.Pool, how string) {
+	t.Helper()
+	ctx := context.Background()
+	if how == "reap" {
+		if r, err := ReapDeadWorkers(ctx, pool, "default", "me", 1); err != nil || r.Runs != 1 {
+			t.Fatalf("reap: %+v, %v", r, err)
+		}
+		return
+	}
+	if _, err := RegisterWorker(ctx, pool, WorkerRow{Namespace: "default", WorkerID: "w", WorkflowTypes: []string{"wf"},
+		WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}, nil, 0); err != nil {
+		t.Fatal(err)
 	}
 }
