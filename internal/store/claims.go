@@ -58,9 +58,10 @@ type StepRecord struct {
 	WakeAt   *time.Time
 }
 
-// claimSQL claims up to $7 claimable runs of the worker's types ($2, with the version
+// claimSQL claims up to $13 claimable runs of the worker's types ($2, with the version
 // it registered for each, $3) in one statement: a call of kagzi.claim (migration
-// 00003), or, for types without limits and queued keys, the short way below. The
+// 00003), or, for types without limits and queued keys, the short way below, which
+// claims up to $7 (the worker's runs ahead as well: see Claimer.Ahead). The
 // claim applies flow control: PENDING runs whose start time has come, SLEEPING runs whose
 // wake time has come, RUNNING runs whose lease expired (their worker died or stalled),
 // and the heads of concurrency keys' queues with room; each claim bumps the lease
@@ -119,7 +120,7 @@ FROM unnest($2::text[]) AS t(workflow_type)
 WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
   AND ((SELECT count(*) FROM claimed) < $7 OR EXISTS (SELECT 1 FROM claimed c WHERE c.workflow_type = t.workflow_type))
 UNION ALL
-` + claimFallbackSQL
+` + claimFallbackSQL + `$13::integer` + claimFallbackEndSQL + `$13 > 0`
 
 // claimLimitedSQL is claimSQL for a worker some of whose types have a concurrency
 // limit and nothing else (no rate limit, no concurrency keys queued): the claim's
@@ -190,7 +191,7 @@ FROM (
 ) f
 WHERE f.through OR f.last IS NOT NULL
 UNION ALL
-` + claimFallbackSQL
+` + claimFallbackSQL + `$7::integer` + claimFallbackEndSQL + `$7 > 0`
 
 // claimLocksSQL is what claimSetupSQL adds for claimLimitedSQL: the locks of the
 // namespace's ($2) types that the claim takes for limited ($4), and of every other
@@ -225,9 +226,11 @@ const (
 		ORDER BY r.available_at
 		LIMIT `
 	// claimKeyFloorsSQL: each type's next key-queue floor, none of its keyed runs being
-	// queued from the floor (a row without a run each, then UNION ALL).
+	// queued from the floor (a row without a run each, then UNION ALL). Its 'short' in
+	// the workflow id's column tells ClaimRuns that the claim took a short way (kagzi.claim's
+	// rows without a run have none there).
 	claimKeyFloorsSQL = `
-SELECT NULL, $1, NULL, t.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL,
+SELECT NULL, $1, 'short', t.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL,
 	greatest(t.floor, now() - interval '1 second'), NULL, NULL, NULL, NULL, NULL, NULL, false
 FROM unnest($2::text[], $11::timestamptz[]) AS t(workflow_type, floor)
 WHERE $7 > 0 AND NOT (SELECT flow FROM gate)
@@ -265,9 +268,14 @@ UNION ALL`
 		r.holds_type_slot AS holds_slot
 `
 	// claimFallbackSQL: kagzi.claim, when the gate says the claim needs it.
+	// Its limit (the free slots: never runs ahead, see Claimer.Ahead) stands between
+	// the two parts, and after them again: a claim with no free slot (asking only for
+	// runs ahead) does not call it.
 	claimFallbackSQL = `
-SELECT * FROM kagzi.claim($1::text, $2::text[], $3::text[], $4::text[], $5::text, $6::bigint, $7::integer,
-	$8::uuid[], $9::timestamptz[], $10::boolean[], $11::timestamptz[], $12::boolean[]) WHERE (SELECT flow FROM gate)`
+SELECT * FROM kagzi.claim($1::text, $2::text[], $3::text[], $4::text[], $5::text, $6::bigint, `
+	claimFallbackEndSQL = `,
+	$8::uuid[], $9::timestamptz[], $10::boolean[], $11::timestamptz[], $12::boolean[])
+WHERE (SELECT flow FROM gate) AND `
 )
 
 // Claimer is who claims: a worker of a namespace, the workflow types it registered
@@ -300,6 +308,12 @@ type Claimer struct {
 	// Durable makes the claim wait for its WAL flush when it commits (see
 	// claimSetupSQL).
 	Durable bool
+	// Ahead is how many runs a claim may take beyond its limit when it takes the
+	// short way (types without limits and without queued keyed runs): the worker
+	// starts them as its slots free. A claim under a limit (a concurrency or rate
+	// limit, a concurrency key) never does: a run claimed is counted started there.
+	// ClaimReport.Asked tells how many the claim asked for.
+	Ahead int
 	// Limited holds the types whose runs the last claim of each claimed holding a
 	// slot of the type's concurrency limit (nil: none; ClaimRuns keeps it when it is
 	// not nil): the next claim locks them in its setup and takes claimLimitedSQL's
@@ -328,6 +342,13 @@ type ClaimReport struct {
 	// came back short admits again (zero: none held any back). Nothing announces it: a
 	// caller left with free slots claims again then.
 	RateNext time.Time
+	// Asked is how many runs the claim asked for: its limit, and Claimer.Ahead more
+	// when it took the short way (see claimSQL). A claim that got fewer read every
+	// claimable run of its types (or met held keys, rate windows: the fields above).
+	Asked int
+	// Short tells that the claim took claimSQL's short way, which Claimer.Ahead
+	// applies to (claimLimitedSQL's does not).
+	Short bool
 	// Token is the claim's token (see Fence), also when the claim failed: a claim
 	// that failed once it was sent may have committed all the same, its runs leased
 	// under the token to a worker that does not know it holds them (LostClaimRuns
@@ -413,15 +434,18 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 		}
 	}
 	setup, setupArgs, sql := claimSetupSQL(c.Lease, c.Durable), []any{token.String()}, claimSQL
+	ahead := max(c.Ahead, 0)
 	args := []any{c.Namespace, pgArray(c.Types), pgArray(c.Versions), pgArray(cursors), c.WorkerID,
-		c.Lease.Milliseconds(), limit, pgArray(c.Finishing), pgArray(floors), pgArray(walk), pgArray(keyFloors),
-		pgArray(scans)}
+		c.Lease.Milliseconds(), limit + ahead, pgArray(c.Finishing), pgArray(floors), pgArray(walk), pgArray(keyFloors),
+		pgArray(scans), limit}
 	if len(locked) > 0 {
 		setup += claimLocksSQL
 		setupArgs = append(setupArgs, c.Namespace, pgArray(c.Types), pgArray(locked))
 		sql = claimLimitedSQL
-		args = append(args, pgArray(locked))
+		ahead = 0
+		args[6], args[12] = limit, pgArray(locked)
 	}
+	report.Asked = limit
 	rows, err := queryAfterWith(ctx, db, setup, setupArgs, sql, args...)
 	if err != nil {
 		return nil, ClaimReport{Token: token}, err
@@ -449,6 +473,9 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 			return nil, ClaimReport{Token: token}, err
 		}
 		if !id.Valid { // a type's next key cursor, its next floors, its keys passed over, a rate's hold
+			if workflowID.Valid && len(locked) == 0 { // the claim took claimSQL's short way (claimKeyFloorsSQL)
+				report.Asked, report.Short = limit+ahead, true
+			}
 			if attempt.Valid {
 				report.KeysPassed += int(attempt.Int32)
 			}

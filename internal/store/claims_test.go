@@ -337,7 +337,7 @@ func TestAClaimPlannedOnAnEmptyTableDoesNotReadTheWholeKeyQueueOnceItFills(t *te
 		var plan []map[string]any
 		if err := tx.QueryRow(ctx, `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) `+claimSQL, c.Namespace, c.Types, c.Versions,
 			[]string{""}, c.WorkerID, c.Lease.Milliseconds(), 10, [][16]byte{}, []*time.Time{nil}, []bool{false},
-			[]*time.Time{nil}, []bool{scan}).Scan(&plan); err != nil {
+			[]*time.Time{nil}, []bool{scan}, 10).Scan(&plan); err != nil {
 			t.Fatal(err)
 		}
 		top := plan[0]["Plan"].(map[string]any)
@@ -836,5 +836,75 @@ func TestTheClaimStatementsClaimARunAsKagziClaimRunsDoes(t *testing.T) {
 				t.Errorf("%s: claimed %+v, want holds %v and one more takeover for the run taken over", c.typ, r, c.holds)
 			}
 		}
+	}
+}
+
+func TestAClaimTakesRunsAheadOnlyForTypesWithoutLimitsAndItsFloorSkipsNoRun(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `INSERT INTO kagzi.flow_limits (namespace, workflow_type, concurrency)
+		VALUES ('default', 'limited', 100)`); err != nil {
+		t.Fatal(err)
+	}
+	ids := map[string][]uuid.UUID{}
+	for _, wt := range []string{"plain", "limited"} {
+		ids[wt] = make([]uuid.UUID, 20)
+		inputs := make([][]byte, 20)
+		for i := range ids[wt] {
+			ids[wt][i], inputs[i] = uuid.Must(uuid.NewV7()), []byte(`1`)
+		}
+		if err := InsertRuns(ctx, pool, "default", wt, nil, ids[wt], inputs, make([][]byte, 20), time.Time{}, nil); err != nil {
+			t.Fatal(err)
+		}
+		// A millisecond apart, in start order.
+		if _, err := pool.Exec(ctx, `UPDATE kagzi.runs r SET available_at = now() - interval '1 minute'
+			+ o.n * interval '1 millisecond' FROM unnest($1::uuid[]) WITH ORDINALITY AS o(id, n) WHERE r.run_id = o.id`,
+			ids[wt]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	claimAll := func(c Claimer, limit int, want int, wantAsked int) []ClaimedRun {
+		t.Helper()
+		claimed, report, err := ClaimRuns(ctx, pool, c, limit)
+		if short := c.Types[0] == "plain"; report.Short != short {
+			t.Fatalf("a claim of %v: short %v, want %v (only claimSQL's short way takes runs ahead)", c.Types, report.Short, short)
+		}
+		if err != nil || len(claimed) != want || report.Asked != wantAsked {
+			t.Fatalf("a claim of %v, limit %d, %d ahead: %d runs, asked %d, %v; want %d runs, asked %d",
+				c.Types, limit, c.Ahead, len(claimed), report.Asked, err, want, wantAsked)
+		}
+		return claimed
+	}
+	inOrder := func(claimed []ClaimedRun, from []uuid.UUID) {
+		t.Helper()
+		for i, r := range claimed {
+			if r.RunID != from[i] {
+				t.Fatalf("claimed run %d is %v, want %v (the runs in start order)", i, r.RunID, from[i])
+			}
+		}
+	}
+	c := testClaimer("plain")
+	c.Floors, c.Ahead = NewFloors(), 5
+	// The short way: the limit and five ahead, from the floor on.
+	inOrder(claimAll(c, 3, 8, 8), ids["plain"])
+	// With no free slot, the runs ahead only; the floor that the claim of eight left
+	// skipped none.
+	inOrder(claimAll(c, 0, 5, 5), ids["plain"][8:])
+	inOrder(claimAll(c, 10, 7, 15), ids["plain"][13:])
+
+	// A limited type's claim goes through kagzi.claim: never ahead, and not at all
+	// without a free slot.
+	l := testClaimer("limited")
+	l.Ahead = 5
+	claimAll(l, 0, 0, 0)
+	inOrder(claimAll(l, 3, 3, 3), ids["limited"])
+	// Nor by the short way of types limited in concurrency only (claimLimitedSQL).
+	l.Limited = map[string]bool{"limited": true}
+	inOrder(claimAll(l, 3, 3, 3), ids["limited"][3:])
+	var running int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.runs WHERE workflow_type = 'limited' AND status = 'RUNNING'`).
+		Scan(&running); err != nil || running != 6 {
+		t.Fatalf("the limited type's runs claimed: %d, %v; want 6", running, err)
 	}
 }

@@ -129,7 +129,7 @@ func TestSetBasedStatementsReachRunsByKeyWhateverTheTablesStatistics(t *testing.
 	claimArgs := []any{"default", []string{"wf"}, []string{""}, []string{""}, "w", int64(10000), n, []uuid.UUID{},
 		[]*time.Time{nil}, []bool{false}, []*time.Time{nil}, []bool{false}}
 	statements = append(statements,
-		statement{name: "claim", settings: KeyedPlansSQL, sql: claimSQL, args: claimArgs},
+		statement{name: "claim", settings: KeyedPlansSQL, sql: claimSQL, args: append(claimArgs[:len(claimArgs):len(claimArgs)], n)},
 		statement{name: "claim of limited types", settings: KeyedPlansSQL, sql: claimLimitedSQL,
 			args: append(claimArgs[:len(claimArgs):len(claimArgs)], []string{"wf"})})
 
