@@ -158,7 +158,7 @@ func (l *claimLoop) claimed(ctx context.Context, full bool, report store.ClaimRe
 		return nil
 	case full:
 		l.more = true
-		l.claimNow = w.freeSlots() > 0 // more work may be waiting
+		l.claimNow = w.freeSlots() > 0 || w.aheadRoom() // more work may be waiting
 	case l.answerStands():
 		// Fewer runs than free slots, and the last answer's time has not come:
 		// nothing that answer saw has become claimable, a run that becomes claimable
@@ -266,20 +266,25 @@ const passedKeysRetry = 20 * time.Millisecond
 // again); report what else the claim said (see store.ClaimReport).
 func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport, err error) {
 	w.handLostBack(ctx)
-	free := w.freeSlots()
-	if free <= 0 {
+	free, ahead := w.claimRoom()
+	if free <= 0 && ahead <= 0 {
 		return true, report, nil
 	}
+	free = max(free, 0)
 	began := time.Now()
 	// A claim that reached the database commits whatever happens to ctx afterwards, so
 	// it is never abandoned half way: its runs would stay leased to a worker that
 	// dropped them until the lease passed. It is bounded by the lease instead, and the
 	// runs of a claim that returns after ctx ended are handed back (see drain).
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
-	w.claimer.Finishing = w.finishingPlaces()
+	w.claimer.Finishing, w.claimer.Ahead = w.finishingPlaces(), ahead
 	claimed, report, err := store.ClaimRuns(cctx, w.client.pool, w.claimer, free)
 	cancel()
-	w.hookClaim(ctx, free, len(claimed), began, err)
+	asked := report.Asked
+	if err != nil {
+		asked = free + ahead
+	}
+	w.hookClaim(ctx, asked, len(claimed), began, err)
 	if err != nil {
 		w.lostClaim(report, began, err)
 		return false, report, dbError("kagzi: claim", err)
@@ -292,16 +297,17 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 		w.mu.Unlock()
 		return false, store.ClaimReport{}, nil
 	}
+	w.mu.Lock()
+	w.aheadShort = report.Short
+	w.mu.Unlock()
 	now := time.Now()
 	start, beside, hold := w.sortSuspects(ctx, claimed)
-	for _, run := range start {
-		w.start(run, began, now)
-	}
+	w.startClaimed(start, began, now)
 	w.hold(hold, beside, began, now)
-	w.backlog.Store(len(claimed) == free)
-	if len(claimed) < free {
+	w.backlog.Store(len(claimed) == asked)
+	if len(claimed) < asked {
 		// The claim had room for whatever a freed key held back, and looked for it.
 		clear(w.claimer.KeysFreed)
 	}
-	return len(claimed) == free, report, nil
+	return len(claimed) == asked, report, nil
 }

@@ -66,7 +66,7 @@ func (w *Worker) reserveSlot() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if !w.accepting || w.soloBlocks(time.Now()) || w.held != nil ||
-		w.cfg.MaxConcurrent-(len(w.active)-w.finishing)-w.reserved <= 0 {
+		w.cfg.MaxConcurrent-w.slotsTakenLocked() <= 0 {
 		return false
 	}
 	w.reserved++
@@ -113,5 +113,5 @@ func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time, holdsSl
 		w.client.hooks.Claim(context.Background(), &ClaimEvent{Namespace: w.client.ns, WorkerID: w.cfg.ID,
 			Types: []string{r.WorkflowType}, Requested: 1, Claimed: 1, Eager: true})
 	}
-	w.startRun(run, sent, time.Now(), true)
+	w.startEagerRun(run, sent, time.Now())
 }

@@ -70,6 +70,10 @@ type execution struct {
 	// started; alone: it runs alone in its worker; launched: when it started (solo.go).
 	suspect, alone bool
 	launched       time.Time
+	// ahead: the run was claimed ahead and waits for a slot, since aheadSince
+	// (ahead.go; guarded by the worker's mu).
+	ahead      bool
+	aheadSince time.Time
 
 	// pending is the run's last completed step while its record is held back (see
 	// holdRecord); flushMu serializes writing it, so that whoever needs it durable

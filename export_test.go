@@ -1,8 +1,11 @@
 package kagzi
 
 import (
+	"context"
 	"strconv"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -40,4 +43,34 @@ func StartSenders(c *Client) int { return c.starts.Senders() }
 func NotedLimited(c *Client, workflowType string) bool {
 	_, ok := c.limitedTypes.Load(workflowType)
 	return ok
+}
+
+// SetAheadHold sets how long the worker's runs claimed ahead wait for a slot before
+// they go back (set before Run).
+func SetAheadHold(w *Worker, d time.Duration) { w.aheadHold = d }
+
+// ClaimAhead claims up to n runs of the worker's types for it, from the start of
+// their queues, and gives them to the worker as a claim's runs beyond its free slots
+// (those that find a free slot start); it returns their ids.
+func ClaimAhead(ctx context.Context, w *Worker, n int) ([]uuid.UUID, error) {
+	c := store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
+		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}}
+	sent := time.Now()
+	runs, _, err := store.ClaimRuns(ctx, w.client.pool, c, n)
+	if err != nil {
+		return nil, err
+	}
+	w.startClaimed(runs, sent, time.Now())
+	ids := make([]uuid.UUID, len(runs))
+	for i, r := range runs {
+		ids[i] = r.RunID
+	}
+	return ids, nil
+}
+
+// RunsAhead counts the worker's runs waiting ahead for a slot.
+func RunsAhead(w *Worker) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.ahead)
 }

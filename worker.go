@@ -95,7 +95,17 @@ type Worker struct {
 	held, soloX *execution
 	drainUntil  time.Time
 	claimOne    bool
-	slotFree    chan struct{}
+	// Runs claimed ahead (ahead.go): ahead are those waiting for a slot (in active),
+	// in claim order; freed counts the slots freed, freedMark its value at the last
+	// claim; aheadShort tells that the last claim took the short way (only such a
+	// claim takes runs ahead); aheadTimer that aheadExpired is set to look;
+	// aheadHold is aheadHold (tests change it).
+	aheadHold        time.Duration
+	ahead            []*execution
+	freed, freedMark int
+	aheadShort       bool
+	aheadTimer       bool
+	slotFree         chan struct{}
 	// rt is what the executions need of the worker (set by Run).
 	rt *runtime
 	// claimer is who claims, with the worker's cursors in the concurrency-key queues
@@ -131,7 +141,7 @@ func NewWorker(client *Client, cfg WorkerConfig, workflows ...Definition) (*Work
 		logger: cfg.Logger.With("worker", cfg.ID, "namespace", client.ns),
 		active: map[uuid.UUID]*execution{}, finishingHolders: map[uuid.UUID]struct{}{},
 		slotFree: make(chan struct{}, 1), floorHit: make(chan struct{}, 1), lostDue: make(chan struct{}, 1), wakeTypes: map[string]string{},
-		floors: store.NewFloors(), keyFloors: store.NewFloors()}
+		floors: store.NewFloors(), keyFloors: store.NewFloors(), aheadShort: true, aheadHold: aheadHold}
 	w.ends.GatherWhenBusy(endsGather, endsGatherMin, w.backlog.Load)
 	for _, c := range []*committer.Committer{w.db, w.ends} {
 		c.SetupMergedBatches(store.KeyedPlansSQL)
@@ -329,6 +339,7 @@ func (w *Worker) Run(ctx context.Context) error {
 // was lost: each writes nothing more, and Run does not wait for them.
 func (w *Worker) abandon() {
 	w.dropHeld(true)
+	w.dropAhead(true)
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, x := range w.active {
@@ -432,14 +443,14 @@ func (w *Worker) beat() store.WorkerBeat {
 // closedPoolProbe is how often a worker's loop looks whether its pool was closed.
 const closedPoolProbe = 250 * time.Millisecond
 
-// freeSlots is how many runs the worker may claim now.
+// freeSlots is how many runs the worker may claim now in its free slots.
 func (w *Worker) freeSlots() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.soloBlocks(time.Now()) {
 		return 0 // see solo.go
 	}
-	free := w.cfg.MaxConcurrent - (len(w.active) - w.finishing) - w.reserved
+	free := w.cfg.MaxConcurrent - w.slotsTakenLocked()
 	if w.claimOne {
 		free = min(free, 1)
 	}
@@ -496,32 +507,30 @@ func (w *Worker) releaseSlot(x *execution, keepsPlace bool) {
 	}
 	x.finishing = true
 	w.finishing++
+	w.freed++
 	if (x.run.HoldsSlot || x.run.ConcurrencyKey != "") && !keepsPlace {
 		w.finishingHolders[x.run.RunID] = struct{}{}
 	}
+	start := w.takeAheadLocked()
 	w.mu.Unlock()
+	for _, x := range start {
+		w.launch(x)
+	}
 	select {
 	case w.slotFree <- struct{}{}:
 	default:
 	}
 }
 
-// start executes a claimed run on a goroutine of its own (one of w.goroutines). sent
-// is when the claim was sent, claimedAt when its answer came.
-func (w *Worker) start(run store.ClaimedRun, sent, claimedAt time.Time) {
-	w.startRun(run, sent, claimedAt, false)
-}
-
-// startRun is start; eager takes the slot reserved for an eager start, in the same
-// hold of w.mu that counts the run active, so that the worker never looks idle in
-// between (see solo.go).
-func (w *Worker) startRun(run store.ClaimedRun, sent, claimedAt time.Time, eager bool) {
+// startEagerRun executes a run its start claimed on a goroutine of its own (one of
+// w.goroutines), in the slot reserved for it: the same hold of w.mu that counts the
+// run active gives the reservation up, so that the worker never looks idle in between
+// (see solo.go). sent is when the start was sent, claimedAt when its answer came.
+func (w *Worker) startEagerRun(run store.ClaimedRun, sent, claimedAt time.Time) {
 	w.sawWork.Store(claimedAt.UnixNano())
 	x := newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt)
 	w.mu.Lock()
-	if eager {
-		w.reserved--
-	}
+	w.reserved--
 	w.addActiveLocked(x)
 	w.mu.Unlock()
 	w.launch(x)
@@ -538,6 +547,8 @@ func (w *Worker) addActiveLocked(x *execution) {
 		delete(w.finishingHolders, id)
 	} else if old != nil && old.suspect {
 		w.forgetHeldLocked(old) // held, and its lease ran out (see solo.go)
+	} else if old != nil && old.ahead {
+		w.forgetAheadLocked(old) // waiting ahead, and its lease ran out (see ahead.go)
 	}
 	w.active[id] = x
 }
@@ -552,10 +563,16 @@ func (w *Worker) executionDone(x *execution) {
 		if x.finishing {
 			w.finishing--
 			delete(w.finishingHolders, x.run.RunID)
+		} else {
+			w.freed++
 		}
 	}
 	soloChanged := w.soloDoneLocked(x)
+	start := w.takeAheadLocked()
 	w.mu.Unlock()
+	for _, x := range start {
+		w.launch(x)
+	}
 	if soloChanged {
 		w.soloChanged()
 	}
@@ -582,7 +599,8 @@ func (w *Worker) cancelRun(runID string) {
 // drain waits for running workflows up to DrainTimeout, then interrupts them and
 // hands their runs back.
 func (w *Worker) drain() {
-	w.dropHeld(false) // a suspect held back goes back at once (see solo.go)
+	w.dropHeld(false)  // a suspect held back goes back at once (see solo.go)
+	w.dropAhead(false) // and so do runs claimed ahead (see ahead.go)
 	deadline := time.NewTimer(w.cfg.DrainTimeout)
 	defer deadline.Stop()
 	interrupted := false

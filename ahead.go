@@ -1,0 +1,212 @@
+package kagzi
+
+import (
+	"context"
+	"time"
+
+	"github.com/kagzi/kagzi/internal/store"
+)
+
+// Runs claimed ahead. A worker sends its next claim as soon as it has started the last
+// claim's runs, and those still hold their slots: with short runs, each claim finds
+// free only the slots that ended during the claim before, about half of them, and a
+// claim's fixed cost is paid for few runs. So a claim may take runs beyond the free
+// slots (WorkerConfig.ClaimAhead): they wait in the worker, leased to it (its
+// heartbeats renew them), in claim order, and each starts when a slot frees. At most
+// MaxConcurrent runs execute at once, as before.
+//
+// The runs ahead of one claim are at most the slots that were freed during the
+// claim before: about what will be freed during this one, and none while the runs
+// are long (runs would wait in this worker while another has free slots). Only a
+// claim that takes the short way takes runs ahead (store.Claimer.Ahead: types without
+// flow limits), since under a limit a claimed run counts as started (a rate window's
+// start). A run that waited aheadHold without a slot goes back to its place in the
+// queue, and so does every run waiting when the worker stops. One that is cancelled,
+// passes its deadline or loses its lease while it waits starts as the others do, and
+// runs no code.
+
+// aheadHold is how long a run claimed ahead waits for a slot before it goes back
+// (Worker.aheadHold, which tests change).
+const aheadHold = 250 * time.Millisecond
+
+// claimRoom returns how many runs the next claim may take in the free slots, and how
+// many beyond them (see above). It notes the slots freed so far: the next claim's
+// runs ahead count those freed from now on.
+func (w *Worker) claimRoom() (free, ahead int) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.soloBlocks(time.Now()) {
+		return 0, 0 // see solo.go
+	}
+	free = w.cfg.MaxConcurrent - w.slotsTakenLocked()
+	if w.claimOne {
+		return min(free, 1), 0
+	}
+	freed := w.freed - w.freedMark
+	w.freedMark = w.freed
+	if w.held != nil || !w.aheadShort {
+		return free, 0
+	}
+	return free, max(min(w.cfg.ClaimAhead-len(w.ahead), freed), 0)
+}
+
+// aheadRoom reports whether a claim now would take runs ahead, with no free slot.
+func (w *Worker) aheadRoom() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.aheadShort && w.held == nil && !w.claimOne && !w.soloBlocks(time.Now()) &&
+		w.freed > w.freedMark && len(w.ahead) < w.cfg.ClaimAhead
+}
+
+// slotsTakenLocked counts the slots taken: runs executing (active, not finishing, not
+// waiting ahead) and slots reserved for eager starts (w.mu held).
+func (w *Worker) slotsTakenLocked() int {
+	return len(w.active) - w.finishing - len(w.ahead) + w.reserved
+}
+
+// startClaimed executes the runs of a claim: in the free slots, the rest as slots
+// free. sent is when the claim was sent, claimedAt when its answer came.
+func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time) {
+	if len(runs) == 0 {
+		return
+	}
+	w.sawWork.Store(claimedAt.UnixNano())
+	xs := make([]*execution, len(runs))
+	for i, run := range runs {
+		xs[i] = newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt)
+		xs[i].aheadSince = claimedAt
+	}
+	w.mu.Lock()
+	for _, x := range xs {
+		w.addActiveLocked(x)
+		x.ahead = true
+	}
+	w.ahead = append(w.ahead, xs...)
+	start := w.takeAheadLocked()
+	waiting := len(w.ahead) > 0 && !w.aheadTimer
+	w.aheadTimer = w.aheadTimer || waiting
+	w.mu.Unlock()
+	for _, x := range start {
+		w.launch(x)
+	}
+	if waiting {
+		time.AfterFunc(w.aheadHold, w.aheadExpired)
+	}
+}
+
+// takeAheadLocked takes the runs waiting ahead that free slots can start now, in
+// claim order (w.mu held); the caller launches them.
+func (w *Worker) takeAheadLocked() []*execution {
+	n := min(len(w.ahead), w.cfg.MaxConcurrent-w.slotsTakenLocked())
+	if n <= 0 || w.soloX != nil {
+		return nil
+	}
+	start := make([]*execution, n)
+	copy(start, w.ahead)
+	clear(w.ahead[:n])
+	w.ahead = w.ahead[n:]
+	for _, x := range start {
+		x.ahead = false
+	}
+	return start
+}
+
+// aheadExpired gives back the runs that waited aheadHold for a slot, and looks again
+// when the next one will have, while runs wait.
+func (w *Worker) aheadExpired() {
+	w.mu.Lock()
+	cut := time.Now().Add(-w.aheadHold)
+	n := 0
+	for n < len(w.ahead) && !w.ahead[n].aheadSince.After(cut) {
+		n++
+	}
+	back := w.dropAheadLocked(n)
+	again := len(w.ahead) > 0
+	var next time.Duration
+	if again {
+		next = max(time.Until(w.ahead[0].aheadSince.Add(w.aheadHold)), time.Millisecond)
+	}
+	w.aheadTimer = again
+	w.mu.Unlock()
+	if again {
+		time.AfterFunc(next, w.aheadExpired)
+	}
+	if len(back) > 0 {
+		w.logger.Debug("kagzi: runs claimed ahead found no free slot; handing them back", "runs", len(back))
+		w.giveBackAhead(back, false)
+	}
+}
+
+// dropAheadLocked takes the first n runs waiting ahead out of the worker (w.mu held).
+func (w *Worker) dropAheadLocked(n int) []*execution {
+	if n == 0 {
+		return nil
+	}
+	back := make([]*execution, n)
+	copy(back, w.ahead)
+	clear(w.ahead[:n])
+	w.ahead = w.ahead[n:]
+	for _, x := range back {
+		x.ahead = false
+		if w.active[x.run.RunID] == x {
+			delete(w.active, x.run.RunID)
+		}
+	}
+	return back
+}
+
+// dropAhead gives back every run waiting ahead: the worker stops (closed: its pool
+// was closed, nothing can be written; their leases give them to other workers).
+func (w *Worker) dropAhead(closed bool) {
+	w.mu.Lock()
+	back := w.dropAheadLocked(len(w.ahead))
+	w.mu.Unlock()
+	w.giveBackAhead(back, closed)
+}
+
+// giveBackAhead hands runs that waited ahead back, in their place in the queue (what
+// cannot be handed back now is handed back before the next claim, or by the drain).
+// Their executions end without running.
+func (w *Worker) giveBackAhead(xs []*execution, closed bool) {
+	if len(xs) == 0 {
+		return
+	}
+	if closed {
+		for _, x := range xs {
+			x.cancel(errLeaseLost)
+			x.rt.endExecution(x, OutcomeLeaseLost, nil)
+		}
+		return
+	}
+	fences := make([]store.Fence, len(xs))
+	for i, x := range xs {
+		fences[i] = x.run.Fence
+		x.cancel(errShutdown)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.LeaseDuration)
+	defer cancel()
+	if err := store.ReleaseRunsInPlace(ctx, w.client.pool, fences); err != nil {
+		w.mu.Lock()
+		w.lostRuns = append(w.lostRuns, fences...)
+		w.mu.Unlock()
+		w.claimSoon()
+		w.logger.Warn("kagzi: cannot hand back runs claimed ahead; trying again", "runs", len(fences), "error", err)
+	}
+	for _, x := range xs {
+		x.rt.endExecution(x, OutcomeHandedBack, nil)
+	}
+}
+
+// forgetAheadLocked drops a run waiting ahead whose run the worker claimed again (its
+// lease ran out while it waited) (w.mu held). Its execution ends without running.
+func (w *Worker) forgetAheadLocked(x *execution) {
+	for i, y := range w.ahead {
+		if y == x {
+			w.ahead = append(w.ahead[:i:i], w.ahead[i+1:]...)
+			x.ahead = false
+			x.cancel(errLeaseLost)
+			go x.rt.endExecution(x, OutcomeLeaseLost, nil) // not under w.mu
+			return
+		}
+	}
+}
