@@ -328,8 +328,12 @@ func TestAKeyedTypesClaimUnderAPinnedXminHorizonReadsItsKeyQueueFromItsFloor(t *
 		t.Fatalf("a claim reading the key queue from its start read %d buffers after %d keyed runs under the pin; the pin did not hold their entries",
 			fromStart, keys*perKey)
 	}
-	if fromFloor > 100 {
-		t.Fatalf("a claim reading the key queue from the worker's floor read %d buffers (from the start: %d); want at most 100", fromFloor, fromStart)
+	// A bound, not a figure: the claim also looks up the head of each key it visits
+	// (up to 66 here), and the pages those lookups touch vary with the box's timing
+	// (89-100 buffers on one box, 109-128 on another after a restart of PostgreSQL).
+	if fromFloor > 200 || fromFloor*4 > fromStart {
+		t.Fatalf("a claim reading the key queue from the worker's floor read %d buffers (from the start: %d); want at most 200 and a quarter of it",
+			fromFloor, fromStart)
 	}
 	t.Logf("buffers per claim after %d keyed runs under a pinned horizon: %d reading the key queue from its start, %d from the floor",
 		keys*perKey, fromStart, fromFloor)
