@@ -64,9 +64,10 @@ func (w *Worker) slotsTakenLocked() int {
 	return len(w.active) - w.finishing - len(w.ahead) + w.reserved
 }
 
-// startClaimed executes the runs of a claim: in the free slots, the rest as slots
-// free. sent is when the claim was sent, claimedAt when its answer came.
-func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time) {
+// startClaimed executes the runs of a claim (suspects that start beside a suspect
+// executing: see solo.go): in the free slots, the rest as slots free. sent is when the
+// claim was sent, claimedAt when its answer came.
+func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time, suspects bool) {
 	if len(runs) == 0 {
 		return
 	}
@@ -75,6 +76,9 @@ func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time
 	for i, run := range runs {
 		xs[i] = newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt)
 		xs[i].aheadSince = claimedAt
+		if suspects {
+			xs[i].suspect, xs[i].launched = true, claimedAt
+		}
 	}
 	w.mu.Lock()
 	for _, x := range xs {

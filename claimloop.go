@@ -302,7 +302,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 	w.mu.Unlock()
 	now := time.Now()
 	start, beside, hold := w.sortSuspects(ctx, claimed)
-	w.startClaimed(start, began, now)
+	w.startClaimed(start, began, now, false)
 	w.hold(hold, beside, began, now)
 	w.backlog.Store(len(claimed) == asked)
 	if len(claimed) < asked {

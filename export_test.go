@@ -60,7 +60,7 @@ func ClaimAhead(ctx context.Context, w *Worker, n int) ([]uuid.UUID, error) {
 	if err != nil {
 		return nil, err
 	}
-	w.startClaimed(runs, sent, time.Now())
+	w.startClaimed(runs, sent, time.Now(), false)
 	ids := make([]uuid.UUID, len(runs))
 	for i, r := range runs {
 		ids[i] = r.RunID

@@ -249,16 +249,10 @@ func (w *Worker) giveBack(ctx context.Context, back, park []store.Fence) {
 }
 
 // hold keeps a claimed suspect, leased to the worker (its heartbeats renew it), until
-// runHeld starts it; beside start at once, as suspects.
+// runHeld starts it; beside start as suspects, in free slots (a claim's runs ahead of
+// its free slots may be among them: see ahead.go).
 func (w *Worker) hold(run *store.ClaimedRun, beside []store.ClaimedRun, sent, claimedAt time.Time) {
-	for _, r := range beside {
-		x := newExecution(w.rt, w.defs[r.WorkflowType], r, sent, claimedAt)
-		x.suspect, x.launched = true, time.Now()
-		w.mu.Lock()
-		w.addActiveLocked(x)
-		w.mu.Unlock()
-		w.launch(x)
-	}
+	w.startClaimed(beside, sent, claimedAt, true)
 	if run == nil {
 		return
 	}
