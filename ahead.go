@@ -30,8 +30,8 @@ import (
 const aheadHold = 250 * time.Millisecond
 
 // claimRoom returns how many runs the next claim may take in the free slots, and how
-// many beyond them (see above). It notes the slots freed so far: the next claim's
-// runs ahead count those freed from now on.
+// many beyond them (see above). It notes the slots freed so far: its answer counts
+// those freed while it ran (claimAnsweredLocked).
 func (w *Worker) claimRoom() (free, ahead int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -42,20 +42,32 @@ func (w *Worker) claimRoom() (free, ahead int) {
 	if w.claimOne {
 		return min(free, 1), 0
 	}
-	freed := w.freed - w.freedMark
 	w.freedMark = w.freed
 	if w.held != nil || !w.aheadShort {
 		return free, 0
 	}
-	return free, max(min(w.cfg.ClaimAhead-len(w.ahead), freed), 0)
+	return free, max(min(w.cfg.ClaimAhead-len(w.ahead), w.freedDuring), 0)
 }
 
-// aheadRoom reports whether a claim now would take runs ahead, with no free slot.
+// claimAnsweredLocked notes what a claim's answer says for the next claim's runs ahead
+// (w.mu held): the slots freed while it ran (from its send, freedMark, to now), none
+// when it got fewer runs than it asked for (no backlog) or failed; and whether it took
+// the short way.
+func (w *Worker) claimAnsweredLocked(short, backlog bool) {
+	w.aheadShort = short
+	w.freedDuring = 0
+	if backlog {
+		w.freedDuring = w.freed - w.freedMark
+	}
+}
+
+// aheadRoom reports whether a claim now would take runs ahead (with no free slot, the
+// claim loop asks after a full claim).
 func (w *Worker) aheadRoom() bool {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.aheadShort && w.held == nil && !w.claimOne && !w.soloBlocks(time.Now()) &&
-		w.freed > w.freedMark && len(w.ahead) < w.cfg.ClaimAhead
+		w.freedDuring > 0 && len(w.ahead) < w.cfg.ClaimAhead
 }
 
 // slotsTakenLocked counts the slots taken: runs executing (active, not finishing, not
@@ -80,21 +92,33 @@ func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time
 			xs[i].suspect, xs[i].launched = true, claimedAt
 		}
 	}
+	var start []*execution
 	w.mu.Lock()
+	held := w.held
 	for _, x := range xs {
 		w.addActiveLocked(x)
+		if x.ctx.Err() != nil {
+			// Cancelled, past its deadline, or failed for killing its process alone: it
+			// runs no code, and starts now (a hand-back would lose its verdict).
+			start = append(start, x)
+			continue
+		}
 		x.ahead = true
+		w.ahead = append(w.ahead, x)
 	}
-	w.ahead = append(w.ahead, xs...)
-	start := w.takeAheadLocked()
+	start = append(start, w.takeAheadLocked()...)
 	waiting := len(w.ahead) > 0 && !w.aheadTimer
 	w.aheadTimer = w.aheadTimer || waiting
+	forgot := held != nil && w.held != held // addActiveLocked dropped it (its lease ran out)
 	w.mu.Unlock()
 	for _, x := range start {
 		w.launch(x)
 	}
 	if waiting {
 		time.AfterFunc(w.aheadHold, w.aheadExpired)
+	}
+	if forgot {
+		w.runHeld()
 	}
 }
 
@@ -131,6 +155,9 @@ func (w *Worker) aheadExpired() {
 		next = max(time.Until(w.ahead[0].aheadSince.Add(w.aheadHold)), time.Millisecond)
 	}
 	w.aheadTimer = again
+	if len(back) > 0 {
+		w.aheadBacks.Add(1) // the drain waits for it
+	}
 	w.mu.Unlock()
 	if again {
 		time.AfterFunc(next, w.aheadExpired)
@@ -138,6 +165,10 @@ func (w *Worker) aheadExpired() {
 	if len(back) > 0 {
 		w.logger.Debug("kagzi: runs claimed ahead found no free slot; handing them back", "runs", len(back))
 		w.giveBackAhead(back, false)
+		w.aheadBacks.Done()
+		// What was to execute in the worker went back: a held suspect may start now
+		// (it waits for nothing else to execute; see solo.go).
+		w.runHeld()
 	}
 }
 
@@ -166,6 +197,7 @@ func (w *Worker) dropAhead(closed bool) {
 	back := w.dropAheadLocked(len(w.ahead))
 	w.mu.Unlock()
 	w.giveBackAhead(back, closed)
+	w.aheadBacks.Wait() // and those aheadExpired is handing back
 }
 
 // giveBackAhead hands runs that waited ahead back, in their place in the queue (what

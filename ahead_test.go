@@ -259,3 +259,282 @@ func waitDone(t *testing.T, ctx context.Context, c *kagzi.Client, id uuid.UUID) 
 	}
 	return info
 }
+
+type countHooks struct {
+	aheadHooks
+	claims, asked, got atomic.Int64
+}
+
+func (h *countHooks) Claim(ctx context.Context, e *kagzi.ClaimEvent) {
+	if !e.Eager {
+		h.claims.Add(1)
+		h.asked.Add(int64(e.Requested))
+		h.got.Add(int64(e.Claimed))
+	}
+}
+
+// Long runs (0.9-1.5 s, ending apart), a backlog, one worker of 2 slots: a claim takes runs ahead
+// only for the slots freed while the claim before ran (none here), so no run waits in
+// the worker and goes back (they did when the slots freed since the last claim counted).
+func TestAWorkerOfLongRunsClaimsNoRunsAhead(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("ahead-long", func(ctx *kagzi.Context, n int) (int, error) {
+		time.Sleep(time.Duration(900+n*137%600) * time.Millisecond)
+		return n, nil
+	})
+	hooks := &countHooks{aheadHooks: aheadHooks{handedBack: map[string]bool{}}}
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: hooks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs, err := kagzi.StartMany(ctx, e.client, wf, []int{0, 1, 2, 3, 4, 5, 6, 7})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 2
+	runWorker(t, c, cfg, wf)
+	for _, r := range runs {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hooks.mu.Lock()
+	n := len(hooks.handedBack)
+	hooks.mu.Unlock()
+	t.Logf("claims %d asked %d got %d; runs handed back after waiting ahead: %d (of 8 runs)", hooks.claims.Load(), hooks.asked.Load(), hooks.got.Load(), n)
+	if n > 0 {
+		t.Errorf("%d long runs were claimed ahead and handed back", n)
+	}
+}
+
+// A worker whose slots freed while it was idle takes no runs ahead from a burst of
+// long runs, which another worker with free slots starts at once (it did when the
+// slots freed since its last claim counted: they waited 250 ms and went back).
+func TestAWorkerBackFromIdleClaimsNoRunsAheadThatAnotherWorkerCouldStart(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var mu sync.Mutex
+	began := map[int]time.Time{}
+	wf := kagzi.Define("ahead-burst", func(ctx *kagzi.Context, n int) (int, error) {
+		mu.Lock()
+		if _, ok := began[n]; !ok {
+			began[n] = time.Now()
+		}
+		mu.Unlock()
+		if n >= 100 {
+			time.Sleep(1500 * time.Millisecond)
+		}
+		return n, nil
+	})
+	hooks := &aheadHooks{handedBack: map[string]bool{}}
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: hooks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	warmWf := kagzi.Define("ahead-burst-warm", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	cfgA := fastWorker()
+	cfgA.MaxConcurrent = 4
+	runWorker(t, c, cfgA, wf, warmWf)
+	cfgB := fastWorker()
+	cfgB.MaxConcurrent = 20
+	runWorker(t, e.client, cfgB, wf)
+	time.Sleep(300 * time.Millisecond)
+	// Warm A up: 4 quick runs free its slots.
+	warm, err := kagzi.StartMany(ctx, e.client, warmWf, []int{1, 2, 3, 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range warm {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sent := time.Now()
+	burst, err := kagzi.StartMany(ctx, e.client, wf, []int{100, 101, 102, 103, 104, 105, 106, 107})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range burst {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hooks.mu.Lock()
+	n := len(hooks.handedBack)
+	hooks.mu.Unlock()
+	mu.Lock()
+	var late []time.Duration
+	for k := 100; k < 108; k++ {
+		late = append(late, began[k].Sub(sent).Round(time.Millisecond))
+	}
+	mu.Unlock()
+	t.Logf("runs A claimed ahead and handed back: %d; start delays: %v", n, late)
+	if n > 0 {
+		t.Errorf("%d runs waited in busy worker A while B had 20 free slots", n)
+	}
+}
+
+// One slot, ClaimAhead 3: a claim returns a suspect (held) and a run that waits ahead.
+// The slot's run ends; the held suspect counts as the slot taken, so the run ahead does
+// not start and goes back after aheadHold; then the suspect starts alone (it waited
+// for its drain, soloWindow, before the hand-back woke it).
+func TestAHeldSuspectStartsOnceTheRunClaimedAheadBesideItGoesBack(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	var mu sync.Mutex
+	var suspectBegan time.Time
+	wf := kagzi.Define("ahead-held", func(ctx *kagzi.Context, n int) (int, error) {
+		switch n {
+		case 1:
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		case 2:
+			mu.Lock()
+			if suspectBegan.IsZero() {
+				suspectBegan = time.Now()
+			}
+			mu.Unlock()
+		}
+		return n, nil
+	})
+	cfg := fastWorker()
+	cfg.MaxConcurrent, cfg.ClaimAhead, cfg.MaxTakeovers = 1, 3, 1
+	w, err := kagzi.NewWorker(e.client, cfg, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = w.Run(wctx); close(done) }()
+	defer func() { cancel(); <-done }()
+	blocked, err := kagzi.Start(ctx, e.client, wf, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "blocked to run", func() bool { return runStatus(t, e.client, blocked.RunID) == kagzi.StatusRunning })
+	s := startSuspect(t, e, wf, 2, 1)
+	if _, err := kagzi.Start(ctx, e.client, wf, 0); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := kagzi.ClaimSorted(ctx, w, 2)
+	if err != nil || len(ids) != 2 {
+		t.Fatalf("claim: %v %v", ids, err)
+	}
+	claimed := time.Now()
+	t.Logf("runs ahead: %d", kagzi.RunsAhead(w))
+	time.Sleep(50 * time.Millisecond)
+	close(release)
+	if _, err := s.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mu.Lock()
+	d := suspectBegan.Sub(claimed)
+	mu.Unlock()
+	t.Logf("the held suspect began %v after the claim (the slot freed after 50ms; the run ahead went back after 250ms)", d)
+	if d > 2*time.Second {
+		t.Errorf("the held suspect waited %v", d)
+	}
+}
+
+// A run that killed its process alone is exhausted when next claimed (it fails
+// RECOVERY_EXHAUSTED without running), also when that claim found no free slot for
+// it: it ends at once rather than waiting ahead (handed back, it lost the verdict:
+// the claim after was not the one right after its execution alone, and it ran again).
+func TestARunThatKilledItsProcessAloneFailsAlsoWhenItsClaimFoundNoFreeSlot(t *testing.T) {
+	for _, ahead := range []bool{false, true} {
+		t.Run(map[bool]string{false: "direct", true: "ahead"}[ahead], func(t *testing.T) {
+			e := newEnv(t)
+			ctx := waitCtx(t)
+			release := make(chan struct{})
+			var ranAgain bool
+			name := "ahead-exhausted-" + map[bool]string{false: "d", true: "a"}[ahead]
+			phase2 := make(chan struct{})
+			wf := kagzi.Define(name, func(ctx *kagzi.Context, n int) (int, error) {
+				if n == 1 {
+					select {
+					case <-release:
+					case <-ctx.Done():
+						return 0, ctx.Err()
+					}
+					return 1, nil
+				}
+				select {
+				case <-phase2:
+					ranAgain = true
+				default:
+				}
+				if err := ctx.Sleep("nap", 2*time.Second); err != nil {
+					return 0, err
+				}
+				return 7, nil
+			})
+			cfg := fastWorker()
+			cfg.MaxTakeovers = 1
+			cfg.MaxInProcessSleep = time.Millisecond
+			s := startSuspect(t, e, wf, 0, 1)
+			stop := runWorker(t, e.client, cfg, wf)
+			eventually(t, "the suspect to sleep after running alone", func() bool {
+				return runStatus(t, e.client, s.RunID) == kagzi.StatusSleeping
+			})
+			stop()
+			close(phase2)
+			if alone, found := aloneRecord(t, e.pool, s.RunID); !found || !alone {
+				t.Fatalf("want an alone record")
+			}
+			if ahead {
+				cfg1 := cfg
+				cfg1.MaxConcurrent, cfg1.DrainTimeout = 1, time.Hour
+				w, err := kagzi.NewWorker(e.client, cfg1, wf)
+				if err != nil {
+					t.Fatal(err)
+				}
+				kagzi.SetAheadHold(w, 300*time.Millisecond)
+				wctx, cancel := context.WithCancel(context.Background())
+				done := make(chan struct{})
+				go func() { _ = w.Run(wctx); close(done) }()
+				defer func() { cancel(); <-done }()
+				defer func() {
+					select {
+					case <-release:
+					default:
+						close(release)
+					}
+				}()
+				blocked, err := kagzi.Start(ctx, e.client, wf, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				eventually(t, "blocked to run", func() bool { return runStatus(t, e.client, blocked.RunID) == kagzi.StatusRunning })
+				// Its process died while it ran alone: RUNNING at the same epoch, lease passed.
+				if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', locked_by = 'ghost', available_at = now() WHERE run_id = $1`, s.RunID); err != nil {
+					t.Fatal(err)
+				}
+				ids, err := kagzi.ClaimAhead(ctx, w, 1)
+				if err != nil || len(ids) != 1 || ids[0].String() != s.RunID {
+					t.Fatalf("claim ahead: %v %v", ids, err)
+				}
+				eventually(t, "handed back or failed", func() bool {
+					st := runStatus(t, e.client, s.RunID)
+					return st == kagzi.StatusPending || st == kagzi.StatusFailed
+				})
+			} else {
+				if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', locked_by = 'ghost', available_at = now() WHERE run_id = $1`, s.RunID); err != nil {
+					t.Fatal(err)
+				}
+			}
+			runWorker(t, e.client, cfg, wf)
+			out, err := s.Wait(ctx)
+			info, _ := e.client.GetRun(ctx, s.RunID)
+			t.Logf("result %d, err %v, status %v, takeovers %d, function ran again: %v", out, err, info.Status, info.Takeovers, ranAgain)
+			if err == nil {
+				t.Errorf("a run that died alone completed (ran again: %v); want RECOVERY_EXHAUSTED", ranAgain)
+			}
+		})
+	}
+}

@@ -285,6 +285,9 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 		asked = free + ahead
 	}
 	w.hookClaim(ctx, asked, len(claimed), began, err)
+	w.mu.Lock()
+	w.claimAnsweredLocked(report.Short, err == nil && len(claimed) == asked)
+	w.mu.Unlock()
 	if err != nil {
 		w.lostClaim(report, began, err)
 		return false, report, dbError("kagzi: claim", err)
@@ -297,9 +300,6 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 		w.mu.Unlock()
 		return false, store.ClaimReport{}, nil
 	}
-	w.mu.Lock()
-	w.aheadShort = report.Short
-	w.mu.Unlock()
 	now := time.Now()
 	start, beside, hold := w.sortSuspects(ctx, claimed)
 	w.startClaimed(start, began, now, false)

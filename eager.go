@@ -77,7 +77,11 @@ func (w *Worker) reserveSlot() bool {
 func (w *Worker) releaseReservation() {
 	w.mu.Lock()
 	w.reserved--
+	start := w.takeAheadLocked() // a run claimed ahead may wait for this slot
 	w.mu.Unlock()
+	for _, x := range start {
+		w.launch(x)
+	}
 	select {
 	case w.slotFree <- struct{}{}:
 	default:

@@ -74,3 +74,25 @@ func RunsAhead(w *Worker) int {
 	defer w.mu.Unlock()
 	return len(w.ahead)
 }
+
+// ClaimSorted claims up to n runs for the worker, from the start of their queues,
+// and treats them as its claims do (suspects sorted out and held, the others started
+// in free slots or waiting ahead); it returns their ids.
+func ClaimSorted(ctx context.Context, w *Worker, n int) ([]uuid.UUID, error) {
+	c := store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
+		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}}
+	sent := time.Now()
+	runs, _, err := store.ClaimRuns(ctx, w.client.pool, c, n)
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	start, beside, hold := w.sortSuspects(ctx, runs)
+	w.startClaimed(start, sent, now, false)
+	w.hold(hold, beside, sent, now)
+	ids := make([]uuid.UUID, len(runs))
+	for i, r := range runs {
+		ids[i] = r.RunID
+	}
+	return ids, nil
+}

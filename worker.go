@@ -96,14 +96,18 @@ type Worker struct {
 	drainUntil  time.Time
 	claimOne    bool
 	// Runs claimed ahead (ahead.go): ahead are those waiting for a slot (in active),
-	// in claim order; freed counts the slots freed, freedMark its value at the last
-	// claim; aheadShort tells that the last claim took the short way (only such a
-	// claim takes runs ahead); aheadTimer that aheadExpired is set to look;
-	// aheadHold is aheadHold (tests change it).
+	// in claim order; freed counts the slots freed, freedMark its value when the
+	// last claim was sent, freedDuring the slots freed while the last claim ran (0
+	// when it got fewer runs than it asked for); aheadShort tells that the last claim
+	// took the short way (only such a claim takes runs ahead); aheadTimer that
+	// aheadExpired is set to look; aheadBacks counts its hand-backs under way (the
+	// drain waits for them); aheadHold is aheadHold (tests change it).
 	aheadHold        time.Duration
 	ahead            []*execution
 	freed, freedMark int
+	freedDuring      int
 	aheadShort       bool
+	aheadBacks       sync.WaitGroup
 	aheadTimer       bool
 	slotFree         chan struct{}
 	// rt is what the executions need of the worker (set by Run).
