@@ -304,7 +304,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 	start, beside, hold := w.sortSuspects(ctx, claimed)
 	w.startClaimed(start, began, now, false)
 	w.hold(hold, beside, began, now)
-	w.backlog.Store(len(claimed) == asked)
+	w.backlog.Store(asked > 0 && len(claimed) == asked)
 	if len(claimed) < asked {
 		// The claim had room for whatever a freed key held back, and looked for it.
 		clear(w.claimer.KeysFreed)

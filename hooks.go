@@ -230,8 +230,8 @@ type ClaimEvent struct {
 	Namespace string
 	WorkerID  string
 	Types     []string
-	// Requested is how many runs the worker asked for (its free slots), Claimed how
-	// many it got.
+	// Requested is how many runs the worker asked for (its free slots, and the runs
+	// it claims ahead of them: WorkerConfig.ClaimAhead), Claimed how many it got.
 	Requested int
 	Claimed   int
 	Duration  time.Duration
