@@ -129,14 +129,19 @@ func (w *Worker) takeAheadLocked() []*execution {
 	if n <= 0 || w.soloX != nil {
 		return nil
 	}
-	start := make([]*execution, n)
-	copy(start, w.ahead)
+	return w.popAheadLocked(n)
+}
+
+// popAheadLocked takes the first n runs waiting ahead off the queue (w.mu held).
+func (w *Worker) popAheadLocked(n int) []*execution {
+	xs := make([]*execution, n)
+	copy(xs, w.ahead)
 	clear(w.ahead[:n])
 	w.ahead = w.ahead[n:]
-	for _, x := range start {
+	for _, x := range xs {
 		x.ahead = false
 	}
-	return start
+	return xs
 }
 
 // aheadExpired gives back the runs that waited aheadHold for a slot, and looks again
@@ -177,12 +182,8 @@ func (w *Worker) dropAheadLocked(n int) []*execution {
 	if n == 0 {
 		return nil
 	}
-	back := make([]*execution, n)
-	copy(back, w.ahead)
-	clear(w.ahead[:n])
-	w.ahead = w.ahead[n:]
+	back := w.popAheadLocked(n)
 	for _, x := range back {
-		x.ahead = false
 		if w.active[x.run.RunID] == x {
 			delete(w.active, x.run.RunID)
 		}

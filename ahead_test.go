@@ -422,7 +422,7 @@ func TestAHeldSuspectStartsOnceTheRunClaimedAheadBesideItGoesBack(t *testing.T) 
 	if _, err := kagzi.Start(ctx, e.client, wf, 0); err != nil {
 		t.Fatal(err)
 	}
-	ids, err := kagzi.ClaimSorted(ctx, w, 2)
+	ids, err := kagzi.ClaimAhead(ctx, w, 2)
 	if err != nil || len(ids) != 2 {
 		t.Fatalf("claim: %v %v", ids, err)
 	}
@@ -452,7 +452,7 @@ func TestARunThatKilledItsProcessAloneFailsAlsoWhenItsClaimFoundNoFreeSlot(t *te
 			e := newEnv(t)
 			ctx := waitCtx(t)
 			release := make(chan struct{})
-			var ranAgain bool
+			var ranAgain atomic.Bool
 			name := "ahead-exhausted-" + map[bool]string{false: "d", true: "a"}[ahead]
 			phase2 := make(chan struct{})
 			wf := kagzi.Define(name, func(ctx *kagzi.Context, n int) (int, error) {
@@ -466,7 +466,7 @@ func TestARunThatKilledItsProcessAloneFailsAlsoWhenItsClaimFoundNoFreeSlot(t *te
 				}
 				select {
 				case <-phase2:
-					ranAgain = true
+					ranAgain.Store(true)
 				default:
 				}
 				if err := ctx.Sleep("nap", 2*time.Second); err != nil {
@@ -474,19 +474,8 @@ func TestARunThatKilledItsProcessAloneFailsAlsoWhenItsClaimFoundNoFreeSlot(t *te
 				}
 				return 7, nil
 			})
-			cfg := fastWorker()
-			cfg.MaxTakeovers = 1
-			cfg.MaxInProcessSleep = time.Millisecond
-			s := startSuspect(t, e, wf, 0, 1)
-			stop := runWorker(t, e.client, cfg, wf)
-			eventually(t, "the suspect to sleep after running alone", func() bool {
-				return runStatus(t, e.client, s.RunID) == kagzi.StatusSleeping
-			})
-			stop()
+			s, cfg := sleepAfterRunningAlone(t, e, wf)
 			close(phase2)
-			if alone, found := aloneRecord(t, e.pool, s.RunID); !found || !alone {
-				t.Fatalf("want an alone record")
-			}
 			if ahead {
 				cfg1 := cfg
 				cfg1.MaxConcurrent, cfg1.DrainTimeout = 1, time.Hour
@@ -531,9 +520,9 @@ func TestARunThatKilledItsProcessAloneFailsAlsoWhenItsClaimFoundNoFreeSlot(t *te
 			runWorker(t, e.client, cfg, wf)
 			out, err := s.Wait(ctx)
 			info, _ := e.client.GetRun(ctx, s.RunID)
-			t.Logf("result %d, err %v, status %v, takeovers %d, function ran again: %v", out, err, info.Status, info.Takeovers, ranAgain)
+			t.Logf("result %d, err %v, status %v, takeovers %d, function ran again: %v", out, err, info.Status, info.Takeovers, ranAgain.Load())
 			if err == nil {
-				t.Errorf("a run that died alone completed (ran again: %v); want RECOVERY_EXHAUSTED", ranAgain)
+				t.Errorf("a run that died alone completed (ran again: %v); want RECOVERY_EXHAUSTED", ranAgain.Load())
 			}
 		})
 	}

@@ -49,25 +49,6 @@ func NotedLimited(c *Client, workflowType string) bool {
 // they go back (set before Run).
 func SetAheadHold(w *Worker, d time.Duration) { w.aheadHold = d }
 
-// ClaimAhead claims up to n runs of the worker's types for it, from the start of
-// their queues, and gives them to the worker as a claim's runs beyond its free slots
-// (those that find a free slot start); it returns their ids.
-func ClaimAhead(ctx context.Context, w *Worker, n int) ([]uuid.UUID, error) {
-	c := store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
-		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}}
-	sent := time.Now()
-	runs, _, err := store.ClaimRuns(ctx, w.client.pool, c, n)
-	if err != nil {
-		return nil, err
-	}
-	w.startClaimed(runs, sent, time.Now(), false)
-	ids := make([]uuid.UUID, len(runs))
-	for i, r := range runs {
-		ids[i] = r.RunID
-	}
-	return ids, nil
-}
-
 // RunsAhead counts the worker's runs waiting ahead for a slot.
 func RunsAhead(w *Worker) int {
 	w.mu.Lock()
@@ -75,10 +56,11 @@ func RunsAhead(w *Worker) int {
 	return len(w.ahead)
 }
 
-// ClaimSorted claims up to n runs for the worker, from the start of their queues,
-// and treats them as its claims do (suspects sorted out and held, the others started
-// in free slots or waiting ahead); it returns their ids.
-func ClaimSorted(ctx context.Context, w *Worker, n int) ([]uuid.UUID, error) {
+// ClaimAhead claims up to n runs of the worker's types for it, from the start of
+// their queues, and treats them as a claim's runs beyond its free slots (suspects
+// sorted out and held, the others started in free slots or waiting ahead); it returns
+// their ids.
+func ClaimAhead(ctx context.Context, w *Worker, n int) ([]uuid.UUID, error) {
 	c := store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
 		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}}
 	sent := time.Now()

@@ -258,18 +258,7 @@ func TestATakeoverOfAClaimThatNeverRanASuspectDoesNotFailIt(t *testing.T) {
 		}
 		return 7, nil
 	})
-	cfg := fastWorker()
-	cfg.MaxTakeovers = 1
-	cfg.MaxInProcessSleep = time.Millisecond
-	s := startSuspect(t, e, wf, 0, 1)
-	stop := runWorker(t, e.client, cfg, wf)
-	eventually(t, "the suspect to sleep after running alone", func() bool {
-		return runStatus(t, e.client, s.RunID) == kagzi.StatusSleeping
-	})
-	stop()
-	if alone, found := aloneRecord(t, e.pool, s.RunID); !found || !alone {
-		t.Fatalf("the suspect's record says alone=%v (found %v); want that it ran alone", alone, found)
-	}
+	s, cfg := sleepAfterRunningAlone(t, e, wf)
 	// A claim that never ran it: RUNNING under the next epoch, its lease passed.
 	if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs SET status = 'RUNNING', lease_epoch = lease_epoch + 1,
 		locked_by = 'ghost', available_at = now() WHERE run_id = $1`, s.RunID); err != nil {
@@ -605,4 +594,24 @@ func TestAHeldSuspectCancelledEndsAtOnce(t *testing.T) {
 	if _, err := s.Wait(wctx); !errors.Is(err, kagzi.ErrCancelled) {
 		t.Fatalf("the held suspect, cancelled: %v; want it cancelled before the drain's window passed", err)
 	}
+}
+
+// sleepAfterRunningAlone starts a suspect of wf (input 0, taken over once, at
+// MaxTakeovers 1) and runs a worker until the suspect, executing alone, sleeps; it
+// returns the run and the worker's configuration.
+func sleepAfterRunningAlone(t *testing.T, e *env, wf *kagzi.Workflow[int, int]) (*kagzi.Run[int], kagzi.WorkerConfig) {
+	t.Helper()
+	cfg := fastWorker()
+	cfg.MaxTakeovers = 1
+	cfg.MaxInProcessSleep = time.Millisecond
+	s := startSuspect(t, e, wf, 0, 1)
+	stop := runWorker(t, e.client, cfg, wf)
+	eventually(t, "the suspect to sleep after running alone", func() bool {
+		return runStatus(t, e.client, s.RunID) == kagzi.StatusSleeping
+	})
+	stop()
+	if alone, found := aloneRecord(t, e.pool, s.RunID); !found || !alone {
+		t.Fatalf("the suspect's record says alone=%v (found %v); want that it ran alone", alone, found)
+	}
+	return s, cfg
 }
