@@ -453,7 +453,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 	var resumed [][16]byte
 	// Most claims under load fill their slots: room for them all, up to a bound, so
 	// that the slice does not grow by copying (a claimed run is a wide struct).
-	claimed = make([]ClaimedRun, 0, min(limit, 256))
+	claimed = make([]ClaimedRun, 0, min(limit+ahead, 256))
 	// The nullable columns scan into values, not pointers: a pointer target costs an
 	// allocation per column per run (pgx allocates what it points to).
 	var (
@@ -465,7 +465,10 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 		createdAt, dbNow, availableAt    pgtype.Timestamptz
 	)
 	for rows.Next() {
-		var r ClaimedRun
+		// Scanned in place: a run scanned into a variable of its own escaped to the heap
+		// (an allocation of the wide struct per run).
+		claimed = append(claimed, ClaimedRun{})
+		r := &claimed[len(claimed)-1]
 		if err := rows.Scan(&id, &r.Namespace, &workflowID, &r.WorkflowType, &version, &r.Input, &attempt,
 			&epoch, &cancelRequested, &r.Deadline, &createdAt, &dbNow, &availableAt, &r.Carrier, &hasSteps,
 			&takeovers, &key, &holds); err != nil {
@@ -494,6 +497,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 			if createdAt.Valid && c.KeyScans != nil {
 				c.KeyScans[r.WorkflowType] = holds.Bool
 			}
+			claimed = claimed[:len(claimed)-1]
 			continue
 		}
 		r.RunID, r.WorkflowID, r.Token = id.Bytes, workflowID.String, token
@@ -513,7 +517,6 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 		if hasSteps.Bool {
 			resumed = append(resumed, r.RunID)
 		}
-		claimed = append(claimed, r)
 	}
 	rows.Close() // after the commit: Err tells whether it failed
 	if err := rows.Err(); err != nil {
