@@ -35,6 +35,7 @@ const aheadHold = 250 * time.Millisecond
 func (w *Worker) claimRoom() (free, ahead int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	w.freedMark = w.freed
 	if w.soloBlocks(time.Now()) {
 		return 0, 0 // see solo.go
 	}
@@ -42,7 +43,6 @@ func (w *Worker) claimRoom() (free, ahead int) {
 	if w.claimOne {
 		return min(free, 1), 0
 	}
-	w.freedMark = w.freed
 	if w.held != nil || !w.aheadShort {
 		return free, 0
 	}
