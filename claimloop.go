@@ -175,6 +175,7 @@ func (l *claimLoop) claimed(ctx context.Context, full bool, report store.ClaimRe
 		l.more, l.forgot = false, false
 		l.askedAt = time.Now()
 		next, err := store.NextWake(ctx, w.client.pool, w.claimer)
+		w.wakeAsks.Add(1)
 		l.wakeAt, l.answer = time.Time{}, time.Time{}
 		switch {
 		case err != nil:

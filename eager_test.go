@@ -239,8 +239,12 @@ func TestAnEagerStartDoesNotJumpRunsQueuedBeforeIt(t *testing.T) {
 			}
 			cfg := fastWorker()
 			cfg.PollInterval, cfg.MaxConcurrent = time.Hour, 4
-			runWorker(t, c, cfg, wf)
-			eventually(t, "the worker's first claim", func() bool { return kinds.statements.Load() > 0 })
+			w, _ := startWorker(t, c, cfg, wf)
+			// Its first claim, and the next-wake look after it: runs started before
+			// that look would be found by it, and claimed at once.
+			eventually(t, "the worker's first claim and next-wake look", func() bool {
+				return kinds.statements.Load() > 0 && kagzi.WakeAsks(w) > 0
+			})
 			if wf == echoLimited {
 				// The client's first start of a limited type learns that it is: its
 				// run waits for a claim (here, first in the queue).

@@ -78,3 +78,8 @@ func ClaimAhead(ctx context.Context, w *Worker, n int) ([]uuid.UUID, error) {
 	}
 	return ids, nil
 }
+
+// WakeAsks counts the answers the worker's claim loop got from NextWake: after a
+// claim that left slots free, it asks when the next run becomes claimable, and then
+// waits for that time or a notification.
+func WakeAsks(w *Worker) int64 { return w.wakeAsks.Load() }

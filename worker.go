@@ -59,9 +59,12 @@ type Worker struct {
 	abandoned atomic.Int64
 	// stepGoroutines: see runtime.stepGoroutines.
 	stepGoroutines atomic.Int64
-	completed      atomic.Int64
-	failed         atomic.Int64
-	pruned         atomic.Int64
+	// wakeAsks counts the claim loop's answers from NextWake (tests wait for the
+	// loop to have settled after a claim).
+	wakeAsks  atomic.Int64
+	completed atomic.Int64
+	failed    atomic.Int64
+	pruned    atomic.Int64
 	// archived counts the runs this worker moved into the history, historyDropped
 	// the history partitions it dropped.
 	archived       atomic.Int64
