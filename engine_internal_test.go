@@ -437,3 +437,30 @@ func TestOnlyARunTakenOverAfterItsExecutionAloneIsExhausted(t *testing.T) {
 		t.Error("a run that ran alone at its count and was not taken over since is cleared; one whose window ended is not")
 	}
 }
+
+// A run waiting ahead for a slot (a suspect started beside one included) that the
+// worker claims again (its lease ran out while it waited) is dropped from the runs
+// ahead: it neither starts beside the run's new execution nor hides a taken slot.
+func TestARunWaitingAheadThatIsClaimedAgainIsDroppedFromTheRunsAhead(t *testing.T) {
+	for _, suspect := range []bool{false, true} {
+		w := &Worker{cfg: WorkerConfig{MaxConcurrent: 1}, active: map[uuid.UUID]*execution{},
+			finishingHolders: map[uuid.UUID]struct{}{}, slotFree: make(chan struct{}, 1)}
+		id := uuid.New()
+		newX := func(epoch int64) *execution {
+			return &execution{run: store.ClaimedRun{Fence: store.Fence{RunID: id, Epoch: epoch}},
+				rt: &runtime{}, ctx: context.Background(), cancel: func(error) {}}
+		}
+		old := newX(1)
+		old.ahead, old.suspect = true, suspect
+		w.active[id], w.ahead = old, []*execution{old}
+		again := newX(2)
+		w.mu.Lock()
+		w.addActiveLocked(again)
+		taken := w.slotsTakenLocked()
+		w.mu.Unlock()
+		if len(w.ahead) != 0 || w.active[id] != again || taken != 1 {
+			t.Fatalf("suspect %v: %d runs ahead, the new execution active: %v, %d slots taken; want 0, true, 1",
+				suspect, len(w.ahead), w.active[id] == again, taken)
+		}
+	}
+}

@@ -552,10 +552,11 @@ func (w *Worker) addActiveLocked(x *execution) {
 		old.finishing = false
 		w.finishing--
 		delete(w.finishingHolders, id)
+	} else if old != nil && old.ahead {
+		// Waiting ahead (a suspect started beside one too), and its lease ran out.
+		w.forgetAheadLocked(old) // see ahead.go
 	} else if old != nil && old.suspect {
 		w.forgetHeldLocked(old) // held, and its lease ran out (see solo.go)
-	} else if old != nil && old.ahead {
-		w.forgetAheadLocked(old) // waiting ahead, and its lease ran out (see ahead.go)
 	}
 	w.active[id] = x
 }

@@ -452,8 +452,9 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 	}
 	var resumed [][16]byte
 	// Most claims under load fill their slots: room for them all, up to a bound, so
-	// that the slice does not grow by copying (a claimed run is a wide struct).
-	claimed = make([]ClaimedRun, 0, min(limit+ahead, 256))
+	// that the slice does not grow by copying (a claimed run is a wide struct), and
+	// one more, where each row without a run (after the runs) is scanned and dropped.
+	claimed = make([]ClaimedRun, 0, min(limit+ahead, 256)+1)
 	// The nullable columns scan into values, not pointers: a pointer target costs an
 	// allocation per column per run (pgx allocates what it points to).
 	var (
