@@ -18,6 +18,7 @@ type aheadHooks struct {
 	mu         sync.Mutex
 	beyond     int // claims that got more runs than the worker's slots
 	handedBack map[string]bool
+	began      []string // the runs whose functions began, in that order (gatedWorkflow)
 }
 
 func (h *aheadHooks) Claim(_ context.Context, e *kagzi.ClaimEvent) {
@@ -83,8 +84,11 @@ func TestAWorkerThatClaimsRunsAheadNeverExecutesMoreThanMaxConcurrentAtOnce(t *t
 }
 
 // gatedWorkflow blocks each run whose input is 1 until release is closed.
-func gatedWorkflow(name string, release <-chan struct{}) *kagzi.Workflow[int, int] {
+func gatedWorkflow(name string, release <-chan struct{}, hooks *aheadHooks) *kagzi.Workflow[int, int] {
 	return kagzi.Define(name, func(ctx *kagzi.Context, n int) (int, error) {
+		hooks.mu.Lock()
+		hooks.began = append(hooks.began, ctx.RunID())
+		hooks.mu.Unlock()
 		if n == 1 {
 			select {
 			case <-release:
@@ -102,8 +106,8 @@ func aheadSetup(t *testing.T, e *env, name string, hold time.Duration) (release 
 	hooks *aheadHooks, w *kagzi.Worker, stop func(), ahead []uuid.UUID) {
 	ctx := waitCtx(t)
 	release = make(chan struct{})
-	wf = gatedWorkflow(name, release)
 	hooks = &aheadHooks{handedBack: map[string]bool{}}
+	wf = gatedWorkflow(name, release, hooks)
 	c, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: hooks})
 	if err != nil {
 		t.Fatal(err)
@@ -228,7 +232,6 @@ func TestRunsClaimedAheadStartInClaimOrderAsTheSlotFrees(t *testing.T) {
 	ctx := waitCtx(t)
 	release, _, hooks, w, _, ahead := aheadSetup(t, e, "ahead-order", time.Hour)
 	close(release)
-	var prev time.Time
 	for _, id := range ahead {
 		info := waitDone(t, ctx, e.client, id)
 		if info.Status != kagzi.StatusCompleted {
@@ -237,10 +240,18 @@ func TestRunsClaimedAheadStartInClaimOrderAsTheSlotFrees(t *testing.T) {
 		if hooks.wasHandedBack(id) {
 			t.Fatalf("run %v was handed back; want it executed by the worker that claimed it", id)
 		}
-		if info.FinishedAt == nil || info.FinishedAt.Before(prev) {
-			t.Fatalf("run %v finished at %v, before the run claimed before it (%v)", id, info.FinishedAt, prev)
+	}
+	// The blocked run began first, then the runs ahead in the order they were claimed.
+	hooks.mu.Lock()
+	began := append([]string(nil), hooks.began...)
+	hooks.mu.Unlock()
+	if len(began) != 1+len(ahead) {
+		t.Fatalf("%d functions began, want %d", len(began), 1+len(ahead))
+	}
+	for i, id := range ahead {
+		if began[1+i] != id.String() {
+			t.Fatalf("the functions began in the order %v; want the blocked run's, then %v", began, ahead)
 		}
-		prev = *info.FinishedAt
 	}
 	if n := kagzi.RunsAhead(w); n != 0 {
 		t.Fatalf("%d runs still wait ahead", n)
