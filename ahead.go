@@ -169,7 +169,7 @@ func (w *Worker) aheadExpired() {
 	}
 	if len(back) > 0 {
 		w.logger.Debug("kagzi: runs claimed ahead found no free slot; handing them back", "runs", len(back))
-		w.giveBackAhead(back, false)
+		w.giveBackUnstarted(back, false)
 		w.aheadBacks.Done()
 		// What was to execute in the worker went back: a held suspect may start now
 		// (it waits for nothing else to execute; see solo.go).
@@ -197,14 +197,16 @@ func (w *Worker) dropAhead(closed bool) {
 	w.mu.Lock()
 	back := w.dropAheadLocked(len(w.ahead))
 	w.mu.Unlock()
-	w.giveBackAhead(back, closed)
+	w.giveBackUnstarted(back, closed)
 	w.aheadBacks.Wait() // and those aheadExpired is handing back
 }
 
-// giveBackAhead hands runs that waited ahead back, in their place in the queue (what
-// cannot be handed back now is handed back before the next claim, or by the drain).
-// Their executions end without running.
-func (w *Worker) giveBackAhead(xs []*execution, closed bool) {
+// giveBackUnstarted hands back runs the worker holds and did not start (runs that
+// waited ahead, a held suspect), in their place in the queue (giveBack: what cannot
+// be handed back now is handed back before the next claim, or by the drain); closed:
+// its pool was closed, nothing can be written, their leases give them to other
+// workers. Their executions end without running.
+func (w *Worker) giveBackUnstarted(xs []*execution, closed bool) {
 	if len(xs) == 0 {
 		return
 	}
@@ -220,15 +222,7 @@ func (w *Worker) giveBackAhead(xs []*execution, closed bool) {
 		fences[i] = x.run.Fence
 		x.cancel(errShutdown)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.LeaseDuration)
-	defer cancel()
-	if err := store.ReleaseRunsInPlace(ctx, w.client.pool, fences); err != nil {
-		w.mu.Lock()
-		w.lostRuns = append(w.lostRuns, fences...)
-		w.mu.Unlock()
-		w.claimSoon()
-		w.logger.Warn("kagzi: cannot hand back runs claimed ahead; trying again", "runs", len(fences), "error", err)
-	}
+	w.giveBack(context.Background(), fences, nil)
 	for _, x := range xs {
 		x.rt.endExecution(x, OutcomeHandedBack, nil)
 	}

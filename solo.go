@@ -243,7 +243,7 @@ func (w *Worker) giveBack(ctx context.Context, back, park []store.Fence) {
 		w.lostRuns = append(w.lostRuns, failed...)
 		w.mu.Unlock()
 		w.claimSoon()
-		w.logger.Warn("kagzi: cannot hand back runs claimed beside a run to execute alone; trying again",
+		w.logger.Warn("kagzi: cannot hand back runs the worker may not execute now; trying again",
 			"runs", len(failed))
 	}
 }
@@ -327,23 +327,9 @@ func (w *Worker) dropHeld(closed bool) {
 		delete(w.active, x.run.RunID)
 	}
 	w.mu.Unlock()
-	if x == nil {
-		return
+	if x != nil {
+		w.giveBackUnstarted([]*execution{x}, closed)
 	}
-	if closed {
-		x.cancel(errLeaseLost)
-		x.rt.endExecution(x, OutcomeLeaseLost, nil)
-		return
-	}
-	x.cancel(errShutdown)
-	ctx, cancel := context.WithTimeout(context.Background(), w.cfg.LeaseDuration)
-	defer cancel()
-	if err := store.ReleaseRunsInPlace(ctx, w.client.pool, []store.Fence{x.run.Fence}); err != nil {
-		w.mu.Lock()
-		w.handBack = append(w.handBack, x.run.Fence)
-		w.mu.Unlock()
-	}
-	x.rt.endExecution(x, OutcomeHandedBack, nil)
 }
 
 // forgetHeldLocked drops the held suspect when the worker claimed its run again: its
