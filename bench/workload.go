@@ -214,10 +214,19 @@ func closedLoop(ctx context.Context, starters int, d time.Duration, one func(seq
 	return &steadyResult{done: int(done.Load()), elapsed: d, lat: lat.all()}, nil
 }
 
-// sequential runs one sample at a time (after 3 warm-up runs that are not kept)
-// until it has samples of them or budget has passed.
+// sequential runs one sample at a time (after warm-up runs that are not kept) until
+// it has samples of them or budget has passed.
+//
+// The warm-up covers PostgreSQL's plan cache, which plans a prepared statement anew
+// at each of its first five executions on a connection before it settles on a plan:
+// measured for Kagzi's start (2026-11-27, AMD box, log_min_duration_statement = 0),
+// its bind took 0.8-2.8 ms at each of its first seven executions on each of the pool's
+// two busy connections and 0.03 ms after, so that with 3 warm-up runs the first ~12
+// samples of 300 were 1.5-7 ms and made the p99 (the third slowest) a figure of the
+// first milliseconds of a process, not of its steady state. Every system gets the
+// same warm-up.
 func sequential(ctx context.Context, samples int, budget time.Duration, one func(seq int64) (first, result time.Duration, err error)) (*latencyResult, error) {
-	const warmup = 3
+	const warmup = 20
 	res := &latencyResult{}
 	end := time.Now().Add(budget)
 	for i := range samples + warmup {
