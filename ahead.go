@@ -21,9 +21,10 @@ import (
 // claim that takes the short way takes runs ahead (store.Claimer.Ahead: types without
 // flow limits), since under a limit a claimed run counts as started (a rate window's
 // start). A run that waited aheadHold without a slot goes back to its place in the
-// queue, and so does every run waiting when the worker stops. One that is cancelled,
-// passes its deadline or loses its lease while it waits starts as the others do, and
-// runs no code.
+// queue, and so does every run waiting when the worker stops, and every run of a type
+// whose limits are set while it waits (limitsSet: claimed without them, it would start
+// under them uncounted). One that is cancelled, passes its deadline or loses its lease
+// while it waits starts as the others do, and runs no code.
 
 // aheadHold is how long a run claimed ahead waits for a slot before it goes back
 // (Worker.aheadHold, which tests change).
@@ -225,6 +226,40 @@ func (w *Worker) giveBackUnstarted(xs []*execution, closed bool) {
 	w.giveBack(context.Background(), fences, nil)
 	for _, x := range xs {
 		x.rt.endExecution(x, OutcomeHandedBack, nil)
+	}
+}
+
+// limitsSet hands back the runs of a workflow type that wait ahead, when the type's
+// limits are set (by this process's client, or, heard of from its notification, by
+// another's): claimed before the limits applied, they would start under a concurrency
+// limit beside the runs it already counts, and under a rate outside its windows.
+func (w *Worker) limitsSet(workflowType string) {
+	w.mu.Lock()
+	var back []*execution
+	kept := w.ahead[:0]
+	for _, x := range w.ahead {
+		if x.run.WorkflowType != workflowType {
+			kept = append(kept, x)
+			continue
+		}
+		x.ahead = false
+		if w.active[x.run.RunID] == x {
+			delete(w.active, x.run.RunID)
+		}
+		back = append(back, x)
+	}
+	clear(w.ahead[len(kept):])
+	w.ahead = kept
+	if len(back) > 0 {
+		w.aheadBacks.Add(1) // the drain waits for it
+	}
+	w.mu.Unlock()
+	if len(back) > 0 {
+		w.logger.Debug("kagzi: the limits of a type were set; handing back its runs claimed ahead",
+			"workflow_type", workflowType, "runs", len(back))
+		w.giveBackUnstarted(back, false)
+		w.aheadBacks.Done()
+		w.runHeld() // as after aheadExpired's hand-back
 	}
 }
 

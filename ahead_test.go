@@ -538,3 +538,118 @@ func TestARunThatKilledItsProcessAloneFailsAlsoWhenItsClaimFoundNoFreeSlot(t *te
 		})
 	}
 }
+
+// TestRunsWaitingAheadGoBackWhenTheirTypesLimitsAreSet sets a concurrency limit of 1, or
+// a rate of 1 a minute, on a type while its worker holds runs claimed ahead (claimed
+// before the limit, not started): they must not start under the limit uncounted once
+// a slot frees. SetLimits from the worker's own client hands them back before it
+// returns; from another process's client, the worker does when it hears of it. (Found
+// in review: they started beside the run executing, and outside the rate's window.)
+func TestRunsWaitingAheadGoBackWhenTheirTypesLimitsAreSet(t *testing.T) {
+	for _, c := range []struct {
+		kind  string
+		other bool // the limits are set through another client (another process's)
+	}{{"concurrency", false}, {"rate", false}, {"concurrency", true}} {
+		name := c.kind
+		if c.other {
+			name += " by another client"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			ctx := waitCtx(t)
+			gates := map[int]chan struct{}{1: make(chan struct{}), 2: make(chan struct{})}
+			var executing atomic.Int64
+			var limitSet atomic.Bool
+			var beganAfter, overAfter atomic.Int64
+			typ := "ahead-limit-" + c.kind
+			wf := kagzi.Define(typ, func(ctx *kagzi.Context, n int) (int, error) {
+				now := executing.Add(1)
+				defer executing.Add(-1)
+				if limitSet.Load() {
+					beganAfter.Add(1)
+					if now > 1 {
+						overAfter.Add(1)
+					}
+				}
+				if g := gates[n]; g != nil {
+					select {
+					case <-g:
+					case <-ctx.Done():
+						return 0, ctx.Err()
+					}
+				}
+				time.Sleep(20 * time.Millisecond)
+				return n, nil
+			})
+			cfg := fastWorker()
+			cfg.MaxConcurrent, cfg.DrainTimeout = 2, time.Hour
+			w, err := kagzi.NewWorker(e.client, cfg, wf)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Runs ahead wait for a slot up to aheadHold (250 ms): longer here, so that
+			// nothing but the limits sends them back however loaded the box.
+			kagzi.SetAheadHold(w, time.Hour)
+			wctx, cancel := context.WithCancel(context.Background())
+			done := make(chan struct{})
+			go func() { _ = w.Run(wctx); close(done) }()
+			defer func() {
+				for _, g := range gates {
+					select {
+					case <-g:
+					default:
+						close(g)
+					}
+				}
+				cancel()
+				<-done
+			}()
+			for _, n := range []int{1, 2} {
+				if _, err := kagzi.Start(ctx, e.client, wf, n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, "both blocking runs to execute", func() bool { return executing.Load() == 2 })
+			if _, err := kagzi.StartMany(ctx, e.client, wf, []int{0, 0, 0}); err != nil {
+				t.Fatal(err)
+			}
+			if ids, err := kagzi.ClaimAhead(ctx, w, 3); err != nil || len(ids) != 3 || kagzi.RunsAhead(w) != 3 {
+				t.Fatalf("claim ahead: %v %v, %d ahead", ids, err, kagzi.RunsAhead(w))
+			}
+			l := kagzi.Limits{WorkflowType: typ, Concurrency: 1}
+			if c.kind == "rate" {
+				l = kagzi.Limits{WorkflowType: typ, Rate: 1, RatePeriod: time.Minute}
+			}
+			setter := e.client
+			if c.other {
+				setter = newClient(t, e.pool, "")
+			}
+			if _, err := setter.SetLimits(ctx, l); err != nil {
+				t.Fatal(err)
+			}
+			if c.other {
+				eventually(t, "the worker to hand its runs ahead back", func() bool { return kagzi.RunsAhead(w) == 0 })
+			} else if n := kagzi.RunsAhead(w); n != 0 {
+				t.Fatalf("%d runs still wait ahead after SetLimits returned", n)
+			}
+			limitSet.Store(true)
+			close(gates[1]) // a blocking run ends: its slot frees; run 2 still executes
+			if c.kind == "rate" {
+				close(gates[2])
+			}
+			// What the limit lets start after it, starts: the concurrency limit one run
+			// once run 2 ends, the rate one run.
+			if c.kind == "concurrency" {
+				close(gates[2])
+			}
+			eventually(t, "a run to begin under the limit", func() bool { return beganAfter.Load() >= 1 })
+			time.Sleep(300 * time.Millisecond)
+			if n := overAfter.Load(); c.kind == "concurrency" && n > 0 {
+				t.Errorf("%d runs began beside another run of the type after its concurrency limit of 1 was set", n)
+			}
+			if n := beganAfter.Load(); c.kind == "rate" && n > 1 {
+				t.Errorf("%d runs began after a rate of 1 a minute was set", n)
+			}
+		})
+	}
+}

@@ -229,6 +229,9 @@ func (l *claimLoop) notified(n notifier.Notification) {
 	default:
 		l.w.sawWork.Store(time.Now().UnixNano()) // runs of its types, claimable now or at a time
 		ms, freed, err := store.KeyFreed(n.Extra)
+		if store.LimitsSet(n.Extra) {
+			l.w.limitsSet(l.w.wakeTypes[n.Topic]) // see ahead.go
+		}
 		if freed {
 			// A key's place was freed: the next claim looks further round the ring.
 			l.w.claimer.KeysFreed[l.w.wakeTypes[n.Topic]] = true

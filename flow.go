@@ -159,8 +159,13 @@ const lateHoldersWait = 2 * time.Second
 // those it had. They apply from every worker's next claim; a run already running when
 // a lower limit is set finishes, and no run is admitted until the type is back under
 // it. A concurrency limit counts the type's runs executing when it is set, including
-// those of claims under way meanwhile (SetLimits waits up to 2 s for them). Invalid limits (negative, over MaxLimit, a rate without a period in
-// MinRatePeriod..MaxRatePeriod or not a whole number of milliseconds, none at all) are ErrInvalidArgument and change nothing.
+// those of claims under way meanwhile (SetLimits waits up to 2 s for them). Runs that
+// workers claimed ahead of their free slots (WorkerConfig.ClaimAhead) and have not
+// started go back to be claimed under the new limits: this client's workers' before
+// SetLimits returns, other processes' when they hear of it (milliseconds, through
+// LISTEN). Invalid limits (negative, over MaxLimit, a rate without a period in
+// MinRatePeriod..MaxRatePeriod or not a whole number of milliseconds, none at all) are
+// ErrInvalidArgument and change nothing.
 func (c *Client) SetLimits(ctx context.Context, l Limits) (*Limits, error) {
 	if err := c.usable("SetLimits"); err != nil {
 		return nil, err
@@ -168,6 +173,11 @@ func (c *Client) SetLimits(ctx context.Context, l Limits) (*Limits, error) {
 	if err := l.validate(); err != nil {
 		return nil, err
 	}
+	// This process's workers hand back the type's runs they claimed ahead, before and
+	// after (the others when they hear of it): claimed before the limits, they would
+	// start under them.
+	c.limitsSet(l.WorkflowType)
+	defer c.limitsSet(l.WorkflowType)
 	out, err := store.SetFlowLimits(ctx, c.pool, store.FlowLimits{Namespace: c.ns, WorkflowType: l.WorkflowType,
 		Concurrency: optional(l.Concurrency), KeyConcurrency: optional(l.KeyConcurrency),
 		Rate: optional(l.Rate), RatePeriod: l.RatePeriod,
@@ -182,6 +192,21 @@ func (c *Client) SetLimits(ctx context.Context, l Limits) (*Limits, error) {
 	}
 	set := limitsOf(out)
 	return &set, nil
+}
+
+// limitsSet tells the client's workers of the type that its limits are being set.
+func (c *Client) limitsSet(workflowType string) {
+	c.mu.Lock()
+	ws := make([]*Worker, 0, len(c.workers))
+	for w := range c.workers {
+		if w.defs[workflowType] != nil {
+			ws = append(ws, w)
+		}
+	}
+	c.mu.Unlock()
+	for _, w := range ws {
+		w.limitsSet(workflowType)
+	}
 }
 
 // GetLimits reads the limits of a workflow type; ErrNotFound when it has none.

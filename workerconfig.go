@@ -35,8 +35,9 @@ type WorkerConfig struct {
 	// during the claim before (none while runs are long), and only runs of types
 	// without flow limits. A run waiting for a slot is leased to the worker (RUNNING,
 	// its lease renewed); it goes back to its place in the queue after 250 ms without
-	// a slot, or when the worker stops. At most MaxConcurrent runs execute at once
-	// whatever this is. Default MaxConcurrent; negative: none; at most MaxLimit.
+	// a slot, when the worker stops, or when its type's limits are set (SetLimits).
+	// At most MaxConcurrent runs execute at once whatever this is. Default
+	// MaxConcurrent; negative: none; at most MaxLimit.
 	ClaimAhead int
 	// LeaseDuration is how long a claim holds a run without a heartbeat. A run whose
 	// worker stalls (or whose process died without its liveness lock being seen: see

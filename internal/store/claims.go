@@ -326,9 +326,14 @@ type Claimer struct {
 // topic) says that a key's place was freed, and returns the time's milliseconds.
 func KeyFreed(extra string) (ms int64, freed bool, err error) {
 	freed = strings.HasSuffix(extra, "k")
-	ms, err = strconv.ParseInt(strings.TrimSuffix(extra, "k"), 10, 64)
+	ms, err = strconv.ParseInt(strings.TrimRight(extra, "kl"), 10, 64)
 	return ms, freed, err
 }
+
+// LimitsSet reports whether the time of a wake notification says that the type's
+// limits were set (setFlowLimits): a worker hands back the runs of the type it claimed
+// ahead and has not started, claimed before the limits applied.
+func LimitsSet(extra string) bool { return strings.HasSuffix(extra, "l") }
 
 // ClaimReport is what a claim tells its worker besides the runs it claimed.
 type ClaimReport struct {

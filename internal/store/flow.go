@@ -40,10 +40,12 @@ func scanFlowLimits(row pgx.Row) (FlowLimits, error) {
 }
 
 // setFlowLimits stores a type's limits and tells its workers, whose claims read them:
-// a raised limit may admit runs at once. A concurrency limit counts the runs that
-// hold its slots (holds_type_slot), which claims mark only while the type has one: the
-// type's runs executing when it is set, claimed without it, are marked too (mark), so
-// that they count as they would had the limit been there when they were claimed. Those
+// a raised limit may admit runs at once, and the runs they claimed ahead before the
+// limits must not start under them (the time ends in 'l': LimitsSet). A concurrency
+// limit counts the runs that hold its slots (holds_type_slot), which claims mark only
+// while the type has one: the type's runs executing when it is set, claimed without
+// it, are marked too (mark), so that they count as they would had the limit been
+// there when they were claimed. Those
 // whose lease passed are marked too: a worker frozen past its lease may still be
 // executing one, and, marked, it is fenced (slotHeldSQL) instead of renewing it and
 // recording beside the run a claim admits in its place.
@@ -66,7 +68,7 @@ WITH upsert AS (
 	  AND r.status = 'RUNNING' AND NOT r.holds_type_slot
 )
 SELECT upsert.*, pg_notify('`+Channel+`', 'w|' || octet_length(namespace) || ':' || namespace || '|' || workflow_type
-	|| '|' || (extract(epoch FROM now()) * 1000)::bigint)::text FROM upsert`,
+	|| '|' || (extract(epoch FROM now()) * 1000)::bigint || 'l')::text FROM upsert`,
 	arg("namespace", "text", func(l *FlowLimits) string { return l.Namespace }),
 	arg("workflow_type", "text", func(l *FlowLimits) string { return l.WorkflowType }),
 	arg("concurrency", "integer", func(l *FlowLimits) *int { return l.Concurrency }),

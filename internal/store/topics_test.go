@@ -157,3 +157,27 @@ func TestTheNotificationOfAFreedKeysPlaceSaysSoAndAStartsDoesNot(t *testing.T) {
 		t.Fatalf("the cancel's notification: %d, freed %v, %v; want a time and a freed key", ms, freed, err)
 	}
 }
+
+func TestTheNotificationOfLimitsSetSaysSoAndItsTimeStillParses(t *testing.T) {
+	t.Parallel()
+	pool, url := testdb.NewPool(t)
+	ctx := context.Background()
+	listener := listen(t, url)
+	n := 3
+	if _, err := SetFlowLimits(ctx, pool, FlowLimits{Namespace: "default", WorkflowType: "wf", Concurrency: &n}); err != nil {
+		t.Fatal(err)
+	}
+	extra := wakeExtraOf(t, listener, "the limits set")
+	if ms, freed, err := KeyFreed(extra); err != nil || freed || ms == 0 || !LimitsSet(extra) {
+		t.Fatalf("the limits' notification %q: %d, key freed %v, limits set %v, %v; want a time and limits set",
+			extra, ms, freed, LimitsSet(extra), err)
+	}
+	// A start's says nothing of limits.
+	if err := InsertManyRuns(ctx, pool, ManyRuns{Namespace: "default", WorkflowType: "wf", IDs: []uuid.UUID{uuid.Must(uuid.NewV7())},
+		Inputs: [][]byte{[]byte(`1`)}, Carriers: make([][]byte, 1)}); err != nil {
+		t.Fatal(err)
+	}
+	if extra := wakeExtraOf(t, listener, "the start"); LimitsSet(extra) {
+		t.Fatalf("a start's notification %q says limits were set", extra)
+	}
+}
