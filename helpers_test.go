@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(crashWorkerEnv) != "" {
 		os.Exit(runCrashWorker())
 	}
+	if os.Getenv(aheadHelperEnv) != "" {
+		os.Exit(runAheadHelper())
+	}
 	if os.Getenv(fleetPoolEnv) != "" {
 		os.Exit(runFleetWorker())
 	}
