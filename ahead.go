@@ -93,7 +93,7 @@ func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time
 			xs[i].suspect, xs[i].launched = true, claimedAt
 		}
 	}
-	var start []*execution
+	var start, back []*execution
 	w.mu.Lock()
 	held := w.held
 	for _, x := range xs {
@@ -104,8 +104,18 @@ func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time
 			start = append(start, x)
 			continue
 		}
+		if at, ok := w.limitsAt[x.run.WorkflowType]; ok && !sent.After(at) {
+			// Claimed by a claim sent before the worker learnt that its type's limits
+			// were set, and answered after: claimed without them (see limitsSet).
+			delete(w.active, x.run.RunID)
+			back = append(back, x)
+			continue
+		}
 		x.ahead = true
 		w.ahead = append(w.ahead, x)
+	}
+	if len(back) > 0 {
+		w.aheadBacks.Add(1) // the drain waits for it
 	}
 	start = append(start, w.takeAheadLocked()...)
 	waiting := len(w.ahead) > 0 && !w.aheadTimer
@@ -118,7 +128,11 @@ func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time
 	if waiting {
 		time.AfterFunc(w.aheadHold, w.aheadExpired)
 	}
-	if forgot {
+	if len(back) > 0 {
+		w.giveBackUnstarted(back, false)
+		w.aheadBacks.Done()
+	}
+	if forgot || len(back) > 0 {
 		w.runHeld()
 	}
 }
@@ -232,9 +246,15 @@ func (w *Worker) giveBackUnstarted(xs []*execution, closed bool) {
 // limitsSet hands back the runs of a workflow type that wait ahead, when the type's
 // limits are set (by this process's client, or, heard of from its notification, by
 // another's): claimed before the limits applied, they would start under a concurrency
-// limit beside the runs it already counts, and under a rate outside its windows.
+// limit beside the runs it already counts, and under a rate outside its windows. It
+// notes when: the runs of the type that a claim sent before then brings back later go
+// back too (startClaimed).
 func (w *Worker) limitsSet(workflowType string) {
 	w.mu.Lock()
+	if w.limitsAt == nil {
+		w.limitsAt = map[string]time.Time{}
+	}
+	w.limitsAt[workflowType] = time.Now()
 	var back []*execution
 	kept := w.ahead[:0]
 	for _, x := range w.ahead {

@@ -543,16 +543,23 @@ func TestARunThatKilledItsProcessAloneFailsAlsoWhenItsClaimFoundNoFreeSlot(t *te
 // a rate of 1 a minute, on a type while its worker holds runs claimed ahead (claimed
 // before the limit, not started): they must not start under the limit uncounted once
 // a slot frees. SetLimits from the worker's own client hands them back before it
-// returns; from another process's client, the worker does when it hears of it. (Found
-// in review: they started beside the run executing, and outside the rate's window.)
+// returns, also those of a claim whose answer was on its way; from another process's
+// client, the worker does when it hears of it. (Found in review: they started beside
+// the run executing, and outside the rate's window.)
 func TestRunsWaitingAheadGoBackWhenTheirTypesLimitsAreSet(t *testing.T) {
 	for _, c := range []struct {
 		kind  string
 		other bool // the limits are set through another client (another process's)
-	}{{"concurrency", false}, {"rate", false}, {"concurrency", true}} {
+		// inFlight: the limits are set while the claim of the runs ahead is on its way
+		// back (after it committed, before its runs are started).
+		inFlight bool
+	}{{"concurrency", false, false}, {"rate", false, false}, {"concurrency", true, false}, {"rate", false, true}} {
 		name := c.kind
 		if c.other {
 			name += " by another client"
+		}
+		if c.inFlight {
+			name += " while the claim is on its way"
 		}
 		t.Run(name, func(t *testing.T) {
 			e := newEnv(t)
@@ -613,9 +620,6 @@ func TestRunsWaitingAheadGoBackWhenTheirTypesLimitsAreSet(t *testing.T) {
 			if _, err := kagzi.StartMany(ctx, e.client, wf, []int{0, 0, 0}); err != nil {
 				t.Fatal(err)
 			}
-			if ids, err := kagzi.ClaimAhead(ctx, w, 3); err != nil || len(ids) != 3 || kagzi.RunsAhead(w) != 3 {
-				t.Fatalf("claim ahead: %v %v, %d ahead", ids, err, kagzi.RunsAhead(w))
-			}
 			l := kagzi.Limits{WorkflowType: typ, Concurrency: 1}
 			if c.kind == "rate" {
 				l = kagzi.Limits{WorkflowType: typ, Rate: 1, RatePeriod: time.Minute}
@@ -624,8 +628,20 @@ func TestRunsWaitingAheadGoBackWhenTheirTypesLimitsAreSet(t *testing.T) {
 			if c.other {
 				setter = newClient(t, e.pool, "")
 			}
-			if _, err := setter.SetLimits(ctx, l); err != nil {
-				t.Fatal(err)
+			set := func() {
+				if _, err := setter.SetLimits(ctx, l); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c.inFlight {
+				if ids, err := kagzi.ClaimAheadThen(ctx, w, 3, set); err != nil || len(ids) != 3 {
+					t.Fatalf("claim ahead: %v %v", ids, err)
+				}
+			} else {
+				if ids, err := kagzi.ClaimAhead(ctx, w, 3); err != nil || len(ids) != 3 || kagzi.RunsAhead(w) != 3 {
+					t.Fatalf("claim ahead: %v %v, %d ahead", ids, err, kagzi.RunsAhead(w))
+				}
+				set()
 			}
 			if c.other {
 				eventually(t, "the worker to hand its runs ahead back", func() bool { return kagzi.RunsAhead(w) == 0 })

@@ -61,12 +61,21 @@ func RunsAhead(w *Worker) int {
 // sorted out and held, the others started in free slots or waiting ahead); it returns
 // their ids.
 func ClaimAhead(ctx context.Context, w *Worker, n int) ([]uuid.UUID, error) {
+	return ClaimAheadThen(ctx, w, n, nil)
+}
+
+// ClaimAheadThen is ClaimAhead that calls then (when not nil) between the claim's
+// answer and the start of its runs: what happens while a claim's answer is on its way.
+func ClaimAheadThen(ctx context.Context, w *Worker, n int, then func()) ([]uuid.UUID, error) {
 	c := store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
 		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}}
 	sent := time.Now()
 	runs, _, err := store.ClaimRuns(ctx, w.client.pool, c, n)
 	if err != nil {
 		return nil, err
+	}
+	if then != nil {
+		then()
 	}
 	now := time.Now()
 	start, beside, hold := w.sortSuspects(ctx, runs)

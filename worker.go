@@ -104,8 +104,10 @@ type Worker struct {
 	// when it got fewer runs than it asked for); aheadShort tells that the last claim
 	// took the short way (only such a claim takes runs ahead); aheadTimer that
 	// aheadExpired is set to look; aheadBacks counts its hand-backs under way (the
-	// drain waits for them); aheadHold is aheadHold (tests change it).
+	// drain waits for them); aheadHold is aheadHold (tests change it); limitsAt is
+	// when the worker last learnt that each type's limits were set (limitsSet).
 	aheadHold        time.Duration
+	limitsAt         map[string]time.Time
 	ahead            []*execution
 	freed, freedMark int
 	freedDuring      int
