@@ -283,6 +283,37 @@ func (w *Worker) limitsSet(workflowType string) {
 	}
 }
 
+// limitsCheck hands back the runs waiting ahead of those of their types that have
+// limits now, read from the database: for when the notification that said so may have
+// been missed (the subscription overflowed, the listener reconnected) or the claim
+// loop has not read it yet (a claim found limits). When the read fails, all of them go
+// back (better claimed again than started under limits).
+func (w *Worker) limitsCheck(ctx context.Context) {
+	w.mu.Lock()
+	var types []string
+	seen := map[string]bool{}
+	for _, x := range w.ahead {
+		if t := x.run.WorkflowType; !seen[t] {
+			seen[t] = true
+			types = append(types, t)
+		}
+	}
+	w.mu.Unlock()
+	if len(types) == 0 {
+		return
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), w.cfg.LeaseDuration)
+	limited, err := store.LimitedTypes(rctx, w.client.pool, w.client.ns, types)
+	cancel()
+	if err != nil {
+		w.logger.Warn("kagzi: could not read which types have limits; handing back the runs claimed ahead", "error", err)
+		limited = types
+	}
+	for _, t := range limited {
+		w.limitsSet(t)
+	}
+}
+
 // forgetAheadLocked drops a run waiting ahead whose run the worker claimed again (its
 // lease ran out while it waited) (w.mu held). Its execution ends without running.
 func (w *Worker) forgetAheadLocked(x *execution) {

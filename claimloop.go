@@ -34,6 +34,9 @@ type claimLoop struct {
 	// passedRetry is how long the loop waited after its last claim, when that claim
 	// passed over concurrency keys that other claims held (zero when it did not).
 	passedRetry time.Duration
+	// checkLimits: notifications may have been lost; before its next claim the loop
+	// reads which types of its runs ahead have limits (Worker.limitsCheck).
+	checkLimits bool
 }
 
 // loop claims runs until ctx is done, or the pool is closed (ErrClosed).
@@ -47,6 +50,25 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 	for {
 		for l.claimNow && ctx.Err() == nil {
 			l.claimNow = false
+			// Notifications that arrived during the last claim first: claims back to
+			// back would leave them unread, among them a type's limits set (the runs
+			// claimed ahead of it must go back before they start: see ahead.go), and
+			// cancels.
+			for more := true; more; {
+				select {
+				case n := <-sub.C:
+					l.notified(n)
+				case <-sub.Missed:
+					l.missed()
+				default:
+					more = false
+				}
+			}
+			l.claimNow = false
+			if l.checkLimits {
+				l.checkLimits = false
+				w.limitsCheck(ctx)
+			}
 			full, report, err := w.claim(ctx)
 			if err := l.claimed(ctx, full, report, err); err != nil {
 				return err
@@ -83,12 +105,17 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 				}
 			}
 		case <-sub.Missed:
-			// Notifications came faster than the loop took them and some were
-			// dropped: what they announced is known only to the database now.
-			l.claimNow, l.more, l.forgot = true, true, true
-			l.keysMayBeFreed()
+			l.missed()
 		}
 	}
+}
+
+// missed: notifications came faster than the loop took them and some were dropped:
+// what they announced is known only to the database now (among them, perhaps, a
+// type's limits set: the next claim looks first, see limitsCheck).
+func (l *claimLoop) missed() {
+	l.claimNow, l.more, l.forgot, l.checkLimits = true, true, true, true
+	l.keysMayBeFreed()
 }
 
 // setTimer makes the loop claim at t (at the latest a PollInterval from now), unless
@@ -225,7 +252,7 @@ func (l *claimLoop) notified(n notifier.Notification) {
 		l.w.floors.Reset()
 		l.w.keyFloors.Reset()
 		l.keysMayBeFreed()
-		l.claimNow, l.more = true, true
+		l.claimNow, l.more, l.checkLimits = true, true, true
 	default:
 		l.w.sawWork.Store(time.Now().UnixNano()) // runs of its types, claimable now or at a time
 		ms, freed, err := store.KeyFreed(n.Extra)
@@ -291,7 +318,13 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 	w.hookClaim(ctx, asked, len(claimed), began, err)
 	w.mu.Lock()
 	w.claimAnsweredLocked(report.Short, err == nil && len(claimed) == asked)
+	limitsFound := err == nil && !report.Short && len(w.ahead) > 0
 	w.mu.Unlock()
+	if limitsFound {
+		// The claim went the way of limits or keys while runs wait ahead: a type of
+		// theirs may have limits whose notification the loop has not read yet.
+		w.limitsCheck(ctx)
+	}
 	if err != nil {
 		w.lostClaim(report, began, err)
 		return false, report, dbError("kagzi: claim", err)

@@ -92,3 +92,7 @@ func ClaimAheadThen(ctx context.Context, w *Worker, n int, then func()) ([]uuid.
 // claim that left slots free, it asks when the next run becomes claimable, and then
 // waits for that time or a notification.
 func WakeAsks(w *Worker) int64 { return w.wakeAsks.Load() }
+
+// WorkerLimitsSet is what the claim loop does when it hears that a type's limits were
+// set.
+func WorkerLimitsSet(w *Worker, workflowType string) { w.limitsSet(workflowType) }

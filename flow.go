@@ -162,8 +162,9 @@ const lateHoldersWait = 2 * time.Second
 // those of claims under way meanwhile (SetLimits waits up to 2 s for them). Runs that
 // workers claimed ahead of their free slots (WorkerConfig.ClaimAhead) and have not
 // started go back to be claimed under the new limits: this client's workers' before
-// SetLimits returns, other processes' when they hear of it (milliseconds, through
-// LISTEN). Invalid limits (negative, over MaxLimit, a rate without a period in
+// SetLimits returns (also those of a claim on its way), other processes' when they
+// hear of it (milliseconds, through LISTEN; before their next claim when the
+// notification was lost). Invalid limits (negative, over MaxLimit, a rate without a period in
 // MinRatePeriod..MaxRatePeriod or not a whole number of milliseconds, none at all) are
 // ErrInvalidArgument and change nothing.
 func (c *Client) SetLimits(ctx context.Context, l Limits) (*Limits, error) {

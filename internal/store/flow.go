@@ -166,6 +166,17 @@ func GetFlowLimits(ctx context.Context, db DBTX, namespace, workflowType string)
 	return l, err
 }
 
+// LimitedTypes returns those of the namespace's workflow types given that have
+// limits (a row of kagzi.flow_limits: every row has at least one).
+func LimitedTypes(ctx context.Context, db DBTX, namespace string, types []string) ([]string, error) {
+	rows, err := db.Query(ctx, `SELECT workflow_type FROM kagzi.flow_limits
+		WHERE namespace = $1 AND workflow_type = ANY ($2::text[])`, namespace, types)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[string])
+}
+
 // ListFlowLimits lists the limits of the namespace's workflow types, by type.
 func ListFlowLimits(ctx context.Context, db DBTX, namespace string) ([]FlowLimits, error) {
 	rows, err := db.Query(ctx, `SELECT `+flowLimitsColumns+` FROM kagzi.flow_limits WHERE namespace = $1

@@ -1,0 +1,337 @@
+package kagzi_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kagzi/kagzi"
+)
+
+// blockClaimHooks blocks the claim loop in the Claim hook of one claim, when armed.
+type blockClaimHooks struct {
+	kagzi.NopHooks
+	armed   atomic.Bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (h *blockClaimHooks) Claim(_ context.Context, e *kagzi.ClaimEvent) {
+	if e.Eager || !h.armed.CompareAndSwap(true, false) {
+		return
+	}
+	close(h.entered)
+	<-h.release
+}
+
+type limitProbe struct {
+	executing, beganAfter, overAfter atomic.Int64
+	limitSet                         atomic.Bool
+	gates                            map[int]chan struct{}
+}
+
+func newLimitProbe(typ string) (*limitProbe, *kagzi.Workflow[int, int]) {
+	p := &limitProbe{gates: map[int]chan struct{}{1: make(chan struct{}), 2: make(chan struct{}), 3: make(chan struct{})}}
+	wf := kagzi.Define(typ, func(ctx *kagzi.Context, n int) (int, error) {
+		now := p.executing.Add(1)
+		defer p.executing.Add(-1)
+		if p.limitSet.Load() {
+			p.beganAfter.Add(1)
+			if now > 1 {
+				p.overAfter.Add(1)
+			}
+		}
+		if g := p.gates[n]; g != nil {
+			select {
+			case <-g:
+			case <-ctx.Done():
+				return 0, ctx.Err()
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+		return n, nil
+	})
+	return p, wf
+}
+
+func (p *limitProbe) open(n int) {
+	select {
+	case <-p.gates[n]:
+	default:
+		close(p.gates[n])
+	}
+}
+
+// TestRunsWaitingAheadGoBackWhenTheLimitsNotificationIsDropped: the worker's
+// subscription overflows (Missed) while its loop is in a claim and another process sets
+// the type's limits, so the notification that says so is dropped: the loop reads which
+// types have limits before its next claim and hands their runs ahead back, which would
+// otherwise start under the limit uncounted (found in review: 5 of 5).
+func TestRunsWaitingAheadGoBackWhenTheLimitsNotificationIsDropped(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	h := &blockClaimHooks{entered: make(chan struct{}), release: make(chan struct{})}
+	wc, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	typ := "ahead-limits-missed"
+	p, wf := newLimitProbe(typ)
+	cfg := fastWorker()
+	cfg.MaxConcurrent, cfg.DrainTimeout = 3, time.Hour
+	w, err := kagzi.NewWorker(wc, cfg, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kagzi.SetAheadHold(w, time.Hour)
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = w.Run(wctx); close(done) }()
+	released := false
+	defer func() {
+		if !released {
+			close(h.release)
+		}
+		for n := range p.gates {
+			p.open(n)
+		}
+		cancel()
+		<-done
+	}()
+	for _, n := range []int{1, 2} {
+		if _, err := kagzi.Start(ctx, wc, wf, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "both blocking runs to execute", func() bool { return p.executing.Load() == 2 })
+	time.Sleep(100 * time.Millisecond)
+	// The loop claims for its free slot, and stays in that claim (a slow claim).
+	h.armed.Store(true)
+	kagzi.AnnounceRunsInProcess(wc, typ, 1)
+	select {
+	case <-h.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the claim loop did not claim")
+	}
+	if _, err := kagzi.Start(ctx, wc, wf, 3); err != nil {
+		t.Fatal(err)
+	}
+	// (started eagerly in the free slot, or by the claim below)
+	time.Sleep(5 * time.Millisecond)
+	if _, err := kagzi.StartMany(ctx, wc, wf, []int{0, 0, 0}); err != nil {
+		t.Fatal(err)
+	}
+	if ids, err := kagzi.ClaimAhead(ctx, w, 4); err != nil || kagzi.RunsAhead(w) != 3 {
+		t.Fatalf("claim ahead: %v %v, %d ahead", ids, err, kagzi.RunsAhead(w))
+	}
+	eventually(t, "run 3 to execute", func() bool { return p.executing.Load() == 3 })
+	// More notifications than the subscription holds arrive while the loop claims.
+	kagzi.AnnounceRunsInProcess(wc, typ, 100)
+	setter := newClient(t, e.pool, "")
+	if _, err := setter.SetLimits(ctx, kagzi.Limits{WorkflowType: typ, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(500 * time.Millisecond) // the listener delivers (drops) the notification
+	released = true
+	close(h.release)
+	time.Sleep(500 * time.Millisecond) // the loop handles what it got, and Missed
+	ahead := kagzi.RunsAhead(w)
+	p.limitSet.Store(true)
+	p.open(1) // a slot frees; runs 2 and 3 still execute, over the limit of 1
+	time.Sleep(500 * time.Millisecond)
+	if ahead != 0 || p.beganAfter.Load() > 0 {
+		t.Errorf("%d runs still waited ahead after the limits were set (notification dropped); %d began after, %d beside another run",
+			ahead, p.beganAfter.Load(), p.overAfter.Load())
+	}
+}
+
+// stepClaimHooks blocks each claim of the loop, when armed, until released.
+type stepClaimHooks struct {
+	kagzi.NopHooks
+	armed   atomic.Bool
+	entered chan kagzi.ClaimEvent
+	release chan struct{}
+}
+
+func (h *stepClaimHooks) Claim(_ context.Context, e *kagzi.ClaimEvent) {
+	if e.Eager || !h.armed.CompareAndSwap(true, false) {
+		return
+	}
+	h.entered <- *e
+	<-h.release
+}
+
+// TestAClaimOnItsWayWhenItsTypesLimitsAreSetStartsNothingUnderThem, through the
+// worker's own claim loop: a claim that takes a run ahead (a slot was freed during the
+// claim before) commits; SetLimits(concurrency 1) through the worker's own client
+// returns; a slot frees; then the claim's answer is taken. Its runs, claimed without the
+// limit, go back instead of starting beside the run executing (found in review: both
+// began, 5 of 5).
+func TestAClaimOnItsWayWhenItsTypesLimitsAreSetStartsNothingUnderThem(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	h := &stepClaimHooks{entered: make(chan kagzi.ClaimEvent, 1), release: make(chan struct{})}
+	wc, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	typ := "ahead-limits-in-flight"
+	p, wf := newLimitProbe(typ)
+	cfg := fastWorker()
+	cfg.MaxConcurrent, cfg.DrainTimeout, cfg.DisableEagerStart = 2, time.Hour, true
+	w, err := kagzi.NewWorker(wc, cfg, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kagzi.SetAheadHold(w, time.Hour)
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = w.Run(wctx); close(done) }()
+	defer func() {
+		h.armed.Store(false)
+		close(h.release)
+		for n := range p.gates {
+			p.open(n)
+		}
+		cancel()
+		<-done
+	}()
+	entered := func(what string) kagzi.ClaimEvent {
+		select {
+		case ev := <-h.entered:
+			return ev
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no claim: %s", what)
+		}
+		return kagzi.ClaimEvent{}
+	}
+	release := func() { h.release <- struct{}{} }
+	if _, err := kagzi.Start(ctx, wc, wf, 1); err != nil { // A
+		t.Fatal(err)
+	}
+	eventually(t, "run A to execute", func() bool { return p.executing.Load() == 1 })
+	time.Sleep(200 * time.Millisecond)
+	h.armed.Store(true)
+	if _, err := kagzi.Start(ctx, wc, wf, 2); err != nil { // B
+		t.Fatal(err)
+	}
+	x := entered("X") // the claim of B, in the one free slot: full
+	if x.Requested != 1 || x.Claimed != 1 {
+		t.Fatalf("claim X: %+v", x)
+	}
+	p.open(1) // A ends during X: a slot freed during a full claim
+	eventually(t, "run A to end", func() bool { return p.executing.Load() == 0 })
+	if _, err := kagzi.Start(ctx, wc, wf, 3); err != nil { // C
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	if _, err := kagzi.Start(ctx, wc, wf, 0); err != nil { // D
+		t.Fatal(err)
+	}
+	h.armed.Store(true)
+	release()
+	y := entered("Y") // one free slot, one run ahead
+	if y.Requested != 2 || y.Claimed != 2 {
+		t.Fatalf("claim Y: %+v (wanted a claim of one run ahead)", y)
+	}
+	eventually(t, "run B to execute", func() bool { return p.executing.Load() == 1 })
+	if _, err := wc.SetLimits(ctx, kagzi.Limits{WorkflowType: typ, Concurrency: 1}); err != nil {
+		t.Fatal(err)
+	}
+	p.limitSet.Store(true)
+	p.open(2) // B ends: a slot frees before Y's answer is taken
+	eventually(t, "run B to end", func() bool { return p.executing.Load() == 0 })
+	release()
+	time.Sleep(500 * time.Millisecond)
+	if n := p.beganAfter.Load(); n > 1 {
+		t.Errorf("%d runs began after SetLimits(concurrency 1) returned while run C executed (%d beside another)", n, p.overAfter.Load())
+	}
+}
+
+// TestRunsAheadHandedBackOverAndOverWhileTheyStartAndTheWorkerDrainsBeginOnce hands a
+// busy worker's runs ahead back (limitsSet, as a notification does) over and over while
+// they start, expire and the worker drains: every run begins once and completes (a
+// second worker finishes what the first handed back at its stop).
+func TestRunsAheadHandedBackOverAndOverWhileTheyStartAndTheWorkerDrainsBeginOnce(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	typ := "ahead-limits-race"
+	var mu sync.Mutex
+	began := map[int]int{}
+	wf := kagzi.Define(typ, func(ctx *kagzi.Context, n int) (int, error) {
+		mu.Lock()
+		began[n]++
+		mu.Unlock()
+		time.Sleep(time.Millisecond)
+		return n, nil
+	})
+	inputs := make([]int, 800)
+	for i := range inputs {
+		inputs[i] = i
+	}
+	runs, err := kagzi.StartMany(ctx, e.client, wf, inputs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastWorker()
+	cfg.MaxConcurrent, cfg.DisableEagerStart = 3, true
+	hb := &handedBackHooks{}
+	hc, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: hb})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := kagzi.NewWorker(hc, cfg, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kagzi.SetAheadHold(w, 5*time.Millisecond)
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = w.Run(wctx); close(done) }()
+	stopHammer := make(chan struct{})
+	hammered := make(chan struct{})
+	go func() {
+		defer close(hammered)
+		for {
+			select {
+			case <-stopHammer:
+				return
+			default:
+			}
+			kagzi.WorkerLimitsSet(w, typ)
+			time.Sleep(200 * time.Microsecond)
+		}
+	}()
+	time.Sleep(1500 * time.Millisecond)
+	cancel() // the drain, while limitsSet still runs
+	<-done
+	close(stopHammer)
+	<-hammered
+	runWorker(t, e.client, fastWorker(), wf)
+	for _, r := range runs {
+		if _, err := r.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%d executions handed back", hb.n.Load())
+	mu.Lock()
+	defer mu.Unlock()
+	for n, k := range began {
+		if k != 1 {
+			t.Errorf("run %d began %d times", n, k)
+		}
+	}
+}
+
+type handedBackHooks struct {
+	kagzi.NopHooks
+	n atomic.Int64
+}
+
+func (h *handedBackHooks) ExecutionEnd(_ context.Context, e *kagzi.ExecutionEvent) {
+	if e.Outcome == kagzi.OutcomeHandedBack {
+		h.n.Add(1)
+	}
+}
