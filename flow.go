@@ -164,9 +164,9 @@ const lateHoldersWait = 2 * time.Second
 // started go back to be claimed under the new limits: this client's workers' before
 // SetLimits returns (also those of a claim on its way), other processes' when they
 // hear of it (milliseconds, through LISTEN; before their next claim when the
-// notification was lost). Invalid limits (negative, over MaxLimit, a rate without a period in
-// MinRatePeriod..MaxRatePeriod or not a whole number of milliseconds, none at all) are
-// ErrInvalidArgument and change nothing.
+// notification was lost). Invalid limits (negative, over MaxLimit, a rate without a
+// period in MinRatePeriod..MaxRatePeriod or not a whole number of milliseconds, none at
+// all) are ErrInvalidArgument and change nothing.
 func (c *Client) SetLimits(ctx context.Context, l Limits) (*Limits, error) {
 	if err := c.usable("SetLimits"); err != nil {
 		return nil, err

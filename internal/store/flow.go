@@ -45,10 +45,10 @@ func scanFlowLimits(row pgx.Row) (FlowLimits, error) {
 // limit counts the runs that hold its slots (holds_type_slot), which claims mark only
 // while the type has one: the type's runs executing when it is set, claimed without
 // it, are marked too (mark), so that they count as they would had the limit been
-// there when they were claimed. Those
-// whose lease passed are marked too: a worker frozen past its lease may still be
-// executing one, and, marked, it is fenced (slotHeldSQL) instead of renewing it and
-// recording beside the run a claim admits in its place.
+// there when they were claimed. Those whose lease passed are marked too: a worker
+// frozen past its lease may still be executing one, and, marked, it is fenced
+// (slotHeldSQL) instead of renewing it and recording beside the run a claim admits in
+// its place.
 var setFlowLimits = named(`
 WITH upsert AS (
 	INSERT INTO kagzi.flow_limits AS l (namespace, workflow_type, concurrency, key_concurrency,
