@@ -56,6 +56,22 @@ func newLimitProbe(typ string) (*limitProbe, *kagzi.Workflow[int, int]) {
 	return p, wf
 }
 
+// runAheadWorker runs a worker of wf with cfg on c whose runs ahead wait for a slot an
+// hour (nothing but what a test does sends them back); stop ends it.
+func runAheadWorker(t *testing.T, c *kagzi.Client, cfg kagzi.WorkerConfig, wf *kagzi.Workflow[int, int]) (w *kagzi.Worker, stop func()) {
+	t.Helper()
+	cfg.DrainTimeout = time.Hour
+	w, err := kagzi.NewWorker(c, cfg, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kagzi.SetAheadHold(w, time.Hour)
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = w.Run(wctx); close(done) }()
+	return w, func() { cancel(); <-done }
+}
+
 func (p *limitProbe) open(n int) {
 	select {
 	case <-p.gates[n]:
@@ -80,15 +96,8 @@ func TestRunsWaitingAheadGoBackWhenTheLimitsNotificationIsDropped(t *testing.T) 
 	typ := "ahead-limits-missed"
 	p, wf := newLimitProbe(typ)
 	cfg := fastWorker()
-	cfg.MaxConcurrent, cfg.DrainTimeout = 3, time.Hour
-	w, err := kagzi.NewWorker(wc, cfg, wf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kagzi.SetAheadHold(w, time.Hour)
-	wctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = w.Run(wctx); close(done) }()
+	cfg.MaxConcurrent = 3
+	w, stop := runAheadWorker(t, wc, cfg, wf)
 	released := false
 	defer func() {
 		if !released {
@@ -97,8 +106,7 @@ func TestRunsWaitingAheadGoBackWhenTheLimitsNotificationIsDropped(t *testing.T) 
 		for n := range p.gates {
 			p.open(n)
 		}
-		cancel()
-		<-done
+		stop()
 	}()
 	for _, n := range []int{1, 2} {
 		if _, err := kagzi.Start(ctx, wc, wf, n); err != nil {
@@ -180,23 +188,15 @@ func TestAClaimOnItsWayWhenItsTypesLimitsAreSetStartsNothingUnderThem(t *testing
 	typ := "ahead-limits-in-flight"
 	p, wf := newLimitProbe(typ)
 	cfg := fastWorker()
-	cfg.MaxConcurrent, cfg.DrainTimeout, cfg.DisableEagerStart = 2, time.Hour, true
-	w, err := kagzi.NewWorker(wc, cfg, wf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kagzi.SetAheadHold(w, time.Hour)
-	wctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = w.Run(wctx); close(done) }()
+	cfg.MaxConcurrent, cfg.DisableEagerStart = 2, true
+	_, stop := runAheadWorker(t, wc, cfg, wf)
 	defer func() {
 		h.armed.Store(false)
 		close(h.release)
 		for n := range p.gates {
 			p.open(n)
 		}
-		cancel()
-		<-done
+		stop()
 	}()
 	entered := func(what string) kagzi.ClaimEvent {
 		select {
@@ -333,5 +333,96 @@ type handedBackHooks struct {
 func (h *handedBackHooks) ExecutionEnd(_ context.Context, e *kagzi.ExecutionEvent) {
 	if e.Outcome == kagzi.OutcomeHandedBack {
 		h.n.Add(1)
+	}
+}
+
+// TestRunsWaitingAheadGoBackWhenTheirTypesLimitsAreSet sets a concurrency limit of 1, or
+// a rate of 1 a minute, on a type while its worker holds runs claimed ahead (claimed
+// before the limit, not started): they must not start under the limit uncounted once
+// a slot frees. SetLimits from the worker's own client hands them back before it
+// returns, also those of a claim whose answer was on its way; from another process's
+// client, the worker does when it hears of it. (Found in review: they started beside
+// the run executing, and outside the rate's window.)
+func TestRunsWaitingAheadGoBackWhenTheirTypesLimitsAreSet(t *testing.T) {
+	for _, c := range []struct {
+		kind  string
+		other bool // the limits are set through another client (another process's)
+		// inFlight: the limits are set while the claim of the runs ahead is on its way
+		// back (after it committed, before its runs are started).
+		inFlight bool
+	}{{"concurrency", false, false}, {"rate", false, false}, {"concurrency", true, false}, {"rate", false, true}} {
+		name := c.kind
+		if c.other {
+			name += " by another client"
+		}
+		if c.inFlight {
+			name += " while the claim is on its way"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t)
+			ctx := waitCtx(t)
+			typ := "ahead-limit-" + c.kind
+			p, wf := newLimitProbe(typ)
+			cfg := fastWorker()
+			cfg.MaxConcurrent = 2
+			w, stop := runAheadWorker(t, e.client, cfg, wf)
+			defer func() {
+				for n := range p.gates {
+					p.open(n)
+				}
+				stop()
+			}()
+			for _, n := range []int{1, 2} {
+				if _, err := kagzi.Start(ctx, e.client, wf, n); err != nil {
+					t.Fatal(err)
+				}
+			}
+			eventually(t, "both blocking runs to execute", func() bool { return p.executing.Load() == 2 })
+			if _, err := kagzi.StartMany(ctx, e.client, wf, []int{0, 0, 0}); err != nil {
+				t.Fatal(err)
+			}
+			l := kagzi.Limits{WorkflowType: typ, Concurrency: 1}
+			if c.kind == "rate" {
+				l = kagzi.Limits{WorkflowType: typ, Rate: 1, RatePeriod: time.Minute}
+			}
+			setter := e.client
+			if c.other {
+				setter = newClient(t, e.pool, "")
+			}
+			set := func() {
+				if _, err := setter.SetLimits(ctx, l); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if c.inFlight {
+				if ids, err := kagzi.ClaimAheadThen(ctx, w, 3, set); err != nil || len(ids) != 3 {
+					t.Fatalf("claim ahead: %v %v", ids, err)
+				}
+			} else {
+				if ids, err := kagzi.ClaimAhead(ctx, w, 3); err != nil || len(ids) != 3 || kagzi.RunsAhead(w) != 3 {
+					t.Fatalf("claim ahead: %v %v, %d ahead", ids, err, kagzi.RunsAhead(w))
+				}
+				set()
+			}
+			if c.other {
+				eventually(t, "the worker to hand its runs ahead back", func() bool { return kagzi.RunsAhead(w) == 0 })
+			} else if n := kagzi.RunsAhead(w); n != 0 {
+				t.Fatalf("%d runs still wait ahead after SetLimits returned", n)
+			}
+			p.limitSet.Store(true)
+			// The blocking runs end, one then the other: what the limit lets start
+			// after it, starts (the concurrency limit one run once both ended, the
+			// rate one run).
+			p.open(1)
+			p.open(2)
+			eventually(t, "a run to begin under the limit", func() bool { return p.beganAfter.Load() >= 1 })
+			time.Sleep(300 * time.Millisecond)
+			if n := p.overAfter.Load(); c.kind == "concurrency" && n > 0 {
+				t.Errorf("%d runs began beside another run of the type after its concurrency limit of 1 was set", n)
+			}
+			if n := p.beganAfter.Load(); c.kind == "rate" && n > 1 {
+				t.Errorf("%d runs began after a rate of 1 a minute was set", n)
+			}
+		})
 	}
 }
