@@ -79,8 +79,9 @@ func (w *Worker) slotsTakenLocked() int {
 
 // startClaimed executes the runs of a claim (suspects that start beside a suspect
 // executing: see solo.go): in the free slots, the rest as slots free. sent is when the
-// claim was sent, claimedAt when its answer came.
-func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time, suspects bool) {
+// claim was sent, claimedAt when its answer came; short that it took a short way, so
+// that its runs were claimed without limits (see limitsSet).
+func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time, short, suspects bool) {
 	if len(runs) == 0 {
 		return
 	}
@@ -104,9 +105,9 @@ func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time
 			start = append(start, x)
 			continue
 		}
-		if at, ok := w.limitsAt[x.run.WorkflowType]; ok && !sent.After(at) {
-			// Claimed by a claim sent before the worker learnt that its type's limits
-			// were set, and answered after: claimed without them (see limitsSet).
+		if w.claimedBeforeLimitsLocked(x.run.WorkflowType, sent, short) {
+			// Claimed without its type's limits, which the worker learnt were set
+			// while the claim was on its way (see limitsSet).
 			delete(w.active, x.run.RunID)
 			back = append(back, x)
 			continue
@@ -243,8 +244,8 @@ func (w *Worker) giveBackUnstarted(xs []*execution, closed bool) {
 	}
 }
 
-// limitsSet hands back the runs of a workflow type that wait ahead, when the type's
-// limits are set (by this process's client, or, heard of from its notification, by
+// limitsSet hands back the runs of a workflow type that wait ahead (and the suspect it
+// holds, if of the type), when the type's limits are set (by this process's client, or, heard of from its notification, by
 // another's): claimed before the limits applied, they would start under a concurrency
 // limit beside the runs it already counts, and under a rate outside its windows. It
 // notes when: the runs of the type that a claim sent before then brings back later go
@@ -270,6 +271,15 @@ func (w *Worker) limitsSet(workflowType string) {
 	}
 	clear(w.ahead[len(kept):])
 	w.ahead = kept
+	if x := w.held; x != nil && x.run.WorkflowType == workflowType {
+		// A held suspect (solo.go) was claimed without the limits too: it would start
+		// alone later, under a rate limit outside its windows.
+		w.held = nil
+		if w.active[x.run.RunID] == x {
+			delete(w.active, x.run.RunID)
+		}
+		back = append(back, x)
+	}
 	if len(back) > 0 {
 		w.aheadBacks.Add(1) // the drain waits for it
 	}
@@ -281,6 +291,16 @@ func (w *Worker) limitsSet(workflowType string) {
 		w.aheadBacks.Done()
 		w.runHeld() // as after aheadExpired's hand-back
 	}
+}
+
+// claimedBeforeLimitsLocked reports whether a run of a claim sent at sent, by a short
+// way (short: the claim saw no limits of its types) or not, was claimed without its
+// type's limits that the worker learnt were set after sent (w.mu held). A claim that
+// went the way of limits claimed under them, and keeps its runs: handed back, a run
+// would have spent a place of a rate's window for nothing.
+func (w *Worker) claimedBeforeLimitsLocked(workflowType string, sent time.Time, short bool) bool {
+	at, ok := w.limitsAt[workflowType]
+	return ok && short && !sent.After(at)
 }
 
 // limitsCheck hands back the runs waiting ahead of those of their types that have

@@ -426,3 +426,59 @@ func TestRunsWaitingAheadGoBackWhenTheirTypesLimitsAreSet(t *testing.T) {
 		})
 	}
 }
+
+// TestAHeldSuspectGoesBackWhenItsTypesLimitsAreSet: a worker holds a suspect (a run at
+// MaxTakeovers, to run alone once nothing else executes) claimed before its type had a
+// rate of 1 a minute. When the rate is set, the suspect goes back and is claimed again
+// under it: it starts alone once the busy run ends, and is the one start the window
+// admits; a second run of its type waits. (Found in review: the held suspect started
+// uncounted, and the second run started too.)
+func TestAHeldSuspectGoesBackWhenItsTypesLimitsAreSet(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	release := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	busy := kagzi.Define("held-limits-busy", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "wait", func(c context.Context) (int, error) {
+			entered <- struct{}{}
+			select {
+			case <-release:
+			case <-c.Done():
+				return 0, c.Err()
+			}
+			return n, nil
+		})
+	})
+	var began atomic.Int64
+	rated := kagzi.Define("held-limits-rated", func(ctx *kagzi.Context, n int) (int, error) {
+		began.Add(1)
+		return n, nil
+	})
+	cfg := fastWorker()
+	cfg.MaxTakeovers, cfg.DisableEagerStart = 1, true
+	runWorker(t, e.client, cfg, busy, rated)
+	if _, err := kagzi.Start(ctx, e.client, busy, 1); err != nil {
+		t.Fatal(err)
+	}
+	<-entered
+	s := startSuspect(t, e, rated, 1, 1)
+	eventually(t, "the worker to hold the suspect", func() bool {
+		return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE run_id = $1 AND lease_epoch > 0`, s.RunID) == 1
+	})
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: "held-limits-rated", Rate: 1, RatePeriod: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	if _, err := s.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	second, err := kagzi.Start(ctx, e.client, rated, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(2 * time.Second)
+	if n := began.Load(); n != 1 {
+		t.Errorf("%d runs of the type began within the minute of its rate of 1 (the held suspect and the second, %s)",
+			n, runStatus(t, e.client, second.RunID))
+	}
+}

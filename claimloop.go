@@ -339,8 +339,8 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 	}
 	now := time.Now()
 	start, beside, hold := w.sortSuspects(ctx, claimed)
-	w.startClaimed(start, began, now, false)
-	w.hold(hold, beside, began, now)
+	w.startClaimed(start, began, now, report.Short, false)
+	w.hold(hold, beside, began, now, report.Short)
 	w.backlog.Store(asked > 0 && len(claimed) == asked)
 	if len(claimed) < asked {
 		// The claim had room for whatever a freed key held back, and looked for it.

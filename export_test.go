@@ -70,7 +70,7 @@ func ClaimAheadThen(ctx context.Context, w *Worker, n int, then func()) ([]uuid.
 	c := store.Claimer{Namespace: w.client.ns, Types: w.types, Versions: w.versions, WorkerID: w.cfg.ID,
 		Lease: w.cfg.LeaseDuration, Cursors: map[string]string{}}
 	sent := time.Now()
-	runs, _, err := store.ClaimRuns(ctx, w.client.pool, c, n)
+	runs, report, err := store.ClaimRuns(ctx, w.client.pool, c, n)
 	if err != nil {
 		return nil, err
 	}
@@ -79,8 +79,8 @@ func ClaimAheadThen(ctx context.Context, w *Worker, n int, then func()) ([]uuid.
 	}
 	now := time.Now()
 	start, beside, hold := w.sortSuspects(ctx, runs)
-	w.startClaimed(start, sent, now, false)
-	w.hold(hold, beside, sent, now)
+	w.startClaimed(start, sent, now, report.Short, false)
+	w.hold(hold, beside, sent, now, report.Short)
 	ids := make([]uuid.UUID, len(runs))
 	for i, r := range runs {
 		ids[i] = r.RunID

@@ -250,17 +250,25 @@ func (w *Worker) giveBack(ctx context.Context, back, park []store.Fence) {
 
 // hold keeps a claimed suspect, leased to the worker (its heartbeats renew it), until
 // runHeld starts it; beside start as suspects, in free slots (a claim's runs ahead of
-// its free slots may be among them: see ahead.go).
-func (w *Worker) hold(run *store.ClaimedRun, beside []store.ClaimedRun, sent, claimedAt time.Time) {
-	w.startClaimed(beside, sent, claimedAt, true)
+// its free slots may be among them: see ahead.go). short: the claim took a short way
+// (see startClaimed).
+func (w *Worker) hold(run *store.ClaimedRun, beside []store.ClaimedRun, sent, claimedAt time.Time, short bool) {
+	w.startClaimed(beside, sent, claimedAt, short, true)
 	if run == nil {
 		return
 	}
 	x := newExecution(w.rt, w.defs[run.WorkflowType], *run, sent, claimedAt)
 	x.suspect = true
+	w.mu.Lock()
+	if w.claimedBeforeLimitsLocked(run.WorkflowType, sent, short) && x.ctx.Err() == nil {
+		// Claimed by a claim sent before the worker learnt that its type's limits
+		// were set (see limitsSet): it goes back, to be claimed under them.
+		w.mu.Unlock()
+		w.giveBackUnstarted([]*execution{x}, false)
+		return
+	}
 	w.logger.Warn("kagzi: a run taken over MaxTakeovers times is to run alone in its worker: it fails if it "+
 		"kills its process there", "run_id", run.RunID, "takeovers", run.Takeovers)
-	w.mu.Lock()
 	w.addActiveLocked(x)
 	w.held = x
 	w.drainUntil = time.Now().Add(w.soloWindow())
