@@ -89,7 +89,7 @@ func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time
 	xs := make([]*execution, len(runs))
 	for i, run := range runs {
 		xs[i] = newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt)
-		xs[i].aheadSince = claimedAt
+		xs[i].aheadSince, xs[i].short = claimedAt, short
 		if suspects {
 			xs[i].suspect, xs[i].launched = true, claimedAt
 		}
@@ -245,7 +245,8 @@ func (w *Worker) giveBackUnstarted(xs []*execution, closed bool) {
 }
 
 // limitsSet hands back the runs of a workflow type that wait ahead (and the suspect it
-// holds, if of the type), when the type's limits are set (by this process's client, or, heard of from its notification, by
+// holds, if of the type), claimed without limits (by a short way), when the type's
+// limits are set (by this process's client, or, heard of from its notification, by
 // another's): claimed before the limits applied, they would start under a concurrency
 // limit beside the runs it already counts, and under a rate outside its windows. It
 // notes when: the runs of the type that a claim sent before then brings back later go
@@ -259,8 +260,8 @@ func (w *Worker) limitsSet(workflowType string) {
 	var back []*execution
 	kept := w.ahead[:0]
 	for _, x := range w.ahead {
-		if x.run.WorkflowType != workflowType {
-			kept = append(kept, x)
+		if x.run.WorkflowType != workflowType || !x.short {
+			kept = append(kept, x) // one claimed under the limits keeps its place in them
 			continue
 		}
 		x.ahead = false
@@ -271,7 +272,7 @@ func (w *Worker) limitsSet(workflowType string) {
 	}
 	clear(w.ahead[len(kept):])
 	w.ahead = kept
-	if x := w.held; x != nil && x.run.WorkflowType == workflowType {
+	if x := w.held; x != nil && x.run.WorkflowType == workflowType && x.short {
 		// A held suspect (solo.go) was claimed without the limits too: it would start
 		// alone later, under a rate limit outside its windows.
 		w.held = nil
@@ -303,8 +304,8 @@ func (w *Worker) claimedBeforeLimitsLocked(workflowType string, sent time.Time, 
 	return ok && short && !sent.After(at)
 }
 
-// limitsCheck hands back the runs waiting ahead of those of their types that have
-// limits now, read from the database: for when the notification that said so may have
+// limitsCheck hands back the runs waiting ahead, and the held suspect, claimed without
+// limits, of those of their types that have limits now, read from the database: for when the notification that said so may have
 // been missed (the subscription overflowed, the listener reconnected) or the claim
 // loop has not read it yet (a claim found limits). When the read fails, all of them go
 // back (better claimed again than started under limits).
@@ -312,8 +313,12 @@ func (w *Worker) limitsCheck(ctx context.Context) {
 	w.mu.Lock()
 	var types []string
 	seen := map[string]bool{}
-	for _, x := range w.ahead {
-		if t := x.run.WorkflowType; !seen[t] {
+	xs := w.ahead
+	if w.held != nil {
+		xs = append(xs[:len(xs):len(xs)], w.held)
+	}
+	for _, x := range xs {
+		if t := x.run.WorkflowType; x.short && !seen[t] {
 			seen[t] = true
 			types = append(types, t)
 		}

@@ -318,7 +318,7 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 	w.hookClaim(ctx, asked, len(claimed), began, err)
 	w.mu.Lock()
 	w.claimAnsweredLocked(report.Short, err == nil && len(claimed) == asked)
-	limitsFound := err == nil && !report.Short && len(w.ahead) > 0
+	limitsFound := err == nil && !report.Short && (len(w.ahead) > 0 || w.held != nil && w.held.short)
 	w.mu.Unlock()
 	if limitsFound {
 		// The claim went the way of limits or keys while runs wait ahead: a type of

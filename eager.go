@@ -89,8 +89,9 @@ func (w *Worker) releaseReservation() {
 }
 
 // startEager executes a run its start claimed for the worker, in the slot reserved
-// for it. A worker that stopped claiming meanwhile hands the run back instead.
-func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time, holdsSlot bool) {
+// for it. A worker that stopped claiming meanwhile hands the run back instead. plain:
+// the start claimed its run without limits (its type had none: not the locked way).
+func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time, holdsSlot, plain bool) {
 	run := store.ClaimedRun{
 		Fence: store.Fence{RunID: r.RunID, Epoch: r.LeaseEpoch}, HoldsSlot: holdsSlot,
 		Namespace: r.Namespace, WorkflowID: r.WorkflowID, WorkflowType: r.WorkflowType, Input: r.Input,
@@ -117,5 +118,5 @@ func (w *Worker) startEager(r store.Run, carrier []byte, sent time.Time, holdsSl
 		w.client.hooks.Claim(context.Background(), &ClaimEvent{Namespace: w.client.ns, WorkerID: w.cfg.ID,
 			Types: []string{r.WorkflowType}, Requested: 1, Claimed: 1, Eager: true})
 	}
-	w.startEagerRun(run, sent, time.Now())
+	w.startEagerRun(run, sent, time.Now(), plain)
 }

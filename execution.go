@@ -71,9 +71,11 @@ type execution struct {
 	suspect, alone bool
 	launched       time.Time
 	// ahead: the run was claimed ahead and waits for a slot, since aheadSince
-	// (ahead.go; guarded by the worker's mu).
+	// (ahead.go; guarded by the worker's mu); short: its claim took a short way, one
+	// that saw no flow limits of its type (see Worker.limitsSet).
 	ahead      bool
 	aheadSince time.Time
+	short      bool
 
 	// pending is the run's last completed step while its record is held back (see
 	// holdRecord); flushMu serializes writing it, so that whoever needs it durable

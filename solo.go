@@ -258,7 +258,7 @@ func (w *Worker) hold(run *store.ClaimedRun, beside []store.ClaimedRun, sent, cl
 		return
 	}
 	x := newExecution(w.rt, w.defs[run.WorkflowType], *run, sent, claimedAt)
-	x.suspect = true
+	x.suspect, x.short = true, short
 	w.mu.Lock()
 	if w.claimedBeforeLimitsLocked(run.WorkflowType, sent, short) && x.ctx.Err() == nil {
 		// Claimed by a claim sent before the worker learnt that its type's limits

@@ -333,7 +333,7 @@ func (c *Client) startRun(ctx context.Context, tx pgx.Tx, workflowType string, i
 	claimed := err == nil && inserted && eager != nil && r.Status == StatusRunning
 	switch {
 	case claimed:
-		eager.startEager(r, n.Carrier, began, st.HoldsSlot)
+		eager.startEager(r, n.Carrier, began, st.HoldsSlot, n.FlowKey == "" && !n.Eager.Limited)
 	case eager != nil:
 		eager.releaseReservation()
 		if err != nil {

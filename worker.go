@@ -534,11 +534,20 @@ func (w *Worker) releaseSlot(x *execution, keepsPlace bool) {
 // startEagerRun executes a run its start claimed on a goroutine of its own (one of
 // w.goroutines), in the slot reserved for it: the same hold of w.mu that counts the
 // run active gives the reservation up, so that the worker never looks idle in between
-// (see solo.go). sent is when the start was sent, claimedAt when its answer came.
-func (w *Worker) startEagerRun(run store.ClaimedRun, sent, claimedAt time.Time) {
+// (see solo.go). sent is when the start was sent, claimedAt when its answer came;
+// plain that it claimed its run without limits. A plain start sent before the worker
+// learnt that its type's limits were set hands its run back (see limitsSet), and its
+// slot to the runs waiting for one.
+func (w *Worker) startEagerRun(run store.ClaimedRun, sent, claimedAt time.Time, plain bool) {
 	w.sawWork.Store(claimedAt.UnixNano())
 	x := newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt)
 	w.mu.Lock()
+	if x.ctx.Err() == nil && w.claimedBeforeLimitsLocked(run.WorkflowType, sent, plain) {
+		w.mu.Unlock()
+		w.giveBackUnstarted([]*execution{x}, false)
+		w.releaseReservation()
+		return
+	}
 	w.reserved--
 	w.addActiveLocked(x)
 	w.mu.Unlock()
