@@ -79,9 +79,10 @@ func (w *Worker) slotsTakenLocked() int {
 
 // startClaimed executes the runs of a claim (suspects that start beside a suspect
 // executing: see solo.go): in the free slots, the rest as slots free. sent is when the
-// claim was sent, claimedAt when its answer came; short that it took a short way, so
-// that its runs were claimed without limits (see limitsSet).
-func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time, short, suspects bool) {
+// claim was sent, claimedAt when its answer came; limited the types that had limits
+// when the claim read them (store.ClaimReport.Limited): the runs of the others were
+// claimed without limits (see limitsSet).
+func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time, limited map[string]bool, suspects bool) {
 	if len(runs) == 0 {
 		return
 	}
@@ -89,7 +90,7 @@ func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time
 	xs := make([]*execution, len(runs))
 	for i, run := range runs {
 		xs[i] = newExecution(w.rt, w.defs[run.WorkflowType], run, sent, claimedAt)
-		xs[i].aheadSince, xs[i].short = claimedAt, short
+		xs[i].aheadSince, xs[i].short = claimedAt, !limited[run.WorkflowType]
 		if suspects {
 			xs[i].suspect, xs[i].launched = true, claimedAt
 		}
@@ -105,7 +106,7 @@ func (w *Worker) startClaimed(runs []store.ClaimedRun, sent, claimedAt time.Time
 			start = append(start, x)
 			continue
 		}
-		if w.claimedBeforeLimitsLocked(x.run.WorkflowType, sent, short) {
+		if w.claimedBeforeLimitsLocked(x.run.WorkflowType, sent, x.short) {
 			// Claimed without its type's limits, which the worker learnt were set
 			// while the claim was on its way (see limitsSet).
 			delete(w.active, x.run.RunID)
@@ -294,31 +295,63 @@ func (w *Worker) limitsSet(workflowType string) {
 	}
 }
 
-// claimedBeforeLimitsLocked reports whether a run of a claim sent at sent, by a short
-// way (short: the claim saw no limits of its types) or not, was claimed without its
-// type's limits that the worker learnt were set after sent (w.mu held). A claim that
-// went the way of limits claimed under them, and keeps its runs: handed back, a run
-// would have spent a place of a rate's window for nothing.
+// claimedBeforeLimitsLocked reports whether a run of a claim sent at sent, claimed
+// without limits (short: its type had none when the claim read it) or not, was claimed
+// without its type's limits that the worker learnt were set after sent (w.mu held). A
+// run claimed under its type's limits keeps its place: handed back, it would have
+// spent a place of a rate's window for nothing.
 func (w *Worker) claimedBeforeLimitsLocked(workflowType string, sent time.Time, short bool) bool {
 	at, ok := w.limitsAt[workflowType]
 	return ok && short && !sent.After(at)
 }
 
+// limitsFound hands back the runs waiting ahead, and the held suspect, claimed without
+// limits, of the types a claim found limited (ClaimReport.Limited): the notification
+// that said so may not have been read yet.
+func (w *Worker) limitsFound(limited map[string]bool) {
+	if len(limited) == 0 {
+		return
+	}
+	w.mu.Lock()
+	var types []string
+	seen := map[string]bool{}
+	for _, x := range w.shortHeldLocked() {
+		if t := x.run.WorkflowType; limited[t] && !seen[t] {
+			seen[t] = true
+			types = append(types, t)
+		}
+	}
+	w.mu.Unlock()
+	for _, t := range types {
+		w.limitsSet(t)
+	}
+}
+
+// shortHeldLocked lists the runs waiting ahead and the held suspect that were claimed
+// without limits (w.mu held).
+func (w *Worker) shortHeldLocked() []*execution {
+	var xs []*execution
+	for _, x := range w.ahead {
+		if x.short {
+			xs = append(xs, x)
+		}
+	}
+	if w.held != nil && w.held.short {
+		xs = append(xs, w.held)
+	}
+	return xs
+}
+
 // limitsCheck hands back the runs waiting ahead, and the held suspect, claimed without
 // limits, of those of their types that have limits now, read from the database: for when the notification that said so may have
-// been missed (the subscription overflowed, the listener reconnected) or the claim
-// loop has not read it yet (a claim found limits). When the read fails, all of them go
-// back (better claimed again than started under limits).
+// been missed (the subscription overflowed, the listener reconnected). When the read
+// fails, all of them go back (better claimed again than started under limits).
 func (w *Worker) limitsCheck(ctx context.Context) {
 	w.mu.Lock()
 	var types []string
 	seen := map[string]bool{}
-	xs := w.ahead
-	if w.held != nil {
-		xs = append(xs[:len(xs):len(xs)], w.held)
-	}
-	for _, x := range xs {
-		if t := x.run.WorkflowType; x.short && !seen[t] {
+	for _, x := range w.shortHeldLocked() {
+		if t := x.run.WorkflowType; !seen[t] {
 			seen[t] = true
 			types = append(types, t)
 		}

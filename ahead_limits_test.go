@@ -659,3 +659,112 @@ func TestAnEagerStartOnItsWayWhenItsTypesLimitsAreSetStartsNothingUnderThem(t *t
 		t.Errorf("%d runs began after SetLimits(rate 1 a minute) returned, the eager start on its way among them", n)
 	}
 }
+
+// TestAHeldSuspectOfATypeWithoutLimitsClaimedBesideALimitedTypeGoesBack: a held
+// suspect of a type without limits, claimed by a claim that went the way of limits
+// because another type of the worker has limits, was claimed without limits all the
+// same: when its own type's rate is set while it is held, it goes back, and does not
+// start alone later outside the rate's window. (Found in review: judged by the claim,
+// not by its type, it stayed, 3 of 3.)
+func TestAHeldSuspectOfATypeWithoutLimitsClaimedBesideALimitedTypeGoesBack(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	typ := "held-nonshort"
+	s, rated, began, release := heldSuspect(t, e, typ, func() {
+		// The busy type has a (generous) concurrency limit: every claim of the worker
+		// takes the way of limits.
+		if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: typ + "-busy", Concurrency: 10}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if _, err := e.client.SetLimits(ctx, kagzi.Limits{WorkflowType: typ, Rate: 1, RatePeriod: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	close(release)
+	onlyOneBegins(t, e, s, rated, began)
+}
+
+// TestARunAheadOfATypeWithoutLimitsClaimedBesideALimitedTypeGoesBack: a run of a type
+// without limits, claimed by a claim of the loop that went the way of limits (another
+// type of the worker has a concurrency limit), lands ahead because an eager start took
+// the free slot while the claim was on its way. When the worker's own client sets its
+// type's rate, the run goes back, claimed without limits as it was, and one run begins
+// in the minute, not two. (Found in review: 3 of 3.)
+func TestARunAheadOfATypeWithoutLimitsClaimedBesideALimitedTypeGoesBack(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	h := &stepClaimHooks{entered: make(chan kagzi.ClaimEvent, 1), release: make(chan struct{})}
+	wc, err := kagzi.NewClient(e.pool, kagzi.Config{Logger: quietLogger(), Hooks: h})
+	if err != nil {
+		t.Fatal(err)
+	}
+	typ := "ahead-limits-beside"
+	p, wf := newLimitProbe(typ)
+	other := kagzi.Define(typ+"-other", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	if _, err := wc.SetLimits(ctx, kagzi.Limits{WorkflowType: typ + "-other", Concurrency: 10}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := fastWorker()
+	cfg.MaxConcurrent, cfg.DrainTimeout = 2, time.Hour
+	w, err := kagzi.NewWorker(wc, cfg, wf, other)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kagzi.SetAheadHold(w, time.Hour)
+	wctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = w.Run(wctx); close(done) }()
+	defer func() {
+		h.armed.Store(false)
+		select {
+		case h.release <- struct{}{}:
+		default:
+		}
+		for n := range p.gates {
+			p.open(n)
+		}
+		cancel()
+		<-done
+	}()
+	starter := newClient(t, e.pool, "")
+	if _, err := kagzi.Start(ctx, wc, wf, 1); err != nil { // run 1 executes (gate 1)
+		t.Fatal(err)
+	}
+	eventually(t, "run 1 to execute", func() bool { return p.executing.Load() == 1 })
+	time.Sleep(200 * time.Millisecond)
+	h.armed.Store(true)
+	if _, err := kagzi.Start(ctx, starter, wf, 2); err != nil { // claimed by the loop
+		t.Fatal(err)
+	}
+	var ev kagzi.ClaimEvent
+	select {
+	case ev = <-h.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no claim")
+	}
+	if ev.Claimed != 1 {
+		t.Fatalf("claim: %+v", ev)
+	}
+	if _, err := kagzi.Start(ctx, wc, wf, 3); err != nil { // eager, takes the free slot
+		t.Fatal(err)
+	}
+	eventually(t, "run 3 to execute (eagerly)", func() bool { return p.executing.Load() == 2 })
+	h.release <- struct{}{}
+	eventually(t, "run 2 to wait ahead", func() bool { return kagzi.RunsAhead(w) == 1 })
+	if _, err := wc.SetLimits(ctx, kagzi.Limits{WorkflowType: typ, Rate: 1, RatePeriod: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	p.limitSet.Store(true)
+	ahead := kagzi.RunsAhead(w)
+	p.open(1)
+	p.open(2)
+	p.open(3)
+	time.Sleep(300 * time.Millisecond)
+	if _, err := kagzi.Start(ctx, starter, wf, 0); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if n := p.beganAfter.Load(); n > 1 {
+		t.Errorf("%d runs began after SetLimits(rate 1 a minute) returned (runs ahead after it: %d)", n, ahead)
+	}
+}

@@ -318,12 +318,11 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 	w.hookClaim(ctx, asked, len(claimed), began, err)
 	w.mu.Lock()
 	w.claimAnsweredLocked(report.Short, err == nil && len(claimed) == asked)
-	limitsFound := err == nil && !report.Short && (len(w.ahead) > 0 || w.held != nil && w.held.short)
 	w.mu.Unlock()
-	if limitsFound {
-		// The claim went the way of limits or keys while runs wait ahead: a type of
-		// theirs may have limits whose notification the loop has not read yet.
-		w.limitsCheck(ctx)
+	if err == nil {
+		// A type of the runs waiting ahead may have limits whose notification the loop
+		// has not read yet.
+		w.limitsFound(report.Limited)
 	}
 	if err != nil {
 		w.lostClaim(report, began, err)
@@ -339,8 +338,8 @@ func (w *Worker) claim(ctx context.Context) (full bool, report store.ClaimReport
 	}
 	now := time.Now()
 	start, beside, hold := w.sortSuspects(ctx, claimed)
-	w.startClaimed(start, began, now, report.Short, false)
-	w.hold(hold, beside, began, now, report.Short)
+	w.startClaimed(start, began, now, report.Limited, false)
+	w.hold(hold, beside, began, now, report.Limited)
 	w.backlog.Store(asked > 0 && len(claimed) == asked)
 	if len(claimed) < asked {
 		// The claim had room for whatever a freed key held back, and looked for it.

@@ -79,8 +79,8 @@ func ClaimAheadThen(ctx context.Context, w *Worker, n int, then func()) ([]uuid.
 	}
 	now := time.Now()
 	start, beside, hold := w.sortSuspects(ctx, runs)
-	w.startClaimed(start, sent, now, report.Short, false)
-	w.hold(hold, beside, sent, now, report.Short)
+	w.startClaimed(start, sent, now, report.Limited, false)
+	w.hold(hold, beside, sent, now, report.Limited)
 	ids := make([]uuid.UUID, len(runs))
 	for i, r := range runs {
 		ids[i] = r.RunID

@@ -250,17 +250,17 @@ func (w *Worker) giveBack(ctx context.Context, back, park []store.Fence) {
 
 // hold keeps a claimed suspect, leased to the worker (its heartbeats renew it), until
 // runHeld starts it; beside start as suspects, in free slots (a claim's runs ahead of
-// its free slots may be among them: see ahead.go). short: the claim took a short way
-// (see startClaimed).
-func (w *Worker) hold(run *store.ClaimedRun, beside []store.ClaimedRun, sent, claimedAt time.Time, short bool) {
-	w.startClaimed(beside, sent, claimedAt, short, true)
+// its free slots may be among them: see ahead.go). limited: the types that had limits
+// when the claim read them (see startClaimed).
+func (w *Worker) hold(run *store.ClaimedRun, beside []store.ClaimedRun, sent, claimedAt time.Time, limited map[string]bool) {
+	w.startClaimed(beside, sent, claimedAt, limited, true)
 	if run == nil {
 		return
 	}
 	x := newExecution(w.rt, w.defs[run.WorkflowType], *run, sent, claimedAt)
-	x.suspect, x.short = true, short
+	x.suspect, x.short = true, !limited[run.WorkflowType]
 	w.mu.Lock()
-	if w.claimedBeforeLimitsLocked(run.WorkflowType, sent, short) && x.ctx.Err() == nil {
+	if w.claimedBeforeLimitsLocked(run.WorkflowType, sent, x.short) && x.ctx.Err() == nil {
 		// Claimed by a claim sent before the worker learnt that its type's limits
 		// were set (see limitsSet): it goes back, to be claimed under them.
 		w.mu.Unlock()

@@ -107,6 +107,7 @@ WITH gate AS MATERIALIZED (
 ), claimed AS MATERIALIZED (` + claimUpdateSQL + `)
 SELECT * FROM claimed
 UNION ALL
+` + claimLimitedTypesSQL + `
 ` + claimKeyFloorsSQL + `
 -- Each type's next floor: a second before now() when the claim got fewer runs than
 -- it asked for (every type's range up to now was read through), else before the last
@@ -175,6 +176,7 @@ WITH lims AS MATERIALIZED (
 ), claimed AS MATERIALIZED (` + claimUpdateSQL + `)
 SELECT * FROM claimed
 UNION ALL
+` + claimLimitedTypesSQL + `
 ` + claimKeyFloorsSQL + `
 -- Each type's next floor: a second before now() when the claim got fewer runs of the
 -- type than its room and fewer than it asked for in all (the type's range up to now
@@ -278,6 +280,16 @@ SELECT * FROM kagzi.claim($1::text, $2::text[], $3::text[], $4::text[], $5::text
 WHERE (SELECT flow FROM gate) AND `
 )
 
+// claimLimitedTypesSQL: a row without a run for each of the claimer's types that has
+// flow limits in the claim's snapshot ('limited' in the workflow id's column), then
+// UNION ALL: ClaimReport.Limited. The runs of the others were claimed without limits,
+// whichever way the claim went (a claim goes the way of limits for all its types when
+// one has them).
+const claimLimitedTypesSQL = `SELECT NULL, $1, 'limited', l.workflow_type, NULL, NULL, NULL, NULL, NULL, NULL,
+	NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL
+FROM kagzi.flow_limits l WHERE l.namespace = $1 AND l.workflow_type = ANY ($2::text[])
+UNION ALL`
+
 // Claimer is who claims: a worker of a namespace, the workflow types it registered
 // (with the version of each), and its lease. Cursors holds the last key the worker
 // visited in each type's concurrency-key queues: ClaimRuns reads and advances it.
@@ -354,6 +366,9 @@ type ClaimReport struct {
 	// Short tells that the claim took claimSQL's short way, which Claimer.Ahead
 	// applies to (claimLimitedSQL's does not).
 	Short bool
+	// Limited holds the claimer's types that had flow limits when the claim read them
+	// (nil: none): the claim's runs of the others were claimed without limits.
+	Limited map[string]bool
 	// Token is the claim's token (see Fence), also when the claim failed: a claim
 	// that failed once it was sent may have committed all the same, its runs leased
 	// under the token to a worker that does not know it holds them (LostClaimRuns
@@ -482,7 +497,15 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 			return nil, ClaimReport{Token: token}, err
 		}
 		if !id.Valid { // a type's next key cursor, its next floors, its keys passed over, a rate's hold
-			if workflowID.Valid && len(locked) == 0 { // the claim took claimSQL's short way (claimKeyFloorsSQL)
+			switch {
+			case workflowID.String == "limited": // a type with limits (claimLimitedTypesSQL)
+				if report.Limited == nil {
+					report.Limited = map[string]bool{}
+				}
+				report.Limited[r.WorkflowType] = true
+				claimed = claimed[:len(claimed)-1]
+				continue
+			case workflowID.Valid && len(locked) == 0: // the claim took claimSQL's short way (claimKeyFloorsSQL)
 				report.Asked, report.Short = limit+ahead, true
 			}
 			if attempt.Valid {

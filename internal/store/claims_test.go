@@ -870,6 +870,9 @@ func TestAClaimTakesRunsAheadOnlyForTypesWithoutLimitsAndItsFloorSkipsNoRun(t *t
 		if short := c.Types[0] == "plain"; report.Short != short {
 			t.Fatalf("a claim of %v: short %v, want %v (only claimSQL's short way takes runs ahead)", c.Types, report.Short, short)
 		}
+		if limited := c.Types[0] == "limited"; report.Limited[c.Types[0]] != limited || (!limited && report.Limited != nil) {
+			t.Fatalf("a claim of %v: limited types %v; want only the type with limits", c.Types, report.Limited)
+		}
 		if err != nil || len(claimed) != want || report.Asked != wantAsked {
 			t.Fatalf("a claim of %v, limit %d, %d ahead: %d runs, asked %d, %v; want %d runs, asked %d",
 				c.Types, limit, c.Ahead, len(claimed), report.Asked, err, want, wantAsked)
