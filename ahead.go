@@ -2,6 +2,7 @@ package kagzi
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/kagzi/kagzi/internal/store"
@@ -246,7 +247,7 @@ func (w *Worker) giveBackUnstarted(xs []*execution, closed bool) {
 }
 
 // limitsSet hands back the runs of a workflow type that wait ahead (and the suspect it
-// holds, if of the type), claimed without limits (by a short way), when the type's
+// holds, if of the type), claimed without limits (execution.short), when the type's
 // limits are set (by this process's client, or, heard of from its notification, by
 // another's): claimed before the limits applied, they would start under a concurrency
 // limit beside the runs it already counts, and under a rate outside its windows. It
@@ -312,51 +313,20 @@ func (w *Worker) limitsFound(limited map[string]bool) {
 	if len(limited) == 0 {
 		return
 	}
-	w.mu.Lock()
-	var types []string
-	seen := map[string]bool{}
-	for _, x := range w.shortHeldLocked() {
-		if t := x.run.WorkflowType; limited[t] && !seen[t] {
-			seen[t] = true
-			types = append(types, t)
+	for _, t := range w.shortTypes() {
+		if limited[t] {
+			w.limitsSet(t)
 		}
 	}
-	w.mu.Unlock()
-	for _, t := range types {
-		w.limitsSet(t)
-	}
-}
-
-// shortHeldLocked lists the runs waiting ahead and the held suspect that were claimed
-// without limits (w.mu held).
-func (w *Worker) shortHeldLocked() []*execution {
-	var xs []*execution
-	for _, x := range w.ahead {
-		if x.short {
-			xs = append(xs, x)
-		}
-	}
-	if w.held != nil && w.held.short {
-		xs = append(xs, w.held)
-	}
-	return xs
 }
 
 // limitsCheck hands back the runs waiting ahead, and the held suspect, claimed without
-// limits, of those of their types that have limits now, read from the database: for when the notification that said so may have
-// been missed (the subscription overflowed, the listener reconnected). When the read
-// fails, all of them go back (better claimed again than started under limits).
+// limits, of those of their types that have limits now, read from the database: for
+// when the notification that said so may have been missed (the subscription
+// overflowed, the listener reconnected). When the read fails, all of them go back
+// (better claimed again than started under limits).
 func (w *Worker) limitsCheck(ctx context.Context) {
-	w.mu.Lock()
-	var types []string
-	seen := map[string]bool{}
-	for _, x := range w.shortHeldLocked() {
-		if t := x.run.WorkflowType; !seen[t] {
-			seen[t] = true
-			types = append(types, t)
-		}
-	}
-	w.mu.Unlock()
+	types := w.shortTypes()
 	if len(types) == 0 {
 		return
 	}
@@ -370,6 +340,26 @@ func (w *Worker) limitsCheck(ctx context.Context) {
 	for _, t := range limited {
 		w.limitsSet(t)
 	}
+}
+
+// shortTypes lists the workflow types of the runs waiting ahead and of the held
+// suspect that were claimed without limits, once each.
+func (w *Worker) shortTypes() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var types []string
+	add := func(x *execution) {
+		if x.short && !slices.Contains(types, x.run.WorkflowType) {
+			types = append(types, x.run.WorkflowType)
+		}
+	}
+	for _, x := range w.ahead {
+		add(x)
+	}
+	if w.held != nil {
+		add(w.held)
+	}
+	return types
 }
 
 // forgetAheadLocked drops a run waiting ahead whose run the worker claimed again (its

@@ -92,12 +92,12 @@ func newLimitProbe(typ string) (*limitProbe, *kagzi.Workflow[int, int]) {
 	return p, wf
 }
 
-// runAheadWorker runs a worker of wf with cfg on c whose runs ahead wait for a slot an
+// runAheadWorker runs a worker of wfs with cfg on c whose runs ahead wait for a slot an
 // hour (nothing but what a test does sends them back); stop ends it.
-func runAheadWorker(t *testing.T, c *kagzi.Client, cfg kagzi.WorkerConfig, wf *kagzi.Workflow[int, int]) (w *kagzi.Worker, stop func()) {
+func runAheadWorker(t *testing.T, c *kagzi.Client, cfg kagzi.WorkerConfig, wfs ...kagzi.Definition) (w *kagzi.Worker, stop func()) {
 	t.Helper()
 	cfg.DrainTimeout = time.Hour
-	w, err := kagzi.NewWorker(c, cfg, wf)
+	w, err := kagzi.NewWorker(c, cfg, wfs...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -705,15 +705,8 @@ func TestARunAheadOfATypeWithoutLimitsClaimedBesideALimitedTypeGoesBack(t *testi
 		t.Fatal(err)
 	}
 	cfg := fastWorker()
-	cfg.MaxConcurrent, cfg.DrainTimeout = 2, time.Hour
-	w, err := kagzi.NewWorker(wc, cfg, wf, other)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kagzi.SetAheadHold(w, time.Hour)
-	wctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = w.Run(wctx); close(done) }()
+	cfg.MaxConcurrent = 2
+	w, stop := runAheadWorker(t, wc, cfg, wf, other)
 	defer func() {
 		h.armed.Store(false)
 		select {
@@ -723,8 +716,7 @@ func TestARunAheadOfATypeWithoutLimitsClaimedBesideALimitedTypeGoesBack(t *testi
 		for n := range p.gates {
 			p.open(n)
 		}
-		cancel()
-		<-done
+		stop()
 	}()
 	starter := newClient(t, e.pool, "")
 	if _, err := kagzi.Start(ctx, wc, wf, 1); err != nil { // run 1 executes (gate 1)

@@ -35,7 +35,8 @@ type claimLoop struct {
 	// passed over concurrency keys that other claims held (zero when it did not).
 	passedRetry time.Duration
 	// checkLimits: notifications may have been lost; before its next claim the loop
-	// reads which types of its runs ahead have limits (Worker.limitsCheck).
+	// reads which types of the runs it holds claimed without limits have limits now
+	// (Worker.limitsCheck).
 	checkLimits bool
 }
 
@@ -49,7 +50,6 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 	defer probe.Stop()
 	for {
 		for l.claimNow && ctx.Err() == nil {
-			l.claimNow = false
 			// Notifications that arrived during the last claim first: claims back to
 			// back would leave them unread, among them a type's limits set (the runs
 			// claimed ahead of it must go back before they start: see ahead.go), and
@@ -64,7 +64,7 @@ func (w *Worker) loop(ctx context.Context, sub *notifier.Subscription) error {
 					more = false
 				}
 			}
-			l.claimNow = false
+			l.claimNow = false // (a notification may have set it: this claim serves it)
 			if l.checkLimits {
 				l.checkLimits = false
 				w.limitsCheck(ctx)

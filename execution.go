@@ -71,8 +71,8 @@ type execution struct {
 	suspect, alone bool
 	launched       time.Time
 	// ahead: the run was claimed ahead and waits for a slot, since aheadSince
-	// (ahead.go; guarded by the worker's mu); short: its claim took a short way, one
-	// that saw no flow limits of its type (see Worker.limitsSet).
+	// (ahead.go; guarded by the worker's mu); short: it was claimed without limits (its
+	// type had none when its claim read it: see Worker.limitsSet).
 	ahead      bool
 	aheadSince time.Time
 	short      bool

@@ -505,7 +505,7 @@ func ClaimRuns(ctx context.Context, db DBTX, c Claimer, limit int) (claimed []Cl
 				report.Limited[r.WorkflowType] = true
 				claimed = claimed[:len(claimed)-1]
 				continue
-			case workflowID.Valid && len(locked) == 0: // the claim took claimSQL's short way (claimKeyFloorsSQL)
+			case workflowID.String == "short" && len(locked) == 0: // the claim took claimSQL's short way (claimKeyFloorsSQL)
 				report.Asked, report.Short = limit+ahead, true
 			}
 			if attempt.Valid {
