@@ -187,7 +187,8 @@ func (c *Client) bulk(ctx context.Context, op string, f RunFilter,
 	}
 }
 
-// bulkBatch applies batch to ids, then one to each id the batch did not return. A
+// bulkBatch applies batch to ids, then one to each id the batch did not return, and
+// counts their outcomes in the order of ids. A
 // batch that fails on a conflict (a deadlock, a concurrent start of a workflow id)
 // changed nothing: each of its runs then goes through one.
 func (c *Client) bulkBatch(ctx context.Context, ids []uuid.UUID,
@@ -201,13 +202,14 @@ func (c *Client) bulkBatch(ctx context.Context, ids []uuid.UUID,
 	if err != nil && !conflict(err) {
 		return err
 	}
-	done := make(map[uuid.UUID]bool, len(outcomes))
+	done := make(map[uuid.UUID]store.BulkOutcome, len(outcomes))
 	for _, o := range outcomes {
-		done[o.RunID] = true
-		count(o)
+		done[o.RunID] = o
 	}
+	// In the order of ids (the walk's, newest first), whichever way each run went.
 	for _, id := range ids {
-		if done[id] {
+		if o, ok := done[id]; ok {
+			count(o)
 			continue
 		}
 		o, err := one(ctx, id)

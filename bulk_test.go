@@ -295,3 +295,74 @@ func TestCancelRunsCountsARunningRunWhoseCancelWasRequestedAsSkippedThoughItsRow
 		t.Fatalf("a second cancel of a RUNNING run already asked to cancel: %+v; want it skipped as already cancelled", res)
 	}
 }
+
+// Found from outside: each batch's outcomes came back in the order the statement
+// locked the runs (by run id), not newest first as ChangedRunIDs says.
+func TestBulkChangedRunIDsAreNewestFirstAsListRunsListsThem(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	for range 5 {
+		if _, err := kagzi.Start(ctx, e.client, idleWorkflow, 1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	page, err := e.client.ListRuns(ctx, kagzi.RunFilter{WorkflowType: "bulk-idle"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var newestFirst []string
+	for _, r := range page.Runs {
+		newestFirst = append(newestFirst, r.RunID)
+	}
+	cancelled, err := e.client.CancelRuns(ctx, kagzi.RunFilter{WorkflowType: "bulk-idle"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rerun, err := e.client.RerunRuns(ctx, kagzi.RunFilter{WorkflowType: "bulk-idle"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		op  string
+		ids []string
+	}{{"CancelRuns", cancelled.ChangedRunIDs}, {"RerunRuns", rerun.ChangedRunIDs}} {
+		if fmt.Sprint(c.ids) != fmt.Sprint(newestFirst) {
+			t.Errorf("%s: ChangedRunIDs %v, want newest first as ListRuns lists them: %v", c.op, c.ids, newestFirst)
+		}
+	}
+}
+
+// Found from outside: a run its worker failed after the batch statement's snapshot
+// was taken, and before the statement locked it, stood in the snapshot as the
+// active run of its own workflow id, and was skipped as WORKFLOW_ID_TAKEN.
+func TestRerunRunsWhileAWorkerFailsTheRunsNeverSkipsOneAsTakingItsOwnWorkflowID(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	failing := kagzi.Define("bulk-failing", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "work", func(context.Context) (int, error) {
+			time.Sleep(time.Millisecond)
+			return 0, kagzi.NonRetryable(errors.New("broken"))
+		})
+	})
+	cfg := fastWorker()
+	cfg.MaxConcurrent = 30
+	runWorker(t, e.client, cfg, failing)
+	if _, err := kagzi.StartMany(ctx, e.client, failing, make([]int, 1200)); err != nil {
+		t.Fatal(err)
+	}
+	changed := 0
+	for range 6 {
+		res, err := e.client.RerunRuns(ctx, kagzi.RunFilter{WorkflowType: "bulk-failing"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		checkSum(t, res)
+		changed += res.Changed
+		if n := res.Skipped[kagzi.BulkSkipWorkflowIDTaken]; n != 0 {
+			t.Fatalf("%+v: %d runs skipped as their workflow id taken, but every run has its own", res, n)
+		}
+	}
+	if changed == 0 {
+		t.Fatal("no run was rerun: the reruns did not race the worker")
+	}
+}

@@ -88,8 +88,11 @@ WITH target AS (
 ), eligible AS (
 	SELECT DISTINCT ON (t.workflow_id) t.run_id FROM target t
 	WHERE t.status IN ('FAILED', 'CANCELLED')
+	  -- Another run: the statement's snapshot may hold this one still RUNNING, when
+	  -- its worker ended it after the snapshot and before the lock.
 	  AND NOT EXISTS (SELECT 1 FROM kagzi.runs a
-		WHERE a.namespace = $1 AND a.workflow_id = t.workflow_id AND a.status IN ('PENDING', 'RUNNING', 'SLEEPING'))
+		WHERE a.namespace = $1 AND a.workflow_id = t.workflow_id AND a.run_id <> t.run_id
+		  AND a.status IN ('PENDING', 'RUNNING', 'SLEEPING'))
 	ORDER BY t.workflow_id, t.created_at DESC, t.run_id DESC
 ), cleared AS (
 	DELETE FROM kagzi.steps s USING eligible e WHERE s.run_id = e.run_id AND s.status <> 'COMPLETED'
