@@ -2,7 +2,9 @@ package kagzi_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -106,5 +108,64 @@ func TestAWorkerRestartedWithItsDeadPredecessorsIDTakesItsRunsAtOnce(t *testing.
 	}
 	if info.Takeovers != 1 {
 		t.Fatalf("the run's takeovers: %d, want 1 (taken over from the dead process)", info.Takeovers)
+	}
+}
+
+// Found from outside: a worker restarted under its fixed id (a StatefulSet's pod) was
+// taken for dead by another process's look for dead workers in the moment before it
+// recorded its own liveness key: the runs it had just claimed were freed, their
+// bodies ran twice and a takeover counted against MaxTakeovers.
+func TestAWorkerRestartedUnderItsFixedIDIsNotTakenForDeadWhileItRuns(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var bodies atomic.Int32
+	wf := kagzi.Define("pod-runs", func(ctx *kagzi.Context, n int) (int, error) {
+		return kagzi.Step(ctx, "work", func(c context.Context) (int, error) {
+			bodies.Add(1)
+			select {
+			case <-time.After(300 * time.Millisecond):
+			case <-c.Done():
+				return 0, c.Err()
+			}
+			return n, nil
+		})
+	})
+	other := kagzi.Define("pod-other", func(ctx *kagzi.Context, n int) (int, error) { return n, nil })
+	// Another process's worker, looking for dead workers every 10 ms (as a fleet of
+	// them would, between them), of another type: it claims none of the runs.
+	runWorker(t, newClient(t, e.pool, ""), kagzi.WorkerConfig{ReapInterval: 10 * time.Millisecond, DisableScheduler: true}, other)
+	var runs []*kagzi.Run[int]
+	for restart := range 8 {
+		c := newClient(t, e.pool, "") // a new process: its own client and direct connection
+		batch := make([]*kagzi.Run[int], 4)
+		for i := range batch {
+			r, err := kagzi.Start(ctx, e.client, wf, restart*4+i)
+			if err != nil {
+				t.Fatal(err)
+			}
+			batch[i] = r
+		}
+		stop := runWorker(t, c, kagzi.WorkerConfig{ID: "pod-0", DisableScheduler: true, DrainTimeout: 5 * time.Second}, wf)
+		for _, r := range batch {
+			if _, err := r.Wait(ctx); err != nil {
+				t.Fatalf("restart %d: %v", restart, err)
+			}
+		}
+		stop()
+		c.Close()
+		runs = append(runs, batch...)
+	}
+	var taken []string
+	for _, r := range runs {
+		info, err := e.client.GetRun(ctx, r.RunID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Takeovers != 0 {
+			taken = append(taken, fmt.Sprintf("%s (%d)", r.RunID, info.Takeovers))
+		}
+	}
+	if len(taken) > 0 || int(bodies.Load()) != len(runs) {
+		t.Fatalf("%d bodies ran for %d runs; runs taken over from the live worker: %v", bodies.Load(), len(runs), taken)
 	}
 }

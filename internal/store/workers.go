@@ -69,6 +69,9 @@ func scanWorker(row pgx.Row) (WorkerRow, error) {
 // the look for dead workers does, and their types' workers told: the liveness key that look goes by is the new
 // process's from now on.
 //
+// The row keeps no liveness key but ownKey: the registering worker records its own
+// once it holds the key's lock (SetLivenessKey).
+//
 // held are the runs the registering worker holds itself (one that registers late, at
 // a heartbeat, after its start found the database unreachable): they are not freed.
 //
@@ -99,7 +102,11 @@ func RegisterWorker(ctx context.Context, db DBTX, w WorkerRow, held [][16]byte, 
 			workflow_versions = excluded.workflow_versions,
 			max_concurrent = excluded.max_concurrent, heartbeat_interval_ms = excluded.heartbeat_interval_ms,
 			status = 'ONLINE', active_runs = 0, completed_total = 0, failed_total = 0,
-			started_at = now(), last_heartbeat_at = now(), stopped_at = NULL
+			started_at = now(), last_heartbeat_at = now(), stopped_at = NULL,
+			-- The previous process's key goes: no session holds its lock, and a look for
+			-- dead workers would take this live one for dead until its own key is
+			-- recorded. Its own key stays (recorded before a late registration).
+			liveness_key = CASE WHEN kagzi.workers.liveness_key = $12 THEN $12 END
 		RETURNING 1
 		), freed AS (
 			-- Back in their places in the queue, as a reap frees them (see

@@ -413,3 +413,44 @@ func freeDeadWorkersRun(t *testing.T, pool *pgxpool.Pool, how string) {
 		t.Fatal(err)
 	}
 }
+
+// Found from outside: a worker restarted under its fixed id took over its previous
+// process's row with that process's liveness key, whose lock no session held, and a
+// look for dead workers before the new process recorded its own key took it for dead
+// and freed the runs it had just claimed (their bodies ran twice, a takeover counted).
+func TestRegisteringUnderADeadProcesssIDLeavesNoKeyALookForDeadWorkersWouldReap(t *testing.T) {
+	t.Parallel()
+	pool, _ := testdb.NewPool(t)
+	ctx := context.Background()
+	row := WorkerRow{Namespace: "default", WorkerID: "pod-0", WorkflowTypes: []string{"wf"},
+		WorkflowVersions: []string{""}, MaxConcurrent: 1, HeartbeatInterval: time.Second}
+	if _, err := RegisterWorker(ctx, pool, row, nil, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := SetLivenessKey(ctx, pool, "default", "pod-0", 91); err != nil { // the dead process's: nobody locks it
+		t.Fatal(err)
+	}
+	if _, err := RegisterWorker(ctx, pool, row, nil, 92); err != nil { // the new process, before it locks 92
+		t.Fatal(err)
+	}
+	if r, err := ReapDeadWorkers(ctx, pool, "default", "me", 1); err != nil || r.Workers != 0 {
+		t.Fatalf("reap after the new process registered: %+v, %v; want no worker taken for dead", r, err)
+	}
+	var status string
+	if err := pool.QueryRow(ctx, `SELECT status FROM kagzi.workers WHERE worker_id = 'pod-0'`).Scan(&status); err != nil || status != "ONLINE" {
+		t.Fatalf("status %q, %v; want ONLINE", status, err)
+	}
+
+	// A late registration (at a heartbeat) after the worker recorded its own key keeps
+	// it: the worker stays one a look for dead workers can see die.
+	if err := SetLivenessKey(ctx, pool, "default", "pod-0", 92); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := RegisterWorker(ctx, pool, row, nil, 92); err != nil {
+		t.Fatal(err)
+	}
+	var key *int64
+	if err := pool.QueryRow(ctx, `SELECT liveness_key FROM kagzi.workers WHERE worker_id = 'pod-0'`).Scan(&key); err != nil || key == nil || *key != 92 {
+		t.Fatalf("liveness key %v, %v; want its own, 92", key, err)
+	}
+}
