@@ -285,7 +285,9 @@ func WithConcurrencyKey(key string) StartOption {
 // its input with its own (the last input wins) and pushes its beginning to window
 // from now, but never past maxWait after the first start. Start returns that run,
 // with AlreadyExists set for every start but the first. A start after the run began
-// creates the next one. maxWait must be at least window; both are whole
+// creates the next one. A later start changes only the input and the beginning: the
+// run keeps the first start's other options (priority, concurrency key, deadline,
+// attributes). maxWait must be at least window; both are whole
 // milliseconds (1 ms to MaxRatePeriod for the window). WithID, WithDelay and
 // WithStartAt do not combine with it.
 func WithDebounce(key string, window, maxWait time.Duration) StartOption {

@@ -320,6 +320,33 @@ func TestDebounceCollapsesStartsIntoOneRunWithTheLastInput(t *testing.T) {
 	}
 }
 
+func TestALaterDebouncedStartChangesOnlyTheInputAndKeepsTheFirstStartsOptions(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	wf := kagzi.Define("debounce-options", func(ctx *kagzi.Context, in string) (string, error) { return in, nil })
+	first, err := kagzi.Start(ctx, e.client, wf, "a", kagzi.WithDebounce("k", time.Minute, time.Hour),
+		kagzi.WithPriority(3), kagzi.WithConcurrencyKey("tenant-1"), kagzi.WithAttributes(map[string]any{"from": "first"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	later, err := kagzi.Start(ctx, e.client, wf, "b", kagzi.WithDebounce("k", time.Minute, time.Hour),
+		kagzi.WithPriority(7), kagzi.WithConcurrencyKey("tenant-2"), kagzi.WithAttributes(map[string]any{"from": "later"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if later.RunID != first.RunID || !later.AlreadyExists {
+		t.Fatalf("the later start made run %s, want the first's %s", later.RunID, first.RunID)
+	}
+	info, err := e.client.GetRun(ctx, first.RunID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.Priority != 3 || info.ConcurrencyKey != "tenant-1" || info.Attributes["from"] != "first" || string(info.Input) != `"b"` {
+		t.Fatalf("run: priority %d, key %q, attributes %v, input %s; want the first start's 3, tenant-1, first, with the later input \"b\"",
+			info.Priority, info.ConcurrencyKey, info.Attributes, info.Input)
+	}
+}
+
 func TestDebouncedRunIsNeverPushedPastItsMaximumWait(t *testing.T) {
 	e := newEnv(t)
 	ctx := waitCtx(t)
