@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -82,6 +83,12 @@ func badRequest(format string, args ...any) error {
 func (c *console) audited(q *req, a Action, target string, runIDs []string, detail map[string]any,
 	do func() (moreRunIDs []string, count int64, result map[string]any, err error)) error {
 	ctx := q.r.Context()
+	// Text PostgreSQL cannot store (a NUL, bytes that are not UTF-8) is the request's
+	// fault (or the Authorize hook's name for the caller): refused before anything is
+	// recorded or done.
+	if err := storableText(map[string]any{"caller": q.who, "target": target, "detail": detail}); err != nil {
+		return err
+	}
 	entry := store.AuditEntry{Namespace: q.ns, Who: q.who, Action: string(a), Target: target,
 		RunIDs: uuids(runIDs), RunCount: int64(len(runIDs))}
 	entry.Detail = jsonObject(detail)
@@ -105,6 +112,48 @@ func (c *console) audited(q *req, a Action, target string, runIDs []string, deta
 		c.opts.Logger.Error("kagzi console: recording an action's outcome", "audit_id", id, "error", err)
 	}
 	return actErr
+}
+
+// storableText refuses a string in v (in maps and slices too) that PostgreSQL cannot
+// store as text: with a NUL, or not UTF-8.
+func storableText(v any) error {
+	switch x := v.(type) {
+	case string:
+		if !utf8.ValidString(x) || strings.ContainsRune(x, 0) {
+			return badRequest("%q is not text the console can record (a NUL byte, or not UTF-8)", x)
+		}
+	case []string:
+		for _, s := range x {
+			if err := storableText(s); err != nil {
+				return err
+			}
+		}
+	case []any:
+		for _, e := range x {
+			if err := storableText(e); err != nil {
+				return err
+			}
+		}
+	case map[string]any:
+		for k, e := range x {
+			if err := storableText(k); err != nil {
+				return err
+			}
+			if err := storableText(e); err != nil {
+				return err
+			}
+		}
+	case url.Values:
+		for k, e := range x {
+			if err := storableText(k); err != nil {
+				return err
+			}
+			if err := storableText(e); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // jsonObject encodes an action's detail: "{}" for none.

@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"net/url"
@@ -46,6 +47,20 @@ var runFilterFields = []filterField{
 	}},
 	{Name: "workflow_id", Label: "Workflow id", Kind: "text", Hint: "exact", set: func(f *kagzi.RunFilter, v []string) error {
 		f.WorkflowID = v[0]
+		return nil
+	}},
+	{Name: "workflow_id_prefix", Label: "Workflow id prefix", Kind: "text", set: func(f *kagzi.RunFilter, v []string) error {
+		f.WorkflowIDPrefix = v[0]
+		return nil
+	}},
+	{Name: "error_code", Label: "Error code", Kind: "text", Hint: "failed runs", set: func(f *kagzi.RunFilter, v []string) error {
+		f.ErrorCode = v[0]
+		return nil
+	}},
+	{Name: "attributes", Label: "Attributes", Kind: "text", Hint: `JSON, e.g. {"customer":"c-7"}`, set: func(f *kagzi.RunFilter, v []string) error {
+		if err := json.Unmarshal([]byte(v[0]), &f.Attributes); err != nil || f.Attributes == nil {
+			return fmt.Errorf("%w: attributes %q are not a JSON object", kagzi.ErrInvalidArgument, v[0])
+		}
 		return nil
 	}},
 	{Name: "schedule", Label: "Schedule", Kind: "text", set: func(f *kagzi.RunFilter, v []string) error {

@@ -321,7 +321,13 @@ func (c *console) fail(w http.ResponseWriter, r *http.Request, q *req, err error
 		}
 	}
 	if q == nil {
-		q = &req{w: w, r: r, root: relativeRoot(r.URL.EscapedPath())}
+		// The page's links go to the request's namespace when it can be served, else
+		// to the client's: never to a namespace's broken URLs ("n//").
+		ns := r.PathValue("ns")
+		if servableNamespace(ns) != nil {
+			ns = c.client.Namespace()
+		}
+		q = &req{w: w, r: r, ns: ns, root: relativeRoot(r.URL.EscapedPath())}
 	}
 	q.w, q.r = w, r
 	c.render(q, status, "error", http.StatusText(status), errorView{Status: status, Message: msg})
