@@ -3,10 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
-	"strings"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	"github.com/kagzi/kagzi"
 )
@@ -97,12 +94,9 @@ func (a *app) limitsSet(ctx context.Context, args []string) error {
 	defer pool.Close()
 	set, err := client.SetLimits(ctx, l)
 	if err != nil {
-		if invalidName(l.WorkflowType) {
-			// A TYPE that is no valid name is a usage error (exit 2), refused before
-			// asking; limits the library refuses stay a failure (exit 1).
-			return refusedUnasked(fs.Name(), pool, err)
-		}
-		return err
+		// A TYPE that is no valid name, or a limit the library refuses before asking
+		// (a negative one, a rate without its period), is a usage error (exit 2).
+		return refusedUnasked(fs.Name(), pool, err)
 	}
 	if a.json {
 		return a.printJSON(limitsOf(set))
@@ -133,13 +127,6 @@ func (a *app) limitsDelete(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(a.stdout, "limits of %s deleted\n", pos[0])
 	return nil
-}
-
-// invalidName tells whether the library refuses s as a workflow type (or namespace,
-// or id): empty, longer than 255 bytes, not UTF-8, or holding a control character. It
-// only tells which of the library's refusals is a usage error: the library decides.
-func invalidName(s string) bool {
-	return s == "" || len(s) > 255 || !utf8.ValidString(s) || strings.ContainsFunc(s, unicode.IsControl)
 }
 
 func (a *app) printLimits(all ...kagzi.Limits) {

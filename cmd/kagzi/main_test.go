@@ -754,7 +754,7 @@ func TestLimitsSetGetListDeleteAndRunsShowTellsWhatHoldsARun(t *testing.T) {
 	if l := decode[listJSON](t, ok(t, f.url, "limits", "list", "--json")); len(l.Limits) != 1 || l.Limits[0].WorkflowType != "later" {
 		t.Fatalf("limits list --json: %+v", l)
 	}
-	if r := kagziCmd(t, f.url, "limits", "set", "later", "--concurrency", "-2"); r.code != 1 || !strings.Contains(r.stderr, "invalid argument") {
+	if r := kagziCmd(t, f.url, "limits", "set", "later", "--concurrency", "-2"); r.code != 2 || !strings.Contains(r.stderr, "invalid argument") {
 		t.Fatalf("limits set with a negative limit: exit %d, %q", r.code, r.stderr)
 	}
 	if r := kagziCmd(t, f.url, "limits", "get", "nothing"); r.code != 1 || !strings.Contains(r.stderr, "has no limits") {
