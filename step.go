@@ -42,6 +42,9 @@ func WithRetry(r Retry) StepOption { return func(o *stepOptions) { o.retry = r }
 // (JSON-encoded) in one write, fenced by the run's lease. When the run is resumed
 // later (after a sleep, a crash, a restart) and reaches the step again, Step returns
 // the recorded output without calling fn and without a database round trip.
+// The first execution gets fn's value as it is, a replay the recorded JSON decoded:
+// T must round-trip through the client's codec (encoding/json by default), or the two
+// differ (an unexported field kept the first time is zero after a replay).
 //
 // Names may repeat: the key of a step is its name plus its occurrence in the run
 // ("send#1", "send#2"), so steps in loops work as long as the workflow calls them in
