@@ -35,6 +35,7 @@ import (
 //
 // Run.Wait and RunOfWorkflow follow the chain: they return the result of the last run.
 // A cancel requested before the run ends wins: it ends CANCELLED and nothing starts.
+// Client.CancelWorkflow cancels whichever run of the chain is active.
 //
 // input must encode with encoding/json as the workflow's input type decodes it; one
 // that does not encode is ErrInvalidArgument. ContinueAsNew records nothing by

@@ -384,3 +384,67 @@ func TestARetryOfAKeyedSignalThatMovedWithAContinueAsNewReturnsNil(t *testing.T)
 		t.Fatalf("the chain received %d data signals, %v; want the one", n, err)
 	}
 }
+
+// A chain that continues as new every few milliseconds stops when its workflow id is
+// cancelled (found from outside: CancelRuns by workflow id matched only the finished
+// runs of such a chain, and Cancel of a run id came too late, ErrRunFinished).
+func TestCancelWorkflowStopsAChainThatKeepsContinuingAsNew(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	endless := kagzi.Define("endless-chain", func(ctx *kagzi.Context, n int) (int, error) {
+		if _, err := kagzi.Step(ctx, "tick", func(context.Context) (int, error) { return n, nil }); err != nil {
+			return 0, err
+		}
+		return 0, kagzi.ContinueAsNew(ctx, n+1)
+	})
+	runWorker(t, e.client, fastWorker(), endless)
+	for round := range 5 {
+		id := fmt.Sprint("endless-", round)
+		if _, err := kagzi.Start(ctx, e.client, endless, 0, kagzi.WithID(id)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "the chain to continue", func() bool {
+			return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs WHERE workflow_id = $1`, id) > 3
+		})
+		if err := e.client.CancelWorkflow(ctx, id); err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		eventually(t, "the chain to stop", func() bool {
+			return countRows(t, e.pool, `SELECT count(*) FROM kagzi.runs
+				WHERE workflow_id = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING')`, id) == 0
+		})
+		info, err := e.client.GetRunByWorkflowID(ctx, id)
+		if err != nil || info.Status != kagzi.StatusCancelled {
+			t.Fatalf("round %d: the chain's newest run %+v, %v; want it CANCELLED", round, info, err)
+		}
+		// Cancelling it again is a no-op, as for a run.
+		if err := e.client.CancelWorkflow(ctx, id); err != nil {
+			t.Fatalf("round %d: a second cancel: %v", round, err)
+		}
+	}
+}
+
+func TestCancelWorkflowRefusesAnEmptyIdAndTellsANotFoundOrFinishedWorkflow(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	if err := e.client.CancelWorkflow(ctx, ""); !errors.Is(err, kagzi.ErrInvalidArgument) {
+		t.Fatalf("an empty workflow id: %v, want ErrInvalidArgument", err)
+	}
+	if err := e.client.CancelWorkflow(ctx, "never-started"); !errors.Is(err, kagzi.ErrNotFound) {
+		t.Fatalf("a workflow id no run has: %v, want ErrNotFound", err)
+	}
+	runWorker(t, e.client, fastWorker(), countingWorkflow)
+	run, err := kagzi.Start(ctx, e.client, countingWorkflow, counterState{Target: 4, Every: 1}, kagzi.WithID("counted"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := run.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.client.CancelWorkflow(ctx, "counted"); !errors.Is(err, kagzi.ErrRunFinished) {
+		t.Fatalf("a workflow id whose chain completed: %v, want ErrRunFinished", err)
+	}
+	if info, err := e.client.GetRunByWorkflowID(ctx, "counted"); err != nil || info.Status != kagzi.StatusCompleted {
+		t.Fatalf("the completed chain's newest run: %+v, %v", info, err)
+	}
+}

@@ -87,7 +87,8 @@ calling it. Names may repeat: the key is the name plus its occurrence ("send#1",
 timelines; [RunFilter] selects runs by status, types, workflow id or prefix, schedule,
 parent, error code and attributes, in either order. [WithAttributes] gives a run
 searchable attributes, which [Context.SetAttributes] changes durably from the workflow.
-[Client.Cancel] cancels a run, [Client.CancelTx] inside the caller's transaction. [RunStatus] lists the statuses a run goes
+[Client.Cancel] cancels a run, [Client.CancelTx] inside the caller's transaction,
+[Client.CancelWorkflow] the run of a workflow id (following a chain of ContinueAsNew). [RunStatus] lists the statuses a run goes
 through; docs/state-machine.md draws every move between them.
 
 # Failures

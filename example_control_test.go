@@ -35,6 +35,28 @@ func ExampleClient_CancelTx() {
 	// CANCELLED
 }
 
+// A workflow that lives for months continues as new (ContinueAsNew) under one
+// workflow id; CancelWorkflow stops it whichever run of the chain is active.
+func ExampleClient_CancelWorkflow() {
+	pool, cleanup := exampleDB()
+	defer cleanup()
+	ctx := context.Background()
+	client, _ := kagzi.NewClient(pool, kagzi.Config{Logger: quietLogger()})
+	defer client.Close()
+	_, _ = client.StartByName(ctx, "subscription", "customer-7", kagzi.WithID("subscription-customer-7"))
+
+	if err := client.CancelWorkflow(ctx, "subscription-customer-7"); err != nil {
+		fmt.Println(err)
+		return
+	}
+	run, _ := client.GetRunByWorkflowID(ctx, "subscription-customer-7")
+	fmt.Println(run.Status)
+	fmt.Println(errors.Is(client.CancelWorkflow(ctx, "no-such-workflow"), kagzi.ErrNotFound))
+	// Output:
+	// CANCELLED
+	// true
+}
+
 func ExampleSignalKey() {
 	client, cleanup := exampleSetup()
 	defer cleanup()

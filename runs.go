@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -562,6 +563,33 @@ func (c *Client) CancelTx(ctx context.Context, tx pgx.Tx, runID string) error {
 		return invalidArgument("nil transaction")
 	}
 	return c.cancel(ctx, tx, runID)
+}
+
+// CancelWorkflow is Cancel of the run of a workflow id: its active run, else its
+// newest. It follows a chain of ContinueAsNew: when the run it found continued as new
+// before the cancel was stored, it cancels the run that took over the workflow id, so
+// a chain that keeps continuing stops. ErrNotFound: no run has the workflow id;
+// ErrRunFinished: its newest run is COMPLETED or FAILED.
+func (c *Client) CancelWorkflow(ctx context.Context, workflowID string) error {
+	if err := c.usable("CancelWorkflow"); err != nil {
+		return err
+	}
+	if err := validName("workflow id", workflowID); err != nil {
+		return err
+	}
+	var last uuid.UUID
+	for {
+		id, err := store.ActiveRunID(ctx, c.pool, c.ns, workflowID)
+		if err != nil {
+			return wrapStoreErr("kagzi: cancel workflow id "+workflowID, err)
+		}
+		err = c.cancel(ctx, c.pool, id.String())
+		if !errors.Is(err, ErrRunFinished) || id == last {
+			// Done, or the newest run itself is finished: no run took over from it.
+			return err
+		}
+		last = id
+	}
 }
 
 func (c *Client) cancel(ctx context.Context, db store.DBTX, runID string) error {
