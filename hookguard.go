@@ -42,8 +42,14 @@ const (
 	mClaim
 )
 
-// beganNothing marks the context a guarded hook's panicking Begin returned.
-type beganNothing struct{ g *guardedHook }
+// beganNothing marks the context a guarded hook's panicking Begin returned, for the
+// End of that Begin's method (m) only: the contexts of the run carry it into the Begin
+// and End pairs nested in the execution (its steps, its children's starts), which
+// are ended as they began.
+type beganNothing struct {
+	g *guardedHook
+	m int
+}
 
 // guardHooks returns h with each of its hooks guarded (nil: none).
 func guardHooks(h Hooks, logger *slog.Logger) Hooks {
@@ -77,22 +83,22 @@ func (g *guardedHook) recovered(m int, r any) bool {
 	return true
 }
 
-// skipped reports whether ctx is marked by a panicking Begin of this hook.
-func (g *guardedHook) skipped(ctx context.Context) bool {
-	return ctx != nil && ctx.Value(beganNothing{g}) != nil
+// skipped reports whether ctx is marked by a panicking Begin (method m) of this hook.
+func (g *guardedHook) skipped(ctx context.Context, m int) bool {
+	return ctx != nil && ctx.Value(beganNothing{g, m}) != nil
 }
 
 func (g *guardedHook) StartBegin(ctx context.Context, e *StartEvent) (out context.Context) {
 	defer func() {
 		if g.recovered(mStartBegin, recover()) {
-			out = context.WithValue(ctx, beganNothing{g}, true)
+			out = context.WithValue(ctx, beganNothing{g, mStartBegin}, true)
 		}
 	}()
 	return g.h.StartBegin(ctx, e)
 }
 
 func (g *guardedHook) StartEnd(ctx context.Context, e *StartEvent) {
-	if g.skipped(ctx) {
+	if g.skipped(ctx, mStartBegin) {
 		return
 	}
 	defer func() { g.recovered(mStartEnd, recover()) }()
@@ -102,14 +108,14 @@ func (g *guardedHook) StartEnd(ctx context.Context, e *StartEvent) {
 func (g *guardedHook) ExecutionBegin(ctx context.Context, e *ExecutionEvent) (out context.Context) {
 	defer func() {
 		if g.recovered(mExecutionBegin, recover()) {
-			out = context.WithValue(ctx, beganNothing{g}, true)
+			out = context.WithValue(ctx, beganNothing{g, mExecutionBegin}, true)
 		}
 	}()
 	return g.h.ExecutionBegin(ctx, e)
 }
 
 func (g *guardedHook) ExecutionEnd(ctx context.Context, e *ExecutionEvent) {
-	if g.skipped(ctx) {
+	if g.skipped(ctx, mExecutionBegin) {
 		return
 	}
 	defer func() { g.recovered(mExecutionEnd, recover()) }()
@@ -119,14 +125,14 @@ func (g *guardedHook) ExecutionEnd(ctx context.Context, e *ExecutionEvent) {
 func (g *guardedHook) StepBegin(ctx context.Context, e *StepEvent) (out context.Context) {
 	defer func() {
 		if g.recovered(mStepBegin, recover()) {
-			out = context.WithValue(ctx, beganNothing{g}, true)
+			out = context.WithValue(ctx, beganNothing{g, mStepBegin}, true)
 		}
 	}()
 	return g.h.StepBegin(ctx, e)
 }
 
 func (g *guardedHook) StepEnd(ctx context.Context, e *StepEvent) {
-	if g.skipped(ctx) {
+	if g.skipped(ctx, mStepBegin) {
 		return
 	}
 	defer func() { g.recovered(mStepEnd, recover()) }()

@@ -39,10 +39,12 @@ type Hooks interface {
 	StartBegin(ctx context.Context, e *StartEvent) context.Context
 	// StartEnd is called once the insert returned: e.AlreadyExists and e.Err are set.
 	StartEnd(ctx context.Context, e *StartEvent)
-	// ExecutionBegin is called when a worker has claimed a run and is about to call
-	// the workflow function. ctx carries nothing of the caller's: restore the trace
-	// from e.Carrier. The returned context is the run's: the workflow function, its
-	// steps and their hooks get contexts derived from it.
+	// ExecutionBegin is called when a worker has claimed a run, before it calls the
+	// workflow function: a run claimed ahead of a free slot (WorkerConfig.ClaimAhead)
+	// waits for one in between, and a run claimed cancelled, past its deadline or
+	// taken over too often ends without calling it. ctx carries nothing of the
+	// caller's: restore the trace from e.Carrier. The returned context is the run's:
+	// the workflow function, its steps and their hooks get contexts derived from it.
 	ExecutionBegin(ctx context.Context, e *ExecutionEvent) context.Context
 	// ExecutionEnd is called when the execution ended: e.Outcome says how. It is called
 	// after the end was written to the database, so the next execution of the run (on
@@ -156,7 +158,7 @@ type ExecutionEvent struct {
 	// RecordedSteps counts the steps recorded before this execution: 0 for a first
 	// execution, more for a resumed run (they are replayed).
 	RecordedSteps int
-	// Begin is when the execution began (the worker's clock).
+	// Begin is when the execution began, at the claim's answer (the worker's clock).
 	Begin time.Time
 	// Set for ExecutionEnd.
 	Outcome  ExecutionOutcome

@@ -537,6 +537,76 @@ func TestAPanickingHookLeavesTheOtherHooksOfAMultiHooksWhole(t *testing.T) {
 	}
 }
 
+// executionPanics panics in ExecutionBegin and counts the other Begins and Ends.
+type executionPanics struct {
+	kagzi.NopHooks
+	executionEnds, stepBegins, stepEnds, startBegins, startEnds atomic.Int64
+}
+
+func (h *executionPanics) ExecutionBegin(context.Context, *kagzi.ExecutionEvent) context.Context {
+	panic("telemetry bug in ExecutionBegin")
+}
+func (h *executionPanics) ExecutionEnd(context.Context, *kagzi.ExecutionEvent) {
+	h.executionEnds.Add(1)
+}
+func (h *executionPanics) StepBegin(ctx context.Context, _ *kagzi.StepEvent) context.Context {
+	h.stepBegins.Add(1)
+	return ctx
+}
+func (h *executionPanics) StepEnd(context.Context, *kagzi.StepEvent) { h.stepEnds.Add(1) }
+func (h *executionPanics) StartBegin(ctx context.Context, _ *kagzi.StartEvent) context.Context {
+	h.startBegins.Add(1)
+	return ctx
+}
+func (h *executionPanics) StartEnd(context.Context, *kagzi.StartEvent) { h.startEnds.Add(1) }
+
+var hookedKid = kagzi.Define("hooked-kid", func(ctx *kagzi.Context, n int) (int, error) {
+	return kagzi.Step(ctx, "double", func(context.Context) (int, error) { return 2 * n, nil })
+})
+
+var hookedParent = kagzi.Define("hooked-parent", func(ctx *kagzi.Context, n int) (int, error) {
+	n, err := kagzi.Step(ctx, "inc", func(context.Context) (int, error) { return n + 1, nil })
+	if err != nil {
+		return 0, err
+	}
+	kid, err := kagzi.StartChild(ctx, "kid", hookedKid, n)
+	if err != nil {
+		return 0, err
+	}
+	return kid.Get()
+})
+
+// Found from outside: a panicking ExecutionBegin marked the run's context, and the
+// mark skipped every End under it: the StepEnd of its steps and the StartEnd of its
+// children's starts, whose Begins had returned (a tracer's spans never ended). Only
+// the End of the Begin that panicked is skipped.
+func TestAPanickingExecutionBeginSkipsItsOwnEndOnlyNotThoseOfItsStepsAndChildStarts(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	h := &executionPanics{}
+	c, err := kagzi.NewClient(e.pool, kagzi.Config{Hooks: h, Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runWorker(t, c, fastWorker(), hookedParent, hookedKid)
+	run, err := kagzi.Start(ctx, c, hookedParent, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out, err := run.Wait(ctx); err != nil || out != 10 {
+		t.Fatalf("the run: %d, %v; want 10", out, err)
+	}
+	if n := h.executionEnds.Load(); n != 0 {
+		t.Errorf("%d ExecutionEnd after ExecutionBegins that panicked; want none", n)
+	}
+	if b, en := h.stepBegins.Load(), h.stepEnds.Load(); b < 2 || b != en {
+		t.Errorf("%d StepBegin returned, %d StepEnd called; want them paired (the parent's step and the child's)", b, en)
+	}
+	if b, en := h.startBegins.Load(), h.startEnds.Load(); b != 2 || en != b {
+		t.Errorf("%d StartBegin returned (the Start and the child's), %d StartEnd called; want them paired", b, en)
+	}
+}
+
 type pointerHooks struct{ kagzi.NopHooks }
 
 // A nil pointer given as Hooks (a constructor's result whose error was ignored) is

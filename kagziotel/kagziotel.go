@@ -35,7 +35,10 @@
 // kagzi.lease.losses, kagzi.sleeps, kagzi.signals. Histograms, in seconds:
 // kagzi.execution.duration, kagzi.step.duration, kagzi.claim.latency (from the time
 // a run became claimable to its claim), kagzi.claim.duration (the claim
-// statement). kagzi.worker.active_runs counts the slots in use. ObserveQueues adds
+// statement). kagzi.worker.active_runs counts the runs the workers hold: executing,
+// claimed ahead and waiting for a slot, or ending (from ExecutionBegin to
+// ExecutionEnd, after the end is written), so it may exceed MaxConcurrent by the
+// runs claimed ahead and those ending. ObserveQueues adds
 // the gauges kagzi.queue.depth (runs claimable now), kagzi.queue.held (due runs a
 // concurrency limit holds back), kagzi.queue.running, kagzi.queue.waiting and
 // kagzi.queue.oldest_age (seconds). Export them to
@@ -178,7 +181,7 @@ func New(tp trace.TracerProvider, mp metric.MeterProvider, opts ...Option) (*Hoo
 	h.claimDuration = seconds("kagzi.claim.duration", "Duration of a worker's claim statement")
 	var err error
 	h.activeRuns, err = m.Int64UpDownCounter("kagzi.worker.active_runs", metric.WithUnit("{run}"),
-		metric.WithDescription("Runs executing on this process's workers: the slots in use"))
+		metric.WithDescription("Runs this process's workers hold: executing, claimed ahead of a free slot, or ending"))
 	errs = append(errs, err)
 	h.queueDepth, err = m.Int64ObservableGauge("kagzi.queue.depth", metric.WithUnit("{run}"),
 		metric.WithDescription("Runs claimable now, by workflow type"))
