@@ -197,9 +197,9 @@ func TestARepeatedSingleValuedFilterIsABadRequestThatDoesNothingAndRecordsNothin
 			!strings.Contains(body, "takes one value") {
 			t.Errorf("bulk cancel of %s: %d, want 400 saying it takes one value\n%s", filter.Encode(), status, body)
 		}
-		if status, body := b.get("n/default/runs?" + filter.Encode()); status != http.StatusOK ||
+		if status, body := b.get("n/default/runs?" + filter.Encode()); status != http.StatusBadRequest ||
 			!strings.Contains(body, `id="filter-error"`) || !strings.Contains(body, "takes one value") {
-			t.Errorf("runs page of %s: %d, want the filter's error\n%s", filter.Encode(), status, body)
+			t.Errorf("runs page of %s: %d, want 400 with the filter's error in the page\n%s", filter.Encode(), status, body)
 		}
 	}
 	if n := auditRows(t, e); n != 0 {

@@ -23,6 +23,8 @@ const bulkCountCap = 2000
 // operator read the count are not cancelled or rerun with the runs counted.
 const countedAtField = "counted_at"
 
+func (d *bulkData) refused() bool { return d.Error != "" }
+
 type bulkData struct {
 	Action    string // "cancel" or "rerun"
 	Filter    runFilter

@@ -209,6 +209,8 @@ func (f runFilter) Hidden() [][2]string {
 	return out
 }
 
+func (d *runsData) refused() bool { return d.Error != "" }
+
 type runsData struct {
 	Filter     runFilter
 	Runs       []kagzi.RunInfo

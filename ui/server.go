@@ -269,9 +269,18 @@ func (c *console) page(pattern, name string, f pageFunc) {
 			c.fail(w, r, q, err)
 			return
 		}
-		c.render(q, http.StatusOK, name, title, data)
+		status := http.StatusOK
+		if p, ok := data.(refusedInput); ok && p.refused() {
+			status = http.StatusBadRequest
+		}
+		c.render(q, status, name, title, data)
 	})
 }
+
+// refusedInput is a page's data that may show its input refused (a runs filter that
+// does not read): the page is rendered, its form kept for the correction, with the
+// status of bad input, 400.
+type refusedInput interface{ refused() bool }
 
 func (c *console) render(q *req, status int, name, title string, data any) {
 	v := view{Title: c.opts.Title, PageTitle: title, Page: name, NS: q.ns, Base: q.base(), Root: q.root,
