@@ -655,3 +655,64 @@ func TestANamespaceArchivingBesideAnothersShorterRetentionLosesNoRun(t *testing.
 			n, runs, sw.DroppedHistoryPartitions())
 	}
 }
+
+var keptWorkflow = kagzi.Define("kept", func(ctx *kagzi.Context, n int) (int, error) {
+	return kagzi.Step(ctx, "s", func(context.Context) (int, error) { return n, nil })
+})
+
+// Found from outside: a namespace whose workers had been stopped for a week no longer
+// counted, and another namespace's drops took the runs it kept for ever. A
+// namespace's registered retention counts however long ago it was registered.
+func TestRunsANamespaceKeepsForEverSurviveAnotherNamespacesDropsAfterItsWorkersStoppedForAWeek(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	cfg := fastWorker()
+	cfg.PruneInterval = 50 * time.Millisecond
+	client := func(ns string, retention, archiveAfter time.Duration) *kagzi.Client {
+		c, err := kagzi.NewClient(e.pool, kagzi.Config{Namespace: ns, Logger: quietLogger(), Retention: retention,
+			ArchiveAfter: archiveAfter})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(c.Close)
+		return c
+	}
+	// A run of each namespace, finished two days ago (moved back before any archiving).
+	finished := func(c *kagzi.Client) string {
+		stop := runWorker(t, c, cfg, keptWorkflow)
+		defer stop()
+		run, err := kagzi.Start(ctx, c, keptWorkflow, 7)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := run.Wait(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.pool.Exec(ctx, `UPDATE kagzi.runs SET finished_at = now() - interval '2 days' WHERE run_id = $1`, run.RunID); err != nil {
+			t.Fatal(err)
+		}
+		return run.RunID
+	}
+	keep, other := client("keep", -1, 0), client("other", time.Hour, 0)
+	kept, gone := finished(keep), finished(other)
+	// The namespace that keeps its runs for ever archives its run, then its workers
+	// stay stopped for eight days.
+	w, stop := startWorker(t, client("keep", -1, time.Millisecond), cfg, keptWorkflow)
+	eventually(t, "the run to be archived", func() bool { return w.ArchivedRuns() == 1 })
+	stop()
+	if _, err := e.pool.Exec(ctx, `UPDATE kagzi.history_retention SET updated_at = now() - interval '8 days' WHERE namespace = 'keep'`); err != nil {
+		t.Fatal(err)
+	}
+	// The other namespace, which keeps its runs an hour, archives and prunes.
+	ow, _ := startWorker(t, client("other", time.Hour, time.Millisecond), cfg, keptWorkflow)
+	eventually(t, "the other namespace's run of two days ago to go", func() bool {
+		_, err := other.GetRun(ctx, gone)
+		return errors.Is(err, kagzi.ErrNotFound)
+	})
+	if n := ow.DroppedHistoryPartitions(); n != 0 {
+		t.Errorf("%d partitions dropped while a namespace keeps its runs for ever", n)
+	}
+	if _, err := keep.GetRun(ctx, kept); err != nil {
+		t.Fatalf("the run its namespace keeps for ever, archived two days after it finished: %v", err)
+	}
+}

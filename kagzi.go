@@ -51,7 +51,10 @@ type Config struct {
 	// has its own. Archived runs (see ArchiveAfter) go a day's partition at a time,
 	// once the day is past the longest Retention of the namespaces sharing the
 	// database; a namespace with a shorter one deletes its own older runs in small
-	// batches (docs/evolving-workflows.md, "Retention and the history").
+	// batches (docs/evolving-workflows.md, "Retention and the history"). A worker
+	// records its namespace's Retention in kagzi.history_retention, where it holds
+	// while the namespace's workers are stopped, however long: delete the row of a
+	// namespace that is gone for good.
 	Retention time.Duration
 	// ArchiveAfter is how long a finished run stays in the live tables before the
 	// workers of this client move it, with its steps, attempts, signals, events and

@@ -298,7 +298,8 @@ func RestoreRuns(ctx context.Context, db DBTX, namespace string, ids []uuid.UUID
 
 // HistoryHorizon registers the namespace's retention (keep < 0: for ever) and returns
 // the time before which every history partition may be dropped: the longest
-// retention among the namespaces heard from in the last week. ok is false when one of
+// retention among the namespaces registered (however long ago: a namespace whose
+// workers are stopped keeps its runs as it said). ok is false when one of
 // them keeps its runs for ever (no partition may be dropped). shorter says that the
 // namespace keeps its runs for less than that longest retention: the partitions'
 // drops do not apply its retention, and its rows must be deleted.
@@ -315,7 +316,7 @@ func HistoryHorizon(ctx context.Context, db DBTX, namespace string, keep time.Du
 			ON CONFLICT (namespace) DO UPDATE SET keep_ms = excluded.keep_ms, updated_at = now()
 			RETURNING namespace, keep_ms
 		), live AS (
-			SELECT keep_ms FROM kagzi.history_retention WHERE updated_at > now() - interval '7 days' AND namespace <> $1
+			SELECT keep_ms FROM kagzi.history_retention WHERE namespace <> $1
 			UNION ALL SELECT keep_ms FROM reg
 		)
 		SELECT bool_or(keep_ms < 0), now() - max(keep_ms) * interval '1 millisecond',
@@ -543,8 +544,8 @@ func dropTable(ctx context.Context, db DBTX, name string) (bool, error) {
 
 // dayKeptBy tells whether a runs_history partition (attached or detached) of day
 // holds runs of a namespace that keeps them still: one whose registered retention
-// (kagzi.history_retention, heard from in the last week, as HistoryHorizon counts it)
-// has not passed the day's end, or that keeps its runs for ever, or one with no
+// (kagzi.history_retention, however long ago, as HistoryHorizon counts it) has not
+// passed the day's end, or that keeps its runs for ever, or one with no
 // registration, taken to keep its runs for the default 30 days. Its namespaces are
 // read with one index probe each (runs_history_finished).
 func dayKeptBy(ctx context.Context, db DBTX, partition string, day time.Time) (bool, error) {
@@ -560,7 +561,6 @@ func dayKeptBy(ctx context.Context, db DBTX, partition string, day time.Time) (b
 		LEFT JOIN kagzi.history_retention h ON h.namespace = ns.n
 		WHERE ns.n IS NOT NULL AND CASE
 			WHEN h.namespace IS NULL THEN $1::timestamptz > now() - interval '30 days'
-			WHEN h.updated_at <= now() - interval '7 days' THEN false
 			ELSE h.keep_ms < 0 OR $1::timestamptz > now() - h.keep_ms * interval '1 millisecond' END`,
 		day.Add(24*time.Hour)).Scan(&keepers)
 	return len(keepers) > 0, err
