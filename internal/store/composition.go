@@ -385,7 +385,7 @@ WITH `+ownerSQL+`, ev AS (
 	SELECT @run_id, @step_key, @key, 'EVENT', 'COMPLETED', @value, 1, @position FROM owner
 	ON CONFLICT (run_id, step_key) DO NOTHING
 )
-SELECT (SELECT count(*) FROM owner), (SELECT pg_notify('`+Channel+`', 'e|' || run_id || '|' || @key)::text FROM ev)`,
+SELECT (SELECT count(*) FROM owner), (SELECT pg_notify('`+Channel+`', 'e|' || run_id || '|')::text FROM ev)`,
 	append(fenceArgs[*EventWrite](),
 		arg("step_key", "text", func(w *EventWrite) string { return w.StepKey }),
 		arg("key", "text", func(w *EventWrite) string { return w.Key }),
@@ -404,7 +404,9 @@ func SetEvent(ctx context.Context, db DBTX, w EventWrite) error {
 	return nil
 }
 
-// EventTopic is notified when a run sets an event; the extra part is the event's key.
+// EventTopic is notified when a run sets an event, with no extra part: a waiter looks
+// its key up again. (The key was the extra part, and a key holding '|', which names
+// may, was split into the topic: its waiters were never woken, found from outside.)
 func EventTopic(runID uuid.UUID) string { return "e|" + runID.String() }
 
 // GetEvent reads an event of a run of the namespace. It returns ErrNotFound when the
