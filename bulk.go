@@ -207,7 +207,7 @@ func (c *Client) bulkBatch(ctx context.Context, ids []uuid.UUID,
 		done[o.RunID] = o
 	}
 	// In the order of ids (the walk's, newest first), whichever way each run went.
-	for _, id := range ids {
+	for i, id := range ids {
 		if o, ok := done[id]; ok {
 			count(o)
 			continue
@@ -217,6 +217,12 @@ func (c *Client) bulkBatch(ctx context.Context, ids []uuid.UUID,
 		case errors.Is(err, store.ErrNotFound):
 			count(store.BulkOutcome{RunID: id}) // no status: gone
 		case err != nil:
+			// What the batch did to the runs after this one is done all the same.
+			for _, rest := range ids[i+1:] {
+				if o, ok := done[rest]; ok {
+					count(o)
+				}
+			}
 			return err
 		default:
 			count(o)

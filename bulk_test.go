@@ -366,3 +366,48 @@ func TestRerunRunsWhileAWorkerFailsTheRunsNeverSkipsOneAsTakingItsOwnWorkflowID(
 		t.Fatal("no run was rerun: the reruns did not race the worker")
 	}
 }
+
+// Found in review: CancelRuns returns what it did so far with an error, but a run the
+// batch skipped (its row locked) whose cancel on its own then failed hid the runs
+// the batch had cancelled after it in the walk's order.
+func TestCancelRunsFailingOnOneRunStillCountsWhatItsBatchCancelled(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	var ids []string
+	for range 3 {
+		r, err := kagzi.Start(ctx, e.client, idleWorkflow, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, r.RunID)
+	}
+	newest := ids[2]
+	tx, err := e.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(context.Background())
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM kagzi.runs WHERE run_id = $1 FOR UPDATE`, newest); err != nil {
+		t.Fatal(err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 1500*time.Millisecond)
+	defer cancel()
+	res, err := e.client.CancelRuns(cctx, kagzi.RunFilter{WorkflowType: "bulk-idle"})
+	if err == nil {
+		t.Fatal("want the single-run cancel of the locked run to fail")
+	}
+	_ = tx.Rollback(context.Background())
+	cancelled := 0
+	for _, id := range ids[:2] {
+		info, err := e.client.GetRun(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if info.Status == kagzi.StatusCancelled {
+			cancelled++
+		}
+	}
+	if cancelled != 2 || res.Changed != cancelled || len(res.ChangedRunIDs) != cancelled {
+		t.Fatalf("result says %d changed (%v), the database holds %d runs the call cancelled", res.Changed, res.ChangedRunIDs, cancelled)
+	}
+}

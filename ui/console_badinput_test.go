@@ -172,3 +172,59 @@ func TestAnErrorPageOfARefusedFormLinksBackToTheNamespace(t *testing.T) {
 		}
 	}
 }
+
+// Found in review: the error page of a route without a namespace in its path (the
+// namespace switcher) still linked to "n//".
+func TestTheNamespaceSwitchersErrorPageLinksToTheNamespace(t *testing.T) {
+	e := newEnv(t)
+	b := serve(t, ui.Handler(e.client, ui.Options{Logger: quiet()}))
+	for _, path := range []string{"ns?name=", "ns?name=.."} {
+		status, body := b.get(path)
+		if status != http.StatusBadRequest {
+			t.Errorf("GET %s: %d", path, status)
+		}
+		for _, m := range linkRE.FindAllStringSubmatch(baseRE.ReplaceAllString(body, ""), -1) {
+			if href := html.UnescapeString(m[1]); strings.HasPrefix(href, "n//") {
+				t.Errorf("GET %s: the error page links to %q", path, href)
+				break
+			}
+		}
+	}
+}
+
+// Found in review: the attributes filter read numbers as float64, so a 19-digit id
+// selected no run (the library and the CLI keep it exact)...
+func TestTheAttributesFilterSelectsTheRunOfA19DigitID(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	wf := kagzi.Define("attr-idle", func(ctx *kagzi.Context, _ int) (int, error) { return 0, nil })
+	r, err := kagzi.Start(ctx, e.client, wf, 1, kagzi.WithAttributes(map[string]any{"order": int64(1234567890123456789)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, err := e.client.ListRuns(ctx, kagzi.RunFilter{Attributes: map[string]any{"order": int64(1234567890123456789)}})
+	if err != nil || len(page.Runs) != 1 {
+		t.Fatalf("library: %v, %v", page, err)
+	}
+	b := serve(t, ui.Handler(e.client, ui.Options{Logger: quiet()}))
+	status, body := b.get("n/default/runs?attributes=" + url.QueryEscape(`{"order":1234567890123456789}`))
+	if status != http.StatusOK || !strings.Contains(body, r.RunID) {
+		t.Errorf("console runs?attributes={\"order\":1234567890123456789}: %d, lists run %s: %v", status, r.RunID, strings.Contains(body, r.RunID))
+	}
+}
+
+// ...and selected another run, one a bulk action of the filter would then change.
+func TestTheAttributesFilterOfA19DigitIDSelectsNoOtherRun(t *testing.T) {
+	e := newEnv(t)
+	ctx := context.Background()
+	wf := kagzi.Define("attr-idle", func(ctx *kagzi.Context, _ int) (int, error) { return 0, nil })
+	other, err := kagzi.Start(ctx, e.client, wf, 1, kagzi.WithAttributes(map[string]any{"order": int64(1234567890123456800)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := serve(t, ui.Handler(e.client, ui.Options{Logger: quiet()}))
+	_, body := b.get("n/default/runs?attributes=" + url.QueryEscape(`{"order":1234567890123456789}`))
+	if strings.Contains(body, other.RunID) {
+		t.Errorf("runs?attributes={\"order\":1234567890123456789} lists run %s, whose order is 1234567890123456800", other.RunID)
+	}
+}

@@ -58,7 +58,10 @@ var runFilterFields = []filterField{
 		return nil
 	}},
 	{Name: "attributes", Label: "Attributes", Kind: "text", Hint: `JSON, e.g. {"customer":"c-7"}`, set: func(f *kagzi.RunFilter, v []string) error {
-		if err := json.Unmarshal([]byte(v[0]), &f.Attributes); err != nil || f.Attributes == nil {
+		// Numbers as written: a 19-digit id would not survive a float64.
+		d := json.NewDecoder(strings.NewReader(v[0]))
+		d.UseNumber()
+		if err := d.Decode(&f.Attributes); err != nil || f.Attributes == nil || d.More() {
 			return fmt.Errorf("%w: attributes %q are not a JSON object", kagzi.ErrInvalidArgument, v[0])
 		}
 		return nil

@@ -333,7 +333,7 @@ func (c *console) fail(w http.ResponseWriter, r *http.Request, q *req, err error
 		// The page's links go to the request's namespace when it can be served, else
 		// to the client's: never to a namespace's broken URLs ("n//").
 		ns := r.PathValue("ns")
-		if servableNamespace(ns) != nil {
+		if ns == "" || servableNamespace(ns) != nil {
 			ns = c.client.Namespace()
 		}
 		q = &req{w: w, r: r, ns: ns, root: relativeRoot(r.URL.EscapedPath())}
