@@ -143,11 +143,40 @@ func attributesPB(attrs map[string]any) *structpb.Struct {
 	if len(attrs) == 0 {
 		return nil
 	}
-	s, err := structpb.NewStruct(attrs)
-	if err != nil {
-		return nil
+	return structOf(attrs)
+}
+
+func structOf(m map[string]any) *structpb.Struct {
+	s := &structpb.Struct{Fields: make(map[string]*structpb.Value, len(m))}
+	for k, v := range m {
+		s.Fields[k] = attributePB(v)
 	}
 	return s
+}
+
+// attributePB is an attribute's value as a Struct holds it: a number as a double
+// (rounded beyond ±2^53), and one no double holds (beyond ±1.8e308) as its digits in
+// a string, so that one such value does not lose the run's other attributes.
+func attributePB(v any) *structpb.Value {
+	switch x := v.(type) {
+	case json.Number:
+		if f, err := x.Float64(); err == nil {
+			return structpb.NewNumberValue(f)
+		}
+		return structpb.NewStringValue(x.String())
+	case map[string]any:
+		return structpb.NewStructValue(structOf(x))
+	case []any:
+		l := &structpb.ListValue{Values: make([]*structpb.Value, len(x))}
+		for i, e := range x {
+			l.Values[i] = attributePB(e)
+		}
+		return structpb.NewListValue(l)
+	}
+	if pv, err := structpb.NewValue(v); err == nil {
+		return pv
+	}
+	return structpb.NewNullValue()
 }
 
 func stepPB(namespace, runID string, s *kagzi.StepInfo) *adminpb.Step {

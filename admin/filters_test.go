@@ -1,7 +1,9 @@
 package kagziadmin_test
 
 import (
+	"encoding/json"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,4 +96,29 @@ func TestListWorkflowsFiltersByAttributesPrefixTypesErrorCodeAndOrder(t *testing
 	_, err = c.ListWorkflows(ctx, &adminpb.ListWorkflowsRequest{Namespace: nsA, OldestFirst: true,
 		Page: &adminpb.PageRequest{PageSize: 1, PageToken: first.Page.GetNextPageToken()}})
 	wantCode(t, err, codes.InvalidArgument)
+}
+
+// Found from outside: one integer attribute no double holds (1e400) made the Struct's
+// conversion fail, and the run came without any of its attributes. Each value is
+// converted alone; such a number comes as its digits in a string.
+func TestARunsAttributesComeWholeThoughOneIsANumberNoDoubleHolds(t *testing.T) {
+	f := newFixture(t)
+	ctx := testCtx(t)
+	c := admin(t, f.addr, token)
+	huge := json.Number("1" + strings.Repeat("0", 400))
+	r, err := f.a.StartByName(ctx, "later", 1, kagzi.WithAttributes(map[string]any{"customer": "c-42", "huge": huge,
+		"nested": map[string]any{"list": []any{huge, "x"}, "empty": map[string]any{}}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.GetWorkflow(ctx, &adminpb.GetWorkflowRequest{Namespace: nsA, Selector: &adminpb.GetWorkflowRequest_RunId{RunId: r.RunID}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fields := got.Workflow.GetAttributes().GetFields()
+	nested := fields["nested"].GetStructValue().GetFields()
+	if fields["customer"].GetStringValue() != "c-42" || fields["huge"].GetStringValue() != string(huge) ||
+		nested["list"].GetListValue().GetValues()[0].GetStringValue() != string(huge) || nested["empty"].GetStructValue() == nil {
+		t.Fatalf("attributes over gRPC: %v", got.Workflow.GetAttributes())
+	}
 }
