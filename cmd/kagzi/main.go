@@ -352,6 +352,20 @@ func (a *app) connect(ctx context.Context) (*pgxpool.Pool, *kagzi.Client, error)
 	return pool, client, nil
 }
 
+// namespaceList splits a --namespaces value and refuses, as a usage error, an item
+// that is no valid namespace (the library's check: a client of it cannot be made).
+func (a *app) namespaceList(cmd string, pool *pgxpool.Pool, value string) ([]string, error) {
+	list := splitList(value)
+	for _, ns := range list {
+		c, err := kagzi.NewClient(pool, kagzi.Config{Namespace: ns, Logger: a.logger()})
+		if err != nil {
+			return nil, usagef("%s: --namespaces: %s", cmd, strings.TrimPrefix(err.Error(), "kagzi: "))
+		}
+		c.Close()
+	}
+	return list, nil
+}
+
 // logger writes warnings and errors to stderr.
 func (a *app) logger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(a.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

@@ -63,7 +63,11 @@ func (a *app) serveAdmin(ctx context.Context, args []string) error {
 	case *allNS:
 		opts = append(opts, kagziadmin.WithNamespaces(factory))
 	case *namespaces != "":
-		opts = append(opts, kagziadmin.WithNamespaces(kagziadmin.OnlyNamespaces(factory, splitList(*namespaces)...)))
+		list, err := a.namespaceList("serve-admin", pool, *namespaces)
+		if err != nil {
+			return err
+		}
+		opts = append(opts, kagziadmin.WithNamespaces(kagziadmin.OnlyNamespaces(factory, list...)))
 	}
 	if *token != "" {
 		opts = append(opts, kagziadmin.WithBearerToken(*token))

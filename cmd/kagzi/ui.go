@@ -61,7 +61,10 @@ func (a *app) serveUI(ctx context.Context, args []string) error {
 		return err
 	}
 	defer pool.Close()
-	extra := splitList(*namespaces)
+	extra, err := a.namespaceList("ui", pool, *namespaces)
+	if err != nil {
+		return err
+	}
 	opts := ui.Options{Actions: *actions, HidePayloads: *hide, Logger: a.logger(),
 		Authorize: func(r *http.Request, acc ui.Access) (string, bool) {
 			ok := acc.Namespace == a.namespace || *allNS || slices.Contains(extra, acc.Namespace)

@@ -2,7 +2,9 @@ package main_test
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -130,5 +132,40 @@ func TestUIAcceptsATokenReadFromAFileWithItsNewlineAndRefusesABlankOne(t *testin
 	if r := kagziCmdEnv(t, dbURL, []string{"KAGZI_UI_TOKEN= \n"}, "ui", "--addr", "127.0.0.1:0"); r.code != 2 ||
 		!strings.Contains(r.stderr, "white space") {
 		t.Fatalf("a token of white space only: exit %d, %q; want 2 (usage)", r.code, r.stderr)
+	}
+}
+
+// Found from outside: serve-admin and ui served with a --namespaces item that is no
+// valid name, where the docs make it a usage error found without asking the database.
+func TestServeAdminAndUIRefuseANamespacesItemThatIsNoValidNameAsAUsageError(t *testing.T) {
+	t.Parallel()
+	const dsn = "postgres://postgres@127.0.0.1:1/nowhere?connect_timeout=1" // never asked
+	run := func(args ...string) (int, string) {
+		ctx, cancel := context.WithTimeout(context.Background(), 4*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, binary, append([]string{"--dsn", dsn}, args...)...)
+		cmd.Env = env("")
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		switch {
+		case ctx.Err() != nil:
+			return -1, "still serving after 4s: " + stderr.String()
+		case errors.As(err, &exit):
+			return exit.ExitCode(), stderr.String()
+		}
+		return 0, stderr.String()
+	}
+	if code, out := run("serve-admin", "--addr", "127.0.0.1:0", "-n", "a\x01b"); code != 2 {
+		t.Fatalf("-n with a control character: exit %d (%q), want 2", code, out)
+	}
+	long := strings.Repeat("x", 300)
+	for _, cmd := range []string{"serve-admin", "ui"} {
+		for _, ns := range []string{"ok,a\x01b", "ok," + long} {
+			if code, out := run(cmd, "--addr", "127.0.0.1:0", "--namespaces", ns); code != 2 {
+				t.Errorf("%s --namespaces %.20q: exit %d (%.200q), want 2 (usage error)", cmd, ns, code, out)
+			}
+		}
 	}
 }
