@@ -137,8 +137,7 @@ func limitsPB(namespace string, l *kagzi.Limits) *adminpb.FlowLimits {
 	return pl
 }
 
-// attributesPB is a run's attributes as a Struct; nil when it has none. They were
-// decoded from JSON, so every value converts.
+// attributesPB is a run's attributes as a Struct; nil when it has none.
 func attributesPB(attrs map[string]any) *structpb.Struct {
 	if len(attrs) == 0 {
 		return nil

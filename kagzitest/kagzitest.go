@@ -8,9 +8,10 @@
 //		env.StubStep("send-email", func(ctx context.Context, attempt int) (any, error) {
 //			return "sent", nil // no mail leaves the test
 //		})
-//		out, err := kagzitest.Run(env, Onboarding, User{ID: "u1"}) // a 30-day Sleep inside: milliseconds
+//		run := kagzitest.Start(env, Onboarding, User{ID: "u1"})
+//		out, err := kagzitest.Wait(env, run) // a 30-day Sleep inside: milliseconds
 //		...
-//		env.AssertSteps(runID, "send-email#1", "wait#1", "send-email#2")
+//		env.AssertSteps(run.RunID, "send-email#1", "wait#1", "send-email#2")
 //	}
 //
 // # The database
@@ -27,7 +28,9 @@
 //
 // Kagzi keeps its timers in the database (a run's start, wake and retry times, a
 // deadline, a debounce's maximum wait, a signal wait's timeout). While Run or Wait
-// waits for a run, whenever no run of the namespace is running or claimable, the
+// waits for a run, whenever no run of the namespace is running or claimable by the
+// Env's worker (a run of a type it does not run, a child another service runs, waits
+// for no timer of the test's but its own deadline), the
 // Env moves every such time earlier by the wait until the earliest one, as if that
 // much time had passed, and moves its clock (Env.Now) on by as much: a run that
 // sleeps 30 days completes in milliseconds, and timers fire in their order. A run
@@ -227,7 +230,11 @@ func (e *Env) shift(ctx context.Context, d time.Duration) error {
 // advanceIdle advances time to the earliest timer when no run is running or
 // claimable, and reports by how much.
 func (e *Env) advanceIdle(ctx context.Context) (time.Duration, error) {
-	busy, next, now, err := store.IdleTimer(ctx, e.Pool, e.Client.Namespace())
+	types := make([]string, 0, len(e.names))
+	for name := range e.names {
+		types = append(types, name)
+	}
+	busy, next, now, err := store.IdleTimer(ctx, e.Pool, e.Client.Namespace(), types)
 	if err != nil || busy || next == nil || !next.After(now) {
 		return 0, err
 	}

@@ -9,7 +9,9 @@ import (
 // tests: they move the database's notion of waiting times, never in production.
 
 // idleTimerSQL tells whether anything in the namespace is running or claimable now
-// (busy), and otherwise when the earliest timer is due: a PENDING run's start or
+// by the test's workers (busy: a due run of one of their types, $2; a due run of
+// another type, a child another service runs, waits for no timer of the test's), and
+// otherwise when the earliest timer is due: a PENDING run's start or
 // retry time, a sleep's wake time, a deadline, a signal wait's timeout, a rate
 // window's next admission. The hourly re-check of a run waiting for a child or a
 // signal is not a timer (the child's timers, or the signal, wake it), unless the
@@ -41,7 +43,7 @@ WITH active AS (
 		CASE WHEN l.key_rate IS NOT NULL AND a.status = 'PENDING' AND a.started_at IS NULL AND a.flow_key IS NOT NULL
 			THEN kagzi.flow_rate_next($1, a.workflow_type, a.flow_key, l.key_rate, l.key_rate_period_ms) END AS key_rate_next
 	) h
-	WHERE a.status <> 'RUNNING' AND a.available_at <= now()
+	WHERE a.status <> 'RUNNING' AND a.available_at <= now() AND a.workflow_type = ANY ($2::text[])
 )
 SELECT
 	EXISTS (SELECT 1 FROM active WHERE status = 'RUNNING') OR EXISTS (SELECT 1 FROM due WHERE NOT held),
@@ -66,10 +68,11 @@ SELECT
 	) timers WHERE t > now()),
 	now()`
 
-// IdleTimer reports whether a run of the namespace is running or claimable now
-// (busy) and, when none is, the earliest timer (nil: none) and the database's clock.
-func IdleTimer(ctx context.Context, db DBTX, namespace string) (busy bool, next *time.Time, dbNow time.Time, err error) {
-	err = db.QueryRow(ctx, idleTimerSQL, namespace).Scan(&busy, &next, &dbNow)
+// IdleTimer reports whether a run of the namespace is running, or claimable now by a
+// worker of types (busy) and, when none is, the earliest timer (nil: none) and the
+// database's clock.
+func IdleTimer(ctx context.Context, db DBTX, namespace string, types []string) (busy bool, next *time.Time, dbNow time.Time, err error) {
+	err = db.QueryRow(ctx, idleTimerSQL, namespace, types).Scan(&busy, &next, &dbNow)
 	return busy, next, dbNow, err
 }
 
@@ -78,8 +81,9 @@ func IdleTimer(ctx context.Context, db DBTX, namespace string) (busy bool, next 
 // of RUNNING runs), deadlines, debounce keys' maximum waits (debounce_until, the
 // latest start a later start of the key may push the run to), the wake times and
 // timeouts of their steps, and the windows of the namespace's rate limits. The
-// workers of the runs' types are told the new times.
-const shiftTimeSQL = `
+// workers of the runs' types are told the new times, and the namespace's sweeps of
+// deadlines the earliest deadline.
+var shiftTimeSQL = `
 WITH runs AS (
 	UPDATE kagzi.runs SET
 		available_at = CASE WHEN status = 'RUNNING' THEN available_at
@@ -87,7 +91,7 @@ WITH runs AS (
 		deadline_at = deadline_at - $2 * interval '1 microsecond',
 		debounce_until = debounce_until - $2 * interval '1 microsecond'
 	WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
-	RETURNING run_id, namespace, workflow_type, status, available_at
+	RETURNING run_id, namespace, workflow_type, status, available_at, deadline_at
 ), steps AS (
 	UPDATE kagzi.steps s SET wake_at = s.wake_at - $2 * interval '1 microsecond'
 	FROM runs r
@@ -105,12 +109,17 @@ WITH runs AS (
 )
 SELECT (SELECT count(*) FROM runs), (SELECT count(*) FROM steps),
 	(SELECT count(pg_notify('` + Channel + `', 'w|' || octet_length(namespace) || ':' || namespace || '|' || workflow_type || '|'
-		|| (extract(epoch FROM available_at) * 1000)::bigint)) FROM wake)`
+		|| (extract(epoch FROM available_at) * 1000)::bigint)) FROM wake),
+	-- The workers' sweeps of deadlines, whose timers ran on the time before the shift
+	-- (a run no worker of the test claims, a child another service runs, ends only
+	-- by a sweep): at the earliest deadline now.
+	(SELECT ` + notifyDeadlineSQL("$1::text", "min(deadline_at)") + ` FROM runs)`
 
 // ShiftTime moves the waiting times of the namespace's unfinished runs d earlier, as
 // if d had passed; see shiftTimeSQL. It returns how many runs it moved.
 func ShiftTime(ctx context.Context, db DBTX, namespace string, d time.Duration) (runs int64, err error) {
 	var steps, notified int64
-	err = db.QueryRow(ctx, shiftTimeSQL, namespace, d.Microseconds()).Scan(&runs, &steps, &notified)
+	var deadlines *string
+	err = db.QueryRow(ctx, shiftTimeSQL, namespace, d.Microseconds()).Scan(&runs, &steps, &notified, &deadlines)
 	return runs, err
 }
