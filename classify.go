@@ -61,9 +61,10 @@ func dbError(op string, err error) error {
 // connection the driver had closed). The request did not commit when the driver
 // says it sent nothing (pgconn.SafeToRetry), when the connection was never made,
 // or when the server answered with an error (a statement that fails rolls back;
-// Kagzi's statements outside a caller's transaction are autocommit). After any
-// other network error the connection broke with the request sent: its outcome is
-// unknown.
+// Kagzi's statements outside a caller's transaction are autocommit), but for one
+// that ended the session (57P01, 57P02: it may come after the request's COMMIT).
+// After any other network error the connection broke with the request sent: its
+// outcome is unknown.
 //
 // A context that ended is the caller's doing, not the database's: not transient;
 // except a connection attempt that timed out (the pool's connect timeout, a DSN's
@@ -86,8 +87,13 @@ func unavailable(err error) (ok, mayHaveCommitted bool) {
 			// statement mode refuses transaction blocks so); but PgBouncer also reports
 			// a server it cannot reach, or has no connection for, with this code.
 			return poolerUnavailable(pgErr.Message)
-		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03",
-			pgErr.Code == "53300":
+		case pgErr.Code == "57P01", pgErr.Code == "57P02":
+			// admin_shutdown (a fast shutdown, pg_terminate_backend), crash_shutdown: the
+			// server ends the session whatever it was doing, also after a COMMIT of the
+			// request and before its answer (found from outside: a start said it did not
+			// commit, and its retry found its run).
+			return true, true
+		case strings.HasPrefix(pgErr.Code, "08"), pgErr.Code == "57P03", pgErr.Code == "53300":
 			return true, false
 		}
 		return false, false

@@ -64,10 +64,12 @@ type UnavailableError struct {
 	// Op names the request, e.g. "kagzi: start order".
 	Op string
 	// MayHaveCommitted reports that the outcome is unknown: the connection broke
-	// after the request was sent, so it may have committed. It is false when the
-	// request provably did not commit: it was never sent, or the server answered it
-	// with an error (the statement, its own transaction, rolled back), and for a
-	// read (GetRun, ListRuns, GetEvent and the like), which writes nothing.
+	// after the request was sent, or the server ended the session (shutting down,
+	// crashed, pg_terminate_backend: it may do so after the request's COMMIT), so it
+	// may have committed. It is false when the request provably did not commit: it
+	// was never sent, or the server answered it with an error (the statement, its own
+	// transaction, rolled back), and for a read (GetRun, ListRuns, GetEvent and the
+	// like), which writes nothing.
 	MayHaveCommitted bool
 	// Err is the driver's error.
 	Err error

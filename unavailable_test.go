@@ -61,8 +61,8 @@ func TestUnavailableClassifiesConnectionFailuresAndWhetherTheRequestMayHaveCommi
 		unavailable      bool
 		mayHaveCommitted bool
 	}{
-		{"admin shutdown 57P01", &pgconn.PgError{Severity: "FATAL", Code: "57P01"}, true, false},
-		{"crash shutdown 57P02", &pgconn.PgError{Severity: "FATAL", Code: "57P02"}, true, false},
+		{"admin shutdown 57P01", &pgconn.PgError{Severity: "FATAL", Code: "57P01"}, true, true},
+		{"crash shutdown 57P02", &pgconn.PgError{Severity: "FATAL", Code: "57P02"}, true, true},
 		{"cannot connect now 57P03", &pgconn.PgError{Severity: "FATAL", Code: "57P03"}, true, false},
 		{"connection failure 08006", &pgconn.PgError{Severity: "FATAL", Code: "08006"}, true, false},
 		{"protocol violation 08P01 (PgBouncer in statement mode)", &pgconn.PgError{Severity: "ERROR", Code: "08P01",
@@ -77,7 +77,7 @@ func TestUnavailableClassifiesConnectionFailuresAndWhetherTheRequestMayHaveCommi
 			Message: "query_wait_timeout"}, true, false},
 		{"PgBouncer: server conn crashed 08P01", &pgconn.PgError{Severity: "FATAL", Code: "08P01",
 			Message: "server conn crashed?"}, true, true},
-		{"wrapped 57P01", fmt.Errorf("insert: %w", &pgconn.PgError{Code: "57P01"}), true, false},
+		{"wrapped 57P01", fmt.Errorf("insert: %w", &pgconn.PgError{Code: "57P01"}), true, true},
 		{"unique violation 23505", &pgconn.PgError{Code: "23505"}, false, false},
 		{"query canceled 57014", &pgconn.PgError{Code: "57014"}, false, false},
 		{"safe to retry", fmt.Errorf("send: %w", safeToRetryError{}), true, false},
