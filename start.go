@@ -27,7 +27,8 @@ const (
 	// again. It is the finished run's: a run started with it keeps its id from every
 	// later start, with this option or without, while a run started without it frees
 	// its id when it finishes (a later start with IDReuseNever then starts a new run,
-	// which keeps the id from then on).
+	// which keeps the id from then on). Starts outside a transaction lock the id: under
+	// concurrent starts the id runs once. A StartTx does not (see StartTx).
 	IDReuseNever
 )
 
@@ -141,7 +142,10 @@ func Start[In, Out any](ctx context.Context, c *Client, wf *Workflow[In, Out], i
 // taken fails with PostgreSQL's serialization failure (a *pgconn.PgError, SQLSTATE
 // 40001), as any write there that meets a row it cannot see: roll back and retry the
 // transaction. Under READ COMMITTED (PostgreSQL's default) the start returns that run
-// with AlreadyExists instead.
+// with AlreadyExists instead. StartTx takes no lock on the workflow id (it would hold
+// it to tx's commit, and every start of the id would wait for it): a StartTx racing
+// another start of an id started with IDReuseNever, whose run ends meanwhile (a run
+// of milliseconds), may start the id again.
 func StartTx[In, Out any](ctx context.Context, tx pgx.Tx, c *Client, wf *Workflow[In, Out], input In, opts ...StartOption) (*Run[Out], error) {
 	if err := c.usable("StartTx"); err != nil {
 		return nil, err
