@@ -29,7 +29,10 @@ type Limits struct {
 	// order per customer at a time" means the whole order, not one step of it.
 	KeyConcurrency int `json:"key_concurrency,omitempty"`
 	// Rate and RatePeriod: at most Rate runs of the type begin executing (a first start,
-	// or a resumption after a sleep, a wait or a retry) in any window of RatePeriod.
+	// or a resumption after a sleep, a wait or a retry) in any window of RatePeriod. A
+	// window remembers its last 1.1 periods: in the first period after RatePeriod is
+	// raised, the starts from before the last 1.1 old periods are not counted
+	// (docs/flow-control.md).
 	Rate       int           `json:"rate,omitempty"`
 	RatePeriod time.Duration `json:"-"` // in JSON: rate_period, a duration string ("1m30s")
 	// KeyRate and KeyRatePeriod: at most KeyRate runs of one concurrency key begin
