@@ -1,6 +1,7 @@
 package kagzitest_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -55,5 +56,88 @@ func TestAPendingRunOfATypeNoWorkerOfTheEnvRunsDoesNotStopItsTime(t *testing.T) 
 	out, err := kagzitest.Run(env, fireAndForgetChild, 0)
 	if err != nil || out != "slept" {
 		t.Fatalf("got %q, %v; want the 30-day sleep skipped", out, err)
+	}
+}
+
+// Found in review: a run of the Env's type pinned to a version no worker of the Env
+// runs is due for ever, and the Env counted it as claimable: no time was skipped.
+var versionedSleeper = kagzi.Define("versioned-sleeper", func(ctx *kagzi.Context, _ int) (string, error) {
+	if err := ctx.Sleep("month", 30*24*time.Hour); err != nil {
+		return "", err
+	}
+	return "slept", nil
+}, kagzi.WithVersion("v2"))
+
+func TestARunPinnedToAVersionNoWorkerRunsDoesNotStopTheEnvsTime(t *testing.T) {
+	t.Parallel()
+	env := kagzitest.NewWithOptions(t, kagzitest.Options{Timeout: 5 * time.Second}, versionedSleeper)
+	ctx := context.Background()
+	if _, err := kagzi.Start(ctx, env.Client, versionedSleeper, 0, kagzi.WithRunVersion("v1")); err != nil {
+		t.Fatal(err)
+	}
+	out, err := kagzitest.Run(env, versionedSleeper, 0)
+	if err != nil || out != "slept" {
+		t.Fatalf("got %q, %v; want the 30-day sleep skipped", out, err)
+	}
+}
+
+// Found in review of the change above: when the other service's type runs on a worker
+// of the test's own (or of a second Env in the namespace), its due child is about to
+// be claimed, and the Env must not skip past the child's deadline meanwhile.
+var serviceChild = kagzi.Define("service-child", func(ctx *kagzi.Context, _ int) (int, error) { return 1, nil })
+
+var parentOfServiceChild = kagzi.Define("parent-of-service-child", func(ctx *kagzi.Context, _ int) (int, error) {
+	c, err := kagzi.StartChild(ctx, "notify", serviceChild, 0, kagzi.WithDelay(time.Minute), kagzi.WithRunTimeout(time.Hour))
+	if err != nil {
+		return 0, err
+	}
+	if _, err := c.Get(); errors.Is(err, kagzi.ErrDeadlineExceeded) {
+		return -1, nil
+	} else if err != nil {
+		return 0, err
+	}
+	return 1, nil
+})
+
+func TestADueChildAWorkerOfTheTestRunsIsClaimedBeforeItsDeadlineIsSkippedTo(t *testing.T) {
+	env := kagzitest.NewWithOptions(t, kagzitest.Options{Timeout: 10 * time.Second}, parentOfServiceChild)
+	w, err := kagzi.NewWorker(env.Client, kagzi.WorkerConfig{ID: "other-service"}, serviceChild)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	bad := 0
+	for i := 0; i < 150; i++ {
+		out, err := kagzitest.Run(env, parentOfServiceChild, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out != 1 {
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d of 150 children timed out (the Env skipped an hour while their worker was about to claim them)", bad)
+	}
+}
+
+func TestADueChildAnotherEnvOfTheNamespaceRunsIsClaimedBeforeItsDeadlineIsSkippedTo(t *testing.T) {
+	a := kagzitest.NewWithOptions(t, kagzitest.Options{Timeout: 10 * time.Second}, parentOfServiceChild)
+	kagzitest.NewWithOptions(t, kagzitest.Options{Pool: a.Pool, Namespace: a.Client.Namespace()}, serviceChild)
+	bad := 0
+	for i := 0; i < 150; i++ {
+		out, err := kagzitest.Run(a, parentOfServiceChild, i)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if out != 1 {
+			bad++
+		}
+	}
+	if bad > 0 {
+		t.Fatalf("%d of 150 children timed out", bad)
 	}
 }

@@ -9,9 +9,11 @@ import (
 // tests: they move the database's notion of waiting times, never in production.
 
 // idleTimerSQL tells whether anything in the namespace is running or claimable now
-// by the test's workers (busy: a due run of one of their types, $2; a due run of
-// another type, a child another service runs, waits for no timer of the test's), and
-// otherwise when the earliest timer is due: a PENDING run's start or
+// (busy): a due run of a type and version that the test's worker registers ($2, $3,
+// also while it restarts) or another worker of the namespace that is not OFFLINE (a
+// test's own worker, another Env's); a due run no worker can claim (a child another
+// service runs, a run pinned to a version no worker runs) waits for no timer of the
+// test's. Otherwise it tells when the earliest timer is due: a PENDING run's start or
 // retry time, a sleep's wake time, a deadline, a signal wait's timeout, a rate
 // window's next admission. The hourly re-check of a run waiting for a child or a
 // signal is not a timer (the child's timers, or the signal, wake it), unless the
@@ -22,7 +24,7 @@ import (
 // window to admit it again, which is a timer.
 const idleTimerSQL = `
 WITH active AS (
-	SELECT run_id, workflow_type, status, available_at, deadline_at, waiting_signal, flow_key, started_at
+	SELECT run_id, workflow_type, version, status, available_at, deadline_at, waiting_signal, flow_key, started_at
 	FROM kagzi.runs
 	WHERE namespace = $1 AND status IN ('PENDING', 'RUNNING', 'SLEEPING') AND available_at IS NOT NULL
 ), due AS (
@@ -43,7 +45,14 @@ WITH active AS (
 		CASE WHEN l.key_rate IS NOT NULL AND a.status = 'PENDING' AND a.started_at IS NULL AND a.flow_key IS NOT NULL
 			THEN kagzi.flow_rate_next($1, a.workflow_type, a.flow_key, l.key_rate, l.key_rate_period_ms) END AS key_rate_next
 	) h
-	WHERE a.status <> 'RUNNING' AND a.available_at <= now() AND a.workflow_type = ANY ($2::text[])
+	WHERE a.status <> 'RUNNING' AND a.available_at <= now() AND EXISTS (
+		SELECT 1 FROM (
+			SELECT o.t, o.v FROM unnest($2::text[], $3::text[]) AS o(t, v)
+			UNION ALL
+			SELECT r.t, r.v FROM kagzi.workers k, unnest(k.workflow_types, k.workflow_versions) AS r(t, v)
+			WHERE k.namespace = $1 AND k.status <> 'OFFLINE'
+		) reg
+		WHERE reg.t = a.workflow_type AND (a.version IS NULL OR a.version = reg.v))
 )
 SELECT
 	EXISTS (SELECT 1 FROM active WHERE status = 'RUNNING') OR EXISTS (SELECT 1 FROM due WHERE NOT held),
@@ -68,11 +77,12 @@ SELECT
 	) timers WHERE t > now()),
 	now()`
 
-// IdleTimer reports whether a run of the namespace is running, or claimable now by a
-// worker of types (busy) and, when none is, the earliest timer (nil: none) and the
-// database's clock.
-func IdleTimer(ctx context.Context, db DBTX, namespace string, types []string) (busy bool, next *time.Time, dbNow time.Time, err error) {
-	err = db.QueryRow(ctx, idleTimerSQL, namespace, types).Scan(&busy, &next, &dbNow)
+// IdleTimer reports whether a run of the namespace is running, or claimable now by the
+// test's worker (of types, each of the version at its index) or another that is not
+// OFFLINE (busy) and, when none is, the earliest timer (nil: none) and the database's
+// clock.
+func IdleTimer(ctx context.Context, db DBTX, namespace string, types, versions []string) (busy bool, next *time.Time, dbNow time.Time, err error) {
+	err = db.QueryRow(ctx, idleTimerSQL, namespace, types, versions).Scan(&busy, &next, &dbNow)
 	return busy, next, dbNow, err
 }
 
