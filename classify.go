@@ -10,6 +10,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/kagzi/kagzi/internal/store"
 )
@@ -164,6 +165,18 @@ func readError(op string, err error) error {
 	var u *UnavailableError
 	if errors.As(err, &u) {
 		u.read, u.MayHaveCommitted = true, false
+	}
+	return err
+}
+
+// writeError is wrapStoreErr for a write to db: in the caller's transaction (a
+// pgx.Tx: CancelTx, SignalTx) nothing commits before the caller's own COMMIT, which a
+// connection the server ended cannot send, so the write did not commit.
+func writeError(op string, db store.DBTX, err error) error {
+	err = wrapStoreErr(op, err)
+	var u *UnavailableError
+	if _, inTx := db.(pgx.Tx); inTx && errors.As(err, &u) {
+		u.MayHaveCommitted = false
 	}
 	return err
 }

@@ -581,7 +581,7 @@ func (c *Client) CancelWorkflow(ctx context.Context, workflowID string) error {
 	for {
 		id, err := store.ActiveRunID(ctx, c.pool, c.ns, workflowID)
 		if err != nil {
-			return wrapStoreErr("kagzi: cancel workflow id "+workflowID, err)
+			return readError("kagzi: cancel workflow id "+workflowID, err)
 		}
 		err = c.cancel(ctx, c.pool, id.String())
 		if !errors.Is(err, ErrRunFinished) || id == last {
@@ -599,7 +599,7 @@ func (c *Client) cancel(ctx context.Context, db store.DBTX, runID string) error 
 	}
 	before, _, _, err := store.CancelRun(ctx, db, c.ns, id)
 	if err != nil {
-		return wrapStoreErr("kagzi: cancel run "+runID, err)
+		return writeError("kagzi: cancel run "+runID, db, err)
 	}
 	switch before {
 	case StatusCompleted, StatusFailed:

@@ -82,7 +82,7 @@ func (c *Client) SignalWorkflow(ctx context.Context, workflowID, name string, pa
 	}
 	id, err := store.ActiveRunID(ctx, c.pool, c.ns, workflowID)
 	if err != nil {
-		return wrapStoreErr("kagzi: signal workflow id "+workflowID, err)
+		return readError("kagzi: signal workflow id "+workflowID, err)
 	}
 	return c.signal(ctx, c.pool, id.String(), name, payload, opts, true)
 }
@@ -141,7 +141,7 @@ func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, 
 	}
 	c.hookSignalSent(ctx, id, name, began, err)
 	if err != nil {
-		return wrapStoreErr("kagzi: signal run "+runID, err)
+		return writeError("kagzi: signal run "+runID, db, err)
 	}
 	return nil
 }

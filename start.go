@@ -123,7 +123,8 @@ type Run[Out any] struct {
 // When the database is unavailable (down, restarting, unreachable) Start returns an
 // *UnavailableError (errors.Is ErrUnavailable). Its MayHaveCommitted is false when
 // the start provably did not commit, and true when the connection broke after the
-// start was sent, so that it may have. Either way, retrying with the same WithID is
+// start was sent, or the server ended the session (it may do so after the start's
+// COMMIT), so that it may have. Either way, retrying with the same WithID is
 // safe: a start that did commit is returned (AlreadyExists) rather than started
 // twice (unless its run already finished and the id may be reused; see
 // IDReuseNever). Without WithID each call generates a new workflow id, so a retry
@@ -456,7 +457,7 @@ func (c *Client) requireWorker(ctx context.Context, tx pgx.Tx, workflowType stri
 	}
 	ok, err := store.LiveWorkerRegistered(ctx, db, c.ns, workflowType, version)
 	if err != nil {
-		return dbError("kagzi: start "+workflowType+": look for a live worker", err)
+		return readError("kagzi: start "+workflowType+": look for a live worker", err)
 	}
 	if ok {
 		return nil
@@ -540,7 +541,7 @@ func (r *Run[Out]) Wait(ctx context.Context) (Out, error) {
 		default: // the first look, a notification without the result, a run no longer live
 			c.awaitEnds(ctx) // before each look: an end after it notifies this client
 			if run, err = store.GetRun(ctx, c.pool, c.ns, id); err != nil {
-				err = wrapStoreErr("kagzi: wait for run "+r.RunID, err)
+				err = readError("kagzi: wait for run "+r.RunID, err)
 				if !errors.Is(err, ErrUnavailable) || ctx.Err() != nil {
 					return zero, err
 				}

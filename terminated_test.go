@@ -77,3 +77,52 @@ func TestAStartWhoseSessionTheServerEndedNeverSaysItDidNotCommitWhenItDid(t *tes
 	}
 	t.Logf("%d starts said they did not commit", refused.Load())
 }
+
+// Found in review of the change above: a request in the caller's transaction whose
+// session the server ended (57P01) cannot have committed, since nothing commits
+// before the caller's COMMIT; SignalTx, CancelTx and StartTx's look for a live worker
+// said it may have.
+func TestARequestInTheCallersTransactionWhoseSessionTheServerEndedDidNotCommit(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	cases := map[string]func(tx pgx.Tx) error{
+		"StartTx": func(tx pgx.Tx) error {
+			_, err := kagzi.StartTx(ctx, tx, e.client, terminatedStarts, 1, kagzi.WithID("x1"))
+			return err
+		},
+		"StartTx RequireWorker": func(tx pgx.Tx) error {
+			_, err := kagzi.StartTx(ctx, tx, e.client, terminatedStarts, 1, kagzi.WithID("x2"), kagzi.RequireWorker())
+			return err
+		},
+		"SignalTx": func(tx pgx.Tx) error {
+			return e.client.SignalTx(ctx, tx, "01a22014-763e-7814-a5d0-5c1b9957efc0", "s", 1)
+		},
+		"CancelTx": func(tx pgx.Tx) error {
+			return e.client.CancelTx(ctx, tx, "01a22014-763e-7814-a5d0-5c1b9957efc0")
+		},
+	}
+	for name, call := range cases {
+		conn, err := pgx.Connect(ctx, e.url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tx, err := conn.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pid := conn.PgConn().PID()
+		if _, err := e.pool.Exec(ctx, `SELECT pg_terminate_backend($1, 5000)`, pid); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond)
+		err = call(tx)
+		var u *kagzi.UnavailableError
+		switch {
+		case !errors.As(err, &u):
+			t.Errorf("%s: %v, want an UnavailableError", name, err)
+		case u.MayHaveCommitted:
+			t.Errorf("%s: MayHaveCommitted in the caller's transaction: %v", name, err)
+		}
+		conn.Close(context.Background())
+	}
+}
