@@ -132,7 +132,10 @@ func (c *Client) signal(ctx context.Context, db store.DBTX, runID, name string, 
 	if err == nil && !follow && key != nil && !sent.Duplicate && sent.Status.Terminal() && sent.ContinuedAs != nil {
 		// A retry of a keyed signal whose first send was stored and then moved, not
 		// taken, to the run this one continued as: it was delivered, not refused.
-		sent.Duplicate, err = store.SignalKeyMoved(ctx, db, id, *key)
+		if sent.Duplicate, err = store.SignalKeyMoved(ctx, db, id, *key); err != nil {
+			c.hookSignalSent(ctx, id, name, began, err)
+			return readError("kagzi: signal run "+runID, err) // the send stored nothing; this looks
+		}
 	}
 	if err == nil && !sent.Duplicate && sent.Status.Terminal() {
 		err = fmt.Errorf("%w: run %s is %s", ErrRunFinished, id, sent.Status)

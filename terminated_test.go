@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/kagzi/kagzi"
 )
@@ -124,5 +126,83 @@ func TestARequestInTheCallersTransactionWhoseSessionTheServerEndedDidNotCommit(t
 			t.Errorf("%s: MayHaveCommitted in the caller's transaction: %v", name, err)
 		}
 		conn.Close(context.Background())
+	}
+}
+
+var continuesThenWaits = kagzi.Define("continues-then-waits", func(ctx *kagzi.Context, n int) (int, error) {
+	if n == 0 {
+		return 0, kagzi.ContinueAsNew(ctx, 1)
+	}
+	if _, err := kagzi.WaitSignal[int](ctx, "never", time.Hour); err != nil {
+		return 0, err
+	}
+	return n, nil
+})
+
+// batchKiller terminates the backend of the batch that reads SignalKeyMoved's chain.
+type batchKiller struct {
+	armed  atomic.Bool
+	killer *pgxpool.Pool
+}
+
+func (k *batchKiller) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (k *batchKiller) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (k *batchKiller) TraceBatchStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceBatchStartData) context.Context {
+	for _, q := range data.Batch.QueuedQueries {
+		if strings.Contains(q.SQL, "WITH RECURSIVE chain") && k.armed.CompareAndSwap(true, false) {
+			_, _ = k.killer.Exec(context.Background(), `SELECT pg_terminate_backend($1, 5000)`, conn.PgConn().PID())
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return ctx
+}
+func (k *batchKiller) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (k *batchKiller) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// Found in review: a keyed Signal to a run that continued as new stores nothing (the
+// run ended), and when the read that then looks for the key down the chain
+// (SignalKeyMoved) lost its session, the error said the signal may have committed.
+func TestAKeyedSignalWhoseLookDownTheChainLostItsSessionDidNotCommit(t *testing.T) {
+	e := newEnv(t)
+	ctx := waitCtx(t)
+	_, stop := startWorker(t, e.client, kagzi.WorkerConfig{}, continuesThenWaits)
+	defer stop()
+	run, err := kagzi.Start(ctx, e.client, continuesThenWaits, 0, kagzi.WithID("keyed-chain"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the run continued as new", func() bool {
+		info, err := e.client.GetRun(ctx, run.RunID)
+		return err == nil && info.ContinuedAsRunID != ""
+	})
+	cfg, err := pgxpool.ParseConfig(e.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &batchKiller{killer: e.pool}
+	cfg.ConnConfig.Tracer = k
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	c := newClient(t, pool, "")
+	k.armed.Store(true)
+	err = c.Signal(ctx, run.RunID, "other", 1, kagzi.SignalKey("k1"))
+	if k.armed.Load() {
+		t.Fatalf("the read was never sent: %v", err)
+	}
+	var n int
+	if err := e.pool.QueryRow(ctx, `SELECT count(*) FROM kagzi.signals_all WHERE key = 'k1'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	var u *kagzi.UnavailableError
+	if !errors.As(err, &u) {
+		t.Fatalf("%v, want an UnavailableError", err)
+	}
+	if n == 0 && u.MayHaveCommitted {
+		t.Fatalf("a read after a refused send says it may have committed: %v", err)
 	}
 }

@@ -31,7 +31,9 @@
 // waits for a run, whenever no run of the namespace is running or claimable (by the
 // Env's worker, or another worker of the namespace: one the test runs, another Env's;
 // a run no worker can claim, a child another service runs or a run pinned to a
-// version no worker runs, waits for no timer of the test's but its own deadline), the
+// version no worker runs, waits for no timer of the test's but its own deadline; a
+// worker the test killed counts until it is seen dead: about two seconds, or three
+// of its heartbeats when its client has no direct connection), the
 // Env moves every such time earlier by the wait until the earliest one, as if that
 // much time had passed, and moves its clock (Env.Now) on by as much: a run that
 // sleeps 30 days completes in milliseconds, and timers fire in their order. A run
