@@ -88,8 +88,9 @@ timelines; [RunFilter] selects runs by status, types, workflow id or prefix, sch
 parent, error code and attributes, in either order. [WithAttributes] gives a run
 searchable attributes, which [Context.SetAttributes] changes durably from the workflow.
 [Client.Cancel] cancels a run, [Client.CancelTx] inside the caller's transaction,
-[Client.CancelWorkflow] the run of a workflow id (following a chain of ContinueAsNew). [RunStatus] lists the statuses a run goes
-through; docs/state-machine.md draws every move between them.
+[Client.CancelWorkflow] the run of a workflow id (following a chain of ContinueAsNew).
+[RunStatus] lists the statuses a run goes through; docs/state-machine.md draws every
+move between them.
 
 # Failures
 
