@@ -75,3 +75,62 @@ func TestACreationTimeGivenInRFC3339IsShownInTheFormAndKeptWhenTheFormIsSubmitte
 		})
 	}
 }
+
+// The runs filter's workflow id prefix, error code and attributes fields, typed into
+// in the browser and submitted, select the runs they say (found from outside: the
+// console had none of them).
+func TestTypingAPrefixAnErrorCodeOrAttributesIntoTheRunsFilterSelectsTheirRuns(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := testdb.NewPool(t)
+	client, err := kagzi.NewClient(pool, kagzi.Config{Logger: quiet()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := kagzi.Define("boom", func(ctx *kagzi.Context, _ int) (int, error) {
+		return 0, &kagzi.Error{Code: "KABOOM", Message: "it exploded", NonRetryable: true}
+	})
+	w, err := kagzi.NewWorker(client, kagzi.WorkerConfig{}, boom)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = w.Run(wctx) }()
+	t.Cleanup(func() { stop(); <-done })
+	failed, err := kagzi.Start(ctx, client, boom, 1, kagzi.WithID("invoice-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := failed.Wait(ctx); err == nil {
+		t.Fatal("the run did not fail")
+	}
+	order, err := client.StartByName(ctx, "idle", 1, kagzi.WithID("order-7"),
+		kagzi.WithAttributes(map[string]any{"customer": "c-7", "order": int64(1234567890123456789)}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := client.StartByName(ctx, "idle", 2, kagzi.WithID("refund-8"), kagzi.WithAttributes(map[string]any{"customer": "c-8"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(ui.Handler(client, ui.Options{Logger: quiet()}))
+	t.Cleanup(srv.Close)
+	b := newBrowser(t)
+	for _, c := range []struct{ field, value, want string }{
+		{"workflow_id_prefix", "order-", order.RunID},
+		{"error_code", "KABOOM", failed.RunID},
+		{"attributes", `{"order": 1234567890123456789}`, order.RunID},
+		{"attributes", `{"customer": "c-8"}`, other.RunID},
+	} {
+		var ids []string
+		var ok bool
+		run(t, b, chromedp.Navigate(srv.URL+"/n/default/runs"), chromedp.WaitVisible("#runs", chromedp.ByQuery),
+			chromedp.SendKeys(`#run-filter input[name="`+c.field+`"]`, c.value, chromedp.ByQuery),
+			chromedp.Evaluate(`document.body.dataset.left = "1", document.getElementById("run-filter").requestSubmit(), true`, &ok),
+			chromedp.WaitVisible("body:not([data-left]) #runs", chromedp.ByQuery),
+			chromedp.Evaluate(`Array.from(document.querySelectorAll("#runs a.run-link")).map(a => a.getAttribute("href").split("/").pop())`, &ids))
+		if len(ids) != 1 || ids[0] != c.want {
+			t.Errorf("%s = %s typed into the form: the page lists %v, want only run %s", c.field, c.value, ids, c.want)
+		}
+	}
+}
