@@ -118,6 +118,9 @@ type Env struct {
 	opts      Options
 	workflows []kagzi.Definition
 	names     map[string]bool
+	// types and versions are the workflows' types, each with its version at the same
+	// index: the runs the Env's worker claims (see advanceIdle).
+	types, versions []string
 	// offset is how far the Env's clock is ahead of the real one (nanoseconds).
 	offset atomic.Int64
 
@@ -189,6 +192,11 @@ func NewWithOptions(t testing.TB, o Options, workflows ...kagzi.Definition) *Env
 	t.Cleanup(e.stop)
 	for _, wf := range workflows {
 		e.names[wf.Name()] = true
+		v := ""
+		if vw, ok := wf.(interface{ Version() string }); ok {
+			v = vw.Version()
+		}
+		e.types, e.versions = append(e.types, wf.Name()), append(e.versions, v)
 	}
 	if len(workflows) > 0 {
 		if err := e.startWorker(); err != nil {
@@ -244,16 +252,7 @@ func (e *Env) shift(ctx context.Context, d time.Duration) error {
 // advanceIdle advances time to the earliest timer when no run is running or
 // claimable, and reports by how much.
 func (e *Env) advanceIdle(ctx context.Context) (time.Duration, error) {
-	types := make([]string, 0, len(e.workflows))
-	versions := make([]string, 0, len(e.workflows))
-	for _, wf := range e.workflows {
-		v := ""
-		if vw, ok := wf.(interface{ Version() string }); ok {
-			v = vw.Version()
-		}
-		types, versions = append(types, wf.Name()), append(versions, v)
-	}
-	busy, next, now, err := store.IdleTimer(ctx, e.Pool, e.Client.Namespace(), types, versions)
+	busy, next, now, err := store.IdleTimer(ctx, e.Pool, e.Client.Namespace(), e.types, e.versions)
 	if err != nil || busy || next == nil || !next.After(now) {
 		return 0, err
 	}
