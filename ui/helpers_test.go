@@ -2,6 +2,7 @@ package ui_test
 
 import (
 	"context"
+	"errors"
 	"html"
 	"io"
 	"log/slog"
@@ -154,4 +155,41 @@ func confirmForm(t *testing.T, page string) url.Values {
 		form.Add(html.UnescapeString(m[1]), html.UnescapeString(m[2]))
 	}
 	return form
+}
+
+// startFamily runs a worker of a parent (a step, a child, an event), its child and a
+// workflow that fails, and starts and waits for a parent (input 21) and a failing run.
+func startFamily(t *testing.T, e *env) (parent, failed *kagzi.Run[int]) {
+	t.Helper()
+	ctx := context.Background()
+	child := kagzi.Define("child", func(ctx *kagzi.Context, n int) (int, error) { return n * 2, nil })
+	parentWF := kagzi.Define("parent", func(ctx *kagzi.Context, n int) (int, error) {
+		if _, err := kagzi.Step(ctx, "one", func(context.Context) (int, error) { return 1, nil }); err != nil {
+			return 0, err
+		}
+		ch, err := kagzi.StartChild(ctx, "kid", child, n)
+		if err != nil {
+			return 0, err
+		}
+		if err := ctx.SetEvent("progress", "half"); err != nil {
+			return 0, err
+		}
+		return ch.Get()
+	})
+	failing := kagzi.Define("failing", func(ctx *kagzi.Context, _ int) (int, error) {
+		return 0, kagzi.NonRetryable(errors.New("boom"))
+	})
+	runWorker(t, e.client, parentWF, child, failing)
+	parent, err := kagzi.Start(ctx, e.client, parentWF, 21)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := parent.Wait(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if failed, err = kagzi.Start(ctx, e.client, failing, 0); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = failed.Wait(ctx)
+	return parent, failed
 }

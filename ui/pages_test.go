@@ -2,7 +2,6 @@ package ui_test
 
 import (
 	"context"
-	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -14,33 +13,7 @@ import (
 func TestEveryPageRendersWithRunsOfEveryKind(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	child := kagzi.Define("child", func(ctx *kagzi.Context, n int) (int, error) { return n * 2, nil })
-	parent := kagzi.Define("parent", func(ctx *kagzi.Context, n int) (int, error) {
-		if _, err := kagzi.Step(ctx, "one", func(context.Context) (int, error) { return 1, nil }); err != nil {
-			return 0, err
-		}
-		ch, err := kagzi.StartChild(ctx, "kid", child, n)
-		if err != nil {
-			return 0, err
-		}
-		if err := ctx.SetEvent("progress", "half"); err != nil {
-			return 0, err
-		}
-		return ch.Get()
-	})
-	failing := kagzi.Define("failing", func(ctx *kagzi.Context, _ int) (int, error) {
-		return 0, kagzi.NonRetryable(errors.New("boom"))
-	})
-	runWorker(t, e.client, parent, child, failing)
-	run, err := kagzi.Start(ctx, e.client, parent, 21)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := run.Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
-	bad, _ := kagzi.Start(ctx, e.client, failing, 0)
-	_, _ = bad.Wait(ctx)
+	run, bad := startFamily(t, e)
 	if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "nightly", WorkflowType: "parent", Cron: "0 3 * * *", Input: 1}); err != nil {
 		t.Fatal(err)
 	}

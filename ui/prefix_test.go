@@ -2,7 +2,6 @@ package ui_test
 
 import (
 	"context"
-	"errors"
 	"html"
 	"io"
 	"net/http"
@@ -25,30 +24,7 @@ var baseRE = regexp.MustCompile(`<base href="([^"]*)">`)
 func TestEveryLinkOfTheConsoleUnderAPrefixStaysUnderItAndAnswers(t *testing.T) {
 	e := newEnv(t)
 	ctx := context.Background()
-	child := kagzi.Define("child", func(ctx *kagzi.Context, n int) (int, error) { return n * 2, nil })
-	parent := kagzi.Define("parent", func(ctx *kagzi.Context, n int) (int, error) {
-		ch, err := kagzi.StartChild(ctx, "kid", child, n)
-		if err != nil {
-			return 0, err
-		}
-		return ch.Get()
-	})
-	failing := kagzi.Define("failing", func(ctx *kagzi.Context, _ int) (int, error) {
-		return 0, kagzi.NonRetryable(errors.New("boom"))
-	})
-	runWorker(t, e.client, parent, child, failing)
-	run, err := kagzi.Start(ctx, e.client, parent, 21)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := run.Wait(ctx); err != nil {
-		t.Fatal(err)
-	}
-	bad, err := kagzi.Start(ctx, e.client, failing, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = bad.Wait(ctx)
+	startFamily(t, e)
 	startIdle(t, e.client, 60)
 	if _, err := e.client.CreateSchedule(ctx, kagzi.Schedule{ID: "nightly/x y", WorkflowType: "parent", Cron: "0 3 * * *", Input: 1}); err != nil {
 		t.Fatal(err)
